@@ -1,0 +1,130 @@
+"""ParallelPlan: how the model is split and trained, plus the one rank grid.
+
+The rank grid maps a global rank to its (dp, pp, cp, tp) coordinates with tp innermost, so a
+tensor-parallel group sits inside one node; the simulator and the executor both use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["fp32", "fp16", "bf16", "fp8"]
+Optimizer = Literal["adam", "adamw", "sgd", "lamb", "lars", "adafactor"]
+GradientSync = Literal["allreduce", "parameter-server", "async-parameter-server"]
+OffloadDevice = Literal["none", "cpu", "nvme"]
+CompressionMethod = Literal["none", "fp16", "bf16", "int8", "topk", "powersgd"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+RECOMPUTE = ("none", "selective", "full")
+PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
+OPTIMIZERS = ("adam", "adamw", "sgd", "lamb", "lars", "adafactor")
+GRADIENT_SYNC = ("allreduce", "parameter-server", "async-parameter-server")
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+COMPRESSION_METHODS = ("none", "fp16", "bf16", "int8", "topk", "powersgd")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Offload:
+    optimizer: OffloadDevice = "none"
+    params: OffloadDevice = "none"
+
+    @property
+    def any(self) -> bool:
+        return self.optimizer != "none" or self.params != "none"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GradCompression:
+    method: CompressionMethod = "none"
+    ratio: float = 0.01  # top-k: fraction of gradient entries sent
+    rank: int = 4  # PowerSGD rank
+    error_feedback: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelPlan:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    virtual_pipeline_stages: int = 1
+    schedule: Schedule = "1f1b"
+    zero_stage: int = 0
+    sequence_parallel: bool = False
+    recompute: Recompute = "none"
+    micro_batch_size: int = 1
+    global_batch_size: int
+    precision: Precision = "bf16"
+    optimizer: Optimizer = "adam"
+    # Megatron keeps a fp32 "main_grad" buffer for accumulation; the ZeRO paper counts 16-bit grads.
+    fp32_grad_accumulation: bool = False
+    flash_attention: bool = True  # fused attention: no s^2 activations, one kernel
+    overlap_grad_reduce: bool = True  # DP gradient sync overlaps backward (DDP buckets)
+    overlap_param_gather: bool = True  # ZeRO-3/FSDP prefetches the next layer's parameters
+    tp_comm_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron-Core/TE)
+    # v1.1
+    dp_shard: int = 0  # 0 -> dp (shard over all DP ranks)
+    zero_quantized_weights: bool = False
+    offload: Offload = field(default_factory=Offload)
+    gradient_sync: GradientSync = "allreduce"
+    parameter_servers: int = 0  # 0 -> one per node
+    grad_compression: GradCompression = field(default_factory=GradCompression)
+    ddp_bucket_size_bytes: float = 25 * 2**20
+
+    def __post_init__(self) -> None:
+        if self.dp_shard == 0:
+            object.__setattr__(self, "dp_shard", self.dp)
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.model_parallel_size
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per pipeline (per DP replica) in one optimizer step."""
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @property
+    def dp_replicas(self) -> int:
+        """Number of replica groups in hybrid sharding (1 = plain full sharding)."""
+        return self.dp // self.dp_shard
+
+
+class RankCoord(NamedTuple):
+    dp: int
+    pp: int
+    cp: int
+    tp: int
+
+
+def rank_coord(rank: int, plan: ParallelPlan) -> RankCoord:
+    """(dp, pp, cp, tp) of ``rank``; tp varies fastest, then cp, then pp, then dp."""
+    tp = rank % plan.tp
+    rest = rank // plan.tp
+    cp = rest % plan.cp
+    rest //= plan.cp
+    pp = rest % plan.pp
+    dp = rest // plan.pp
+    return RankCoord(dp, pp, cp, tp)
+
+
+def rank_of(coord: RankCoord, plan: ParallelPlan) -> int:
+    return ((coord.dp * plan.pp + coord.pp) * plan.cp + coord.cp) * plan.tp + coord.tp
+
+
+def group_ranks(rank: int, plan: ParallelPlan, axis: str) -> list[int]:
+    """All ranks that share every coordinate of ``rank`` except ``axis`` ("dp", "pp", "cp", "tp")."""
+    c = rank_coord(rank, plan)
+    size = getattr(plan, axis)
+    return [rank_of(c._replace(**{axis: i}), plan) for i in range(size)]
