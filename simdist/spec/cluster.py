@@ -16,9 +16,14 @@ class GpuSpec:
     memory_bytes: float
     memory_bandwidth_bytes_per_s: float
     peak_flops: dict[str, float]  # dense FLOP/s per precision
+    sms: int = 108  # streaming multiprocessors: GEMM tiles are scheduled in waves over them
     # Achieved fractions of peak that the cost model starts from (a calibration profile overrides).
     efficiency: dict[str, float] = field(default_factory=dict, compare=False)
     source: str = field(default="", compare=False)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.memory_bytes, self.memory_bandwidth_bytes_per_s,
+                     tuple(sorted(self.peak_flops.items())), self.sms))
 
     def peak(self, precision: str) -> float:
         """Dense peak for the precision a plan trains in (fp32 training uses TF32 tensor cores

@@ -32,6 +32,7 @@ class ModelSpec:
     norm: Norm = "layernorm"
     bias: bool = True  # biases in the linear layers (GPT-2/3 yes, Llama no)
     position_embedding: PositionEmbedding = "learned"
+    dropout: bool = False  # dropout layers (and their 1-byte masks) in attention and MLP
     num_experts: int = 1  # Mixtral-style MoE: experts per MLP layer (1 = dense)
     experts_per_token: int = 1  # top-k routing
     source: str = field(default="", compare=False)  # where the figures come from
@@ -78,8 +79,9 @@ class ModelSpec:
         ):
             if name in values and values[name] not in allowed:
                 c.add(name, f"{values[name]!r} is not one of {', '.join(allowed)}")
-        if "tie_embeddings" in values and not isinstance(values["tie_embeddings"], bool):
-            c.add("tie_embeddings", f"must be true or false, got {values['tie_embeddings']!r}")
+        for name in ("tie_embeddings", "bias", "dropout"):
+            if name in values and not isinstance(values[name], bool):
+                c.add(name, f"must be true or false, got {values[name]!r}")
         e, k = values.get("num_experts", 1), values.get("experts_per_token", 1)
         if _pos(e) and _pos(k) and k > e:
             c.add("experts_per_token", f"{k} is more than num_experts ({e})")

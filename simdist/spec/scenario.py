@@ -290,7 +290,7 @@ def _build_gpu(raw: Any, c: Collector) -> GpuSpec | None:
         if not name:
             c.add("gpu.name", "is required")
         for key in raw:
-            if key not in ("name", "memory", "peak_tflops", "memory_bandwidth", "efficiency", "source"):
+            if key not in ("name", "memory", "peak_tflops", "memory_bandwidth", "efficiency", "sms", "source"):
                 c.add(f"gpu.{key}", "unknown field")
     else:
         c.add("gpu", f"must be a catalog name or a mapping, got {raw!r}")
@@ -317,6 +317,7 @@ def _build_gpu(raw: Any, c: Collector) -> GpuSpec | None:
         memory_bandwidth_bytes_per_s=bw,
         peak_flops=peak_flops,
         efficiency={k: float(v) for k, v in eff.items()},
+        sms=int(entry.get("sms", 108)),
         source=str(entry.get("source", "")),
     )
 

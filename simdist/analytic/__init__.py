@@ -1,0 +1,1 @@
+"""Closed forms, no simpy: parameters, FLOPs, memory and communication volume."""

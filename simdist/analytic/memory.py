@@ -1,0 +1,224 @@
+"""Memory per GPU: model states (ZeRO paper accounting), activations (Korthikanti et al. 2022),
+the micro-batches each pipeline schedule keeps in flight, and transient buffers.
+
+Sources
+- Rajbhandari et al., "ZeRO" (SC'20, arXiv:1910.02054) sec 3 and Fig. 1: mixed-precision Adam
+  holds 2 B (16-bit params) + 2 B (16-bit grads) + K=12 B (fp32 master, momentum, variance)
+  per parameter; ZeRO-1/2/3 shard the optimizer states / + gradients / + parameters over N_d.
+- Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"
+  (arXiv:2205.05198) Table 2: per-layer activations sbh(34 + 5as/h) bytes, with tensor
+  parallelism sbh(10 + 24/t + 5as/(ht)), with sequence parallelism sbh(34/t + 5as/(ht)),
+  selective recompute drops the 5as/h term, full recompute keeps 2sbh; sec 4.2.3 for the
+  micro-batches in flight under 1F1B and the interleaved schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from simdist.analytic.params import (
+    layer_params,
+    matrix_shapes,
+    params_per_rank,
+    stage_layer_ranges,
+)
+from simdist.spec.model import ModelSpec
+from simdist.spec.plan import ParallelPlan
+
+
+@dataclass(frozen=True, slots=True)
+class StateBytes:
+    """Bytes per parameter for each model state (before any ZeRO sharding)."""
+
+    params: float
+    grads: float
+    optimizer: float  # optimizer states incl. the fp32 master copy in mixed precision
+
+
+def optimizer_state_bytes_per_param(m: ModelSpec, optimizer: str) -> float:
+    """fp32 optimizer states per parameter (without the master copy).
+
+    adam/adamw/lamb: momentum + variance, 8 B (Kingma & Ba 2015; You et al. 2020 for LAMB);
+    sgd (with momentum) and lars: momentum, 4 B (You et al. 2017 for LARS);
+    adafactor with momentum: 4 B + factored second moments, 4(r+c) B per r x c matrix
+    (Shazeer & Stern 2018), i.e. "slightly more than 4" as the Hugging Face docs say.
+    """
+    if optimizer in ("adam", "adamw", "lamb"):
+        return 8.0
+    if optimizer in ("sgd", "lars"):
+        return 4.0
+    if optimizer == "adafactor":
+        entries = sum(r * c * n for r, c, n in matrix_shapes(m))
+        factored = sum(4 * (r + c) * n for r, c, n in matrix_shapes(m))
+        return 4.0 + factored / entries
+    raise ValueError(optimizer)
+
+
+def state_bytes(m: ModelSpec, plan: ParallelPlan) -> StateBytes:
+    if plan.precision == "fp32":
+        param, grad, master = 4.0, 4.0, 0.0
+    else:  # fp16/bf16, and fp8 (FP8 weights are transient casts of 16-bit parameters)
+        param, grad, master = 2.0, (4.0 if plan.fp32_grad_accumulation else 2.0), 4.0
+    return StateBytes(param, grad, master + optimizer_state_bytes_per_param(m, plan.optimizer))
+
+
+def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0) -> dict[str, float]:
+    """Bytes of params, grads and optimizer states on one GPU of ``stage``.
+
+    ZeRO stage z shards, over the shard group (``dp_shard``, all of dp by default):
+    z>=1 the optimizer states, z>=2 the gradients, z=3 the parameters.
+    Offloaded states (plan.offload) leave the GPU and are reported under ``host_*``.
+    """
+    n = params_per_rank(m, plan, stage)
+    b = state_bytes(m, plan)
+    shard = plan.dp_shard
+    out = {
+        "params": n * b.params / (shard if plan.zero_stage >= 3 else 1),
+        "grads": n * b.grads / (shard if plan.zero_stage >= 2 else 1),
+        "optimizer": n * b.optimizer / (shard if plan.zero_stage >= 1 else 1),
+        "host_params": 0.0,
+        "host_optimizer": 0.0,
+    }
+    if plan.offload.optimizer != "none":
+        # ZeRO-Offload (Ren et al. 2021): fp32 master + optimizer states and the optimizer step
+        # live on the host; 16-bit gradients stream down during backward, so the GPU keeps
+        # only the bucket being copied.
+        out["host_optimizer"] = out["optimizer"] + out["grads"]
+        out["optimizer"] = 0.0
+        out["grads"] = min(out["grads"], 2 * plan.ddp_bucket_size_bytes)
+    if plan.offload.params != "none":
+        out["host_params"] = out["params"]
+        out["params"] = 0.0
+    return out
+
+
+# --- activations ----------------------------------------------------------------------------
+
+
+def act_bytes(plan: ParallelPlan) -> int:
+    return 4 if plan.precision == "fp32" else 2
+
+
+def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, recompute: str | None = None) -> float:
+    """Activations one layer saves for backward, per micro-batch, on one GPU.
+
+    Korthikanti Table 2 term by term, generalised to GQA, SwiGLU, no dropout and fused
+    (Flash) attention: with ``e`` bytes per activation (2 in 16-bit training),
+      norms' inputs 2·e·sbh, QKV and MLP GEMM inputs 2·e·sbh, dropout masks 2·sbh  (replicated
+      across TP unless sequence parallel), Q/K/V e·sb(h+2kv), attention output e·sbh,
+      MLP hidden 2·e·sbf (GELU: its input and output) or 4·e·sbf (SwiGLU: gate, up, silu(gate),
+      product), and the attention core: 5as²b (softmax output, dropout mask and output) for
+      explicit attention, or only the log-sum-exp (4·asb) for FlashAttention.
+    """
+    recompute = plan.recompute if recompute is None else recompute
+    t, cp = plan.tp, plan.cp
+    e = act_bytes(plan)
+    s, b = m.seq_length // cp, plan.micro_batch_size
+    h, kv, a = m.hidden_size, m.kv_dim, m.num_attention_heads
+    f = m.ffn_hidden_size * m.experts_per_token
+    sbh = s * b * h
+    split_replicated = t if (plan.sequence_parallel and t > 1) else 1
+    if recompute == "full":
+        return e * sbh / split_replicated  # only the layer's input is kept
+    drop = 2 * sbh if m.dropout else 0
+    replicated = 2 * e * sbh + 2 * e * sbh + drop
+    mlp_hidden = (4 if m.mlp == "swiglu" else 2) * e * s * b * f
+    sharded = e * s * b * (h + 2 * kv) + e * sbh + mlp_hidden
+    if plan.flash_attention:
+        core = 4 * a * s * b  # fp32 log-sum-exp per row
+    elif recompute == "selective":
+        core = 0  # the s^2 attention core is recomputed in backward
+    else:
+        # softmax output e·as²b; with dropout also its 1-byte mask and its output
+        core = (e + (1 + e if m.dropout else 0)) * a * s * s * b
+    return replicated / split_replicated + (sharded + core) / t
+
+
+def head_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """Last stage: final-norm input, LM-head input and fp32 logits 4·sbV/t (Korthikanti sec 4.3)."""
+    e, t = act_bytes(plan), plan.tp
+    s, b = m.seq_length // plan.cp, plan.micro_batch_size
+    split = t if (plan.sequence_parallel and t > 1) else 1
+    return 2 * e * s * b * m.hidden_size / split + 4 * s * b * m.vocab_size / t
+
+
+def in_flight(plan: ParallelPlan, stage: int) -> int:
+    """Micro-batch x chunk forwards whose activations a stage holds at its peak.
+
+    GPipe keeps all m; 1F1B and ZB-H1 keep p - stage (Narayanan et al. 2021 sec 2.2;
+    Qi et al. 2024); Megatron's interleaved schedule warms up (p - stage - 1)*2 + (v-1)*p
+    chunk forwards and holds one more before its first backward.
+    """
+    p, m, v = plan.pp, plan.num_microbatches, plan.virtual_pipeline_stages
+    if p == 1:
+        return 1
+    if plan.schedule == "gpipe":
+        return m
+    if plan.schedule == "interleaved-1f1b":
+        return min(m * v, (p - stage - 1) * 2 + (v - 1) * p + 1)
+    return min(p - stage, m)
+
+
+@dataclass(frozen=True, slots=True)
+class StageMemory:
+    stage: int
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    other: float
+    host: float = 0.0  # offloaded states, on the host
+
+    @property
+    def peak(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.other
+
+
+def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    ranges = stage_layer_ranges(m.num_layers, plan.pp, plan.virtual_pipeline_stages)[stage]
+    layers_per_chunk = max(len(r) for r in ranges)
+    per_layer = layer_activation_bytes(m, plan)
+    chunks_in_flight = in_flight(plan, stage)
+    if plan.virtual_pipeline_stages == 1:
+        total = chunks_in_flight * sum(len(r) for r in ranges) * per_layer
+    else:
+        total = chunks_in_flight * layers_per_chunk * per_layer
+    if plan.recompute == "full":
+        # backward re-runs one layer's forward: its full activations live for that layer
+        total += layer_activation_bytes(m, plan, recompute="none")
+    if stage == plan.pp - 1:
+        total += head_activation_bytes(m, plan)
+    return total
+
+
+def transient_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """Working buffers beyond saved activations and states."""
+    b = state_bytes(m, plan)
+    out = 0.0
+    if plan.zero_stage >= 3:
+        # the current and the prefetched layer's gathered parameters, and one layer's
+        # unsharded gradients before their reduce-scatter
+        layer = layer_params(m).per_tp_rank(plan.tp)
+        out += layer * (2 * b.params + b.grads)
+    if stage == plan.pp - 1:
+        # gradient of the fp32 logits during the LM head's backward
+        s, mb = m.seq_length // plan.cp, plan.micro_batch_size
+        out += 4 * s * mb * m.vocab_size / plan.tp
+    return out
+
+
+def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: int) -> StageMemory:
+    states = model_state_bytes(m, plan, stage)
+    return StageMemory(
+        stage=stage,
+        params=states["params"],
+        grads=states["grads"],
+        optimizer=states["optimizer"],
+        activations=activation_bytes(m, plan, stage),
+        other=transient_bytes(m, plan, stage),
+        host=states["host_params"] + states["host_optimizer"],
+    )
+
+
+def memory_per_stage(m: ModelSpec, plan: ParallelPlan) -> list[StageMemory]:
+    return [stage_memory(m, plan, s) for s in range(plan.pp)]

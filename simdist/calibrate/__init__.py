@@ -1,0 +1,1 @@
+"""Calibration: microbenchmarks and executor runs fitted into a CalibrationProfile."""

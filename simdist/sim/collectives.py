@@ -1,0 +1,158 @@
+"""Collective times on the cluster's links: ring, tree, hierarchical and in-switch (NVLS).
+
+time = steps x latency + bytes on the busiest link / achieved bandwidth (the alpha-beta model),
+with the bus-bandwidth factors of nccl-tests (doc/PERFORMANCE.md): an all-reduce moves
+2(n-1)/n x S over each rank's link, all-gather and reduce-scatter (n-1)/n x S. Across nodes, a
+ring's inter-node edges run through the NICs, so its bus bandwidth is the node's NIC bandwidth
+shared by the ranks of that node that communicate at the same time.
+
+Achieved-bandwidth factors (fraction of line rate), from the NCCL maintainers' figures in
+shared/validation/collectives.csv: A100 NVSwitch ring ~230 of 300 GB/s (nccl-tests #149),
+H100 ring ~370 of 450 GB/s (nccl-tests #212), H100 NVLS all-reduce algbw ~275 GB/s (#212),
+HDR ~24 of 25 GB/s per NIC (nccl #412), NDR 46-48 of 50 GB/s per NIC (nccl-tests #290).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from simdist.calibrate.profile import CalibrationProfile
+from simdist.spec.cluster import ClusterSpec
+from simdist.spec.plan import ParallelPlan
+
+LINK_EFFICIENCY = {
+    "nvswitch": 0.80, "nvlink": 0.80, "pcie": 0.80, "loopback": 1.0,
+    "infiniband": 0.94, "roce": 0.90, "ethernet": 0.85, "omnipath": 0.90, "none": 1.0,
+}
+NVLS_EFFICIENCY = 0.61  # algbw / per-GPU NVLink line rate for NVLink-SHARP all-reduce
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLayout:
+    """Where the ranks of one communication group sit."""
+
+    size: int  # n ranks in the group
+    ranks_per_node: int  # g ranks of the group in each node it spans
+    nodes: int  # k nodes spanned
+    concurrent_per_node: int  # ranks of a node running the same kind of collective at once
+
+    @property
+    def intra_only(self) -> bool:
+        return self.nodes == 1
+
+
+def axis_stride(plan: ParallelPlan, axis: str) -> int:
+    """Rank distance between neighbours of a group (rank grid: tp innermost, then cp, pp, dp)."""
+    return {"tp": 1, "cp": plan.tp, "pp": plan.tp * plan.cp, "dp": plan.tp * plan.cp * plan.pp,
+            "dp_shard": plan.tp * plan.cp * plan.pp,
+            "dp_replica": plan.tp * plan.cp * plan.pp * plan.dp_shard}[axis]
+
+
+def axis_size(plan: ParallelPlan, axis: str) -> int:
+    return {"tp": plan.tp, "cp": plan.cp, "pp": plan.pp, "dp": plan.dp,
+            "dp_shard": plan.dp_shard, "dp_replica": plan.dp // plan.dp_shard}[axis]
+
+
+def group_layout(cluster: ClusterSpec, size: int, stride: int) -> GroupLayout:
+    gpn = cluster.gpus_per_node
+    if size <= 1:
+        return GroupLayout(1, 1, 1, gpn)
+    per_node = max(1, min(size, gpn // stride)) if stride < gpn else 1
+    nodes = math.ceil(size / per_node)
+    return GroupLayout(size, per_node, nodes, gpn)
+
+
+def layout_for_axis(cluster: ClusterSpec, plan: ParallelPlan, axis: str) -> GroupLayout:
+    return group_layout(cluster, axis_size(plan, axis), axis_stride(plan, axis))
+
+
+@dataclass(frozen=True)
+class Network:
+    """Achieved bandwidth and latency of the two link levels, from the catalog or a profile."""
+
+    intra_bw: float  # per GPU per direction, achieved
+    intra_latency: float
+    inter_bw_node: float  # all NICs of a node, per direction, achieved
+    inter_latency: float
+    nvls: bool
+    intra_line_rate: float
+
+    @classmethod
+    def of(cls, cluster: ClusterSpec, profile: CalibrationProfile | None = None) -> Network:
+        intra, inter = cluster.intra_node, cluster.inter_node
+        intra_bw = intra.bandwidth_bytes_per_s * LINK_EFFICIENCY.get(intra.kind, 0.8)
+        inter_bw = cluster.node_injection_bytes_per_s * LINK_EFFICIENCY.get(inter.kind, 0.85)
+        intra_lat, inter_lat = intra.latency_s, inter.latency_s
+        if profile:
+            if "intra" in profile.links:
+                intra_bw = profile.links["intra"].bandwidth_bytes_per_s
+                intra_lat = profile.links["intra"].latency_s
+            if "inter" in profile.links:
+                inter_bw = profile.links["inter"].bandwidth_bytes_per_s * cluster.nics_per_node
+                inter_lat = profile.links["inter"].latency_s
+        return cls(intra_bw, intra_lat, inter_bw, inter_lat,
+                   cluster.in_switch_reduction, intra.bandwidth_bytes_per_s)
+
+    def inter_share(self, g: GroupLayout) -> float:
+        """NIC bandwidth available to one rank's ring edge when the node's ranks all talk."""
+        return self.inter_bw_node * g.ranks_per_node / g.concurrent_per_node
+
+
+def collective_time(kind: str, nbytes: float, g: GroupLayout, net: Network) -> float:
+    """Seconds for one collective of buffer size ``nbytes`` (nccl-tests' S) over group ``g``;
+    the fastest algorithm NCCL could pick (ring, tree, hierarchical, NVLS)."""
+    n = g.size
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    if kind == "sendrecv":
+        bw = net.intra_bw if g.intra_only else net.inter_share(g)
+        lat = net.intra_latency if g.intra_only else net.inter_latency
+        return lat + nbytes / bw
+    if kind == "broadcast":
+        return ring_time("allgather", nbytes * n, g, net)
+    if kind == "alltoall":
+        return ring_time("allgather", nbytes, g, net)
+    times = [ring_time(kind, nbytes, g, net)]
+    if kind == "allreduce":
+        if g.intra_only and net.nvls:
+            times.append(2 * net.intra_latency + nbytes / (net.intra_line_rate * NVLS_EFFICIENCY))
+        if not g.intra_only:
+            times.append(tree_allreduce_time(nbytes, g, net))
+            if g.ranks_per_node > 1:
+                times.append(hierarchical_allreduce_time(nbytes, g, net))
+    return min(times)
+
+
+def ring_time(kind: str, nbytes: float, g: GroupLayout, net: Network) -> float:
+    n = g.size
+    steps = 2 * (n - 1) if kind == "allreduce" else n - 1
+    factor = steps / n
+    if g.intra_only:
+        busbw, lat = net.intra_bw, net.intra_latency
+    else:
+        busbw = net.inter_share(g)
+        if g.ranks_per_node > 1:
+            busbw = min(busbw, net.intra_bw)
+        lat = net.inter_latency
+    return steps * lat + factor * nbytes / busbw
+
+
+def tree_allreduce_time(nbytes: float, g: GroupLayout, net: Network) -> float:
+    """NCCL's double binary tree across nodes (chain inside each node): log-depth latency,
+    about the ring's bandwidth for large messages (NCCL 2.4 release notes / NVIDIA blog)."""
+    depth = math.ceil(math.log2(g.nodes)) + (g.ranks_per_node - 1)
+    busbw = net.inter_share(g)
+    if g.ranks_per_node > 1:
+        busbw = min(busbw, net.intra_bw)
+    return 2 * depth * net.inter_latency + 2 * nbytes / busbw
+
+
+def hierarchical_allreduce_time(nbytes: float, g: GroupLayout, net: Network) -> float:
+    """Reduce-scatter inside each node, all-reduce of 1/g of the data across nodes, all-gather
+    inside the node (the NVLS-tree / 2D pattern)."""
+    intra = GroupLayout(g.ranks_per_node, g.ranks_per_node, 1, g.concurrent_per_node)
+    inter = GroupLayout(g.nodes, 1, g.nodes, g.concurrent_per_node)
+    part = nbytes / g.ranks_per_node
+    cross = min(ring_time("allreduce", part, inter, net), tree_allreduce_time(part, inter, net))
+    return ring_time("reducescatter", nbytes, intra, net) + cross + ring_time("allgather", nbytes, intra, net)
