@@ -115,8 +115,9 @@ def _op_time(cm: CostModel, op: Compute) -> float:
         traffic = (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * e
         return max(compute, traffic / (cm.memory_bandwidth * cm.memory_efficiency(traffic))) + cm.kernel_overhead
     if op.kind == "attention":
-        flops = op.flops * (0.5 if op.causal else 1.0)  # causal kernels skip the masked half
-        return flops / (cm.attention_peak * cm.attention_efficiency(op)) + cm.kernel_overhead
+        # Efficiency is on the full s x s FLOP count (the MFU convention of Megatron-LM and
+        # MosaicML), so it folds in however much of the causal half a kernel manages to skip.
+        return op.flops / (cm.attention_peak * cm.attention_efficiency(op)) + cm.kernel_overhead
     return op.bytes / (cm.memory_bandwidth * cm.memory_efficiency(op.bytes)) + cm.kernel_overhead
 
 

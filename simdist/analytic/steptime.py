@@ -162,12 +162,21 @@ def dp_per_microbatch(timer: Timer, stage: int, t_fwd: float, t_bwd: float) -> f
     if plan.zero_stage == 2:
         return max(rs / layers, rs - t_bwd)
     param_bytes = n * (1.0 if plan.zero_quantized_weights else b.params)
-    ag = collective_time("allgather", param_bytes, g, timer.net)
+    # one collective per layer (FSDP) or per submodule (DeepSpeed): each pays the ring latency
+    calls = layers * (zero3_modules_per_layer(sc.model) if plan.zero3_fetch == "module" else 1)
+    ag = calls * collective_time("allgather", param_bytes / calls, g, timer.net)
+    rs = calls * collective_time("reducescatter", grad_bytes / calls, g, timer.net) + (rs - collective_time("reducescatter", grad_bytes, g, timer.net))
+    gathers = 3 if plan.recompute == "full" else 2  # recomputation gathers the parameters again
     if not plan.overlap_param_gather:
-        return 2 * ag + rs
+        return gathers * ag + rs
     fwd_exposed = max(ag / layers, ag - t_fwd)
-    bwd_exposed = max((ag + rs) / layers, ag + rs - t_bwd)
+    bwd_exposed = max((ag + rs) / layers, (gathers - 1) * ag + rs - t_bwd)
     return fwd_exposed + bwd_exposed
+
+
+def zero3_modules_per_layer(m) -> int:
+    """Submodules with parameters in a layer: two norms, QKV, output projection, MLP linears."""
+    return 4 + (3 if m.mlp == "swiglu" else 2)
 
 
 def dp_end_of_step(timer: Timer, stage: int, last_bwd: float) -> float:

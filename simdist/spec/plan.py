@@ -69,6 +69,9 @@ class ParallelPlan:
     overlap_grad_reduce: bool = True  # DP gradient sync overlaps backward (DDP buckets)
     overlap_param_gather: bool = True  # ZeRO-3/FSDP prefetches the next layer's parameters
     tp_comm_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron-Core/TE)
+    # ZeRO-3 gather unit: "layer" (FSDP wraps each block: one collective per layer and pass) or
+    # "module" (DeepSpeed ZeRO-3 fetches each submodule's parameters with its own collective)
+    zero3_fetch: Literal["layer", "module"] = "layer"
     # v1.1
     dp_shard: int = 0  # 0 -> dp (shard over all DP ranks)
     zero_quantized_weights: bool = False

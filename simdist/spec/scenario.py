@@ -180,7 +180,9 @@ def _build_model(raw: dict[str, Any], base: Path, c: Collector, outer: Collector
         path = base / str(hf)
         try:
             cfg = json.loads(path.read_text(encoding="utf-8"))
-            values.update(fields_from_hf_config(cfg, Collector(f"{c.prefix}.hf_config")))
+            hc = Collector(f"{c.prefix}.hf_config")
+            values.update(fields_from_hf_config(cfg, hc))
+            c.problems.extend(hc.problems)
         except FileNotFoundError:
             c.add("hf_config", f"{path} does not exist")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -376,7 +378,7 @@ _PLAN_BOOLS = ("sequence_parallel", "fp32_grad_accumulation", "flash_attention",
                "zero_quantized_weights")
 _PLAN_CHOICES = {
     "schedule": SCHEDULES, "recompute": RECOMPUTE, "precision": PRECISIONS,
-    "optimizer": OPTIMIZERS, "gradient_sync": GRADIENT_SYNC,
+    "optimizer": OPTIMIZERS, "gradient_sync": GRADIENT_SYNC, "zero3_fetch": ("layer", "module"),
 }
 _PLAN_KEYS = set(_PLAN_INTS) | set(_PLAN_BOOLS) | set(_PLAN_CHOICES) | {
     "zero_stage", "offload", "grad_compression", "ddp_bucket_size"}

@@ -1,0 +1,62 @@
+import json
+
+import pytest
+from conftest import SCENARIOS, run_cli
+
+CONTRACT_KEYS = {"name", "world_size", "step_time_s", "tokens_per_s", "model_flops_per_step",
+                 "model_tflops_per_gpu", "mfu", "bubble_fraction", "breakdown_s", "memory"}
+BREAKDOWN = {"compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"}
+
+
+@pytest.mark.parametrize("engine", ["analytic", "des"])
+def test_predict_json_follows_contract(engine):
+    r = run_cli("predict", "scenarios/gpt3-175b-1024xa100.yaml", "--json", "--engine", engine)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert CONTRACT_KEYS <= d.keys()
+    assert BREAKDOWN <= d["breakdown_s"].keys()
+    assert sum(d["breakdown_s"].values()) == pytest.approx(d["step_time_s"], rel=0.01)
+    assert d["world_size"] == 1024
+    mem = d["memory"]
+    assert {"peak_gib", "capacity_gib", "fits", "per_stage"} <= mem.keys()
+    assert len(mem["per_stage"]) == 16 and mem["capacity_gib"] == 80
+    assert mem["fits"] == (mem["peak_gib"] <= mem["capacity_gib"])
+    assert d["mfu"] == pytest.approx(d["model_flops_per_step"] / (d["step_time_s"] * 1024 * 312e12), rel=1e-9)
+
+
+def test_predict_table_is_readable():
+    r = run_cli("predict", "scenarios/gpt3-175b-1024xa100.yaml", "--engine", "analytic")
+    assert r.returncode == 0
+    for word in ("step time", "tokens/s", "MFU", "where the time goes", "fits"):
+        assert word in r.stdout
+
+
+@pytest.mark.parametrize("what", ["gpus", "clusters", "models"])
+def test_list(what):
+    r = run_cli("list", what)
+    assert r.returncode == 0
+    expected = {"gpus": ["v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200"],
+                "clusters": ["dgx-a100-40gb", "dgx-a100-80gb", "dgx-h100", "dgx-h200", "dgx-b200"],
+                "models": ["gpt3-175b", "llama2-70b", "llama3-8b", "llama3.1-405b", "tiny"]}[what]
+    for name in expected:
+        assert name in r.stdout
+
+
+def test_unknown_engine_exit_2():
+    r = run_cli("predict", "scenarios/gpt3-175b-1024xa100.yaml", "--engine", "magic")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_every_bundled_scenario_predicts():
+    from simdist.predict import predict
+    from simdist.spec.scenario import load_scenario
+
+    assert len(SCENARIOS) >= 4
+    for path in SCENARIOS:
+        sc = load_scenario(path)
+        if sc.requires_profile:
+            continue  # `local` scenarios need a calibration profile (tested in calibration)
+        for engine in ("analytic", "des"):
+            p = predict(sc, engine=engine, keep_spans=False)
+            assert p.step_time_s > 0 and 0 < p.mfu < 1, (path.name, engine)
+            assert sum(p.breakdown_s.values()) == pytest.approx(p.step_time_s, rel=0.01)
