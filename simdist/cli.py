@@ -14,7 +14,8 @@ EXIT_BAD_INPUT = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(requested=next((a for a in argv if not a.startswith("-")), None))
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         parser.print_help()
@@ -39,7 +40,7 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(requested: str | None = None) -> argparse.ArgumentParser:
     p = _Parser(prog="simdist", description="Predict distributed LLM training step time, memory and the best plan.")
     from simdist import __version__
 
@@ -63,30 +64,35 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("what", choices=("gpus", "clusters", "models"))
     ls.set_defaults(func=_cmd_list)
 
-    for name, helptext, module in _EXTRA_COMMANDS:
-        _lazy(sub, name, helptext, module)
+    for name, helptext, target in EXTRA_COMMANDS:
+        sp = sub.add_parser(name, help=helptext)
+        if name == requested:  # import a subcommand's module only when it is the one asked for
+            _attach(sp, target)
     return p
 
 
-# Subcommands implemented in their own modules: (name, help, "module:function").
-# Each module exposes `add_arguments(parser)` and the function taking the parsed args.
-_EXTRA_COMMANDS: list[tuple[str, str, str]] = [
-    ("trace", "write a Chrome/Perfetto trace of one simulated step", "simdist.trace.cli:main"),
-    ("validate", "predict the public validation cases and report the error", "simdist.validation:main"),
+# Subcommands implemented in their own modules: (name, help, "module:add_arguments:main").
+# The module's add_arguments(parser) declares its options; main(args) -> exit code runs it.
+EXTRA_COMMANDS: list[tuple[str, str, str]] = [
+    ("trace", "write a Chrome/Perfetto trace of one simulated step", "simdist.trace.cli:add_arguments:main"),
+    ("validate", "predict the public validation runs and report the error", "simdist.validation:add_arguments:main"),
+    ("search", "find the fastest plan that fits", "simdist.search_cli:add_arguments:main"),
+    ("run", "run a scenario for real with torchrun and measure it", "executor.cli:add_arguments:main"),
+    ("calibrate", "microbenchmark this machine and fit a calibration profile", "simdist.calibrate.cli:add_calibrate_arguments:calibrate_main"),
+    ("runs", "list stored measurements and predictions", "simdist.calibrate.cli:add_runs_arguments:runs_main"),
+    ("compare", "predicted vs measured for stored runs", "simdist.calibrate.cli:add_compare_arguments:compare_main"),
+    ("goodput", "goodput against the checkpoint interval", "simdist.reliability_cli:add_arguments:main"),
+    ("import", "turn a DeepSpeed or Accelerate config into a scenario", "simdist.importers:add_arguments:main"),
 ]
 
 
-def _lazy(sub: argparse._SubParsersAction, name: str, helptext: str, target: str) -> None:
-    module_name, func_name = target.split(":")
+def _attach(sp: argparse.ArgumentParser, target: str) -> None:
     import importlib
 
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        return
-    sp = sub.add_parser(name, help=helptext)
-    module.add_arguments(sp)
-    func: Callable[[argparse.Namespace], int] = getattr(module, func_name)
+    module_name, add_name, main_name = target.split(":")
+    module = importlib.import_module(module_name)
+    getattr(module, add_name)(sp)
+    func: Callable[[argparse.Namespace], int] = getattr(module, main_name)
     sp.set_defaults(func=func)
 
 
