@@ -136,7 +136,23 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         from simdist.table import prediction_report
 
         print(prediction_report(pred))
+    if not args.no_store:
+        _store_prediction(args, pred)
     return 0
+
+
+def _store_prediction(args: argparse.Namespace, pred) -> None:
+    """Keep every prediction in the run store; a store problem never fails the prediction."""
+    import sqlite3
+    from pathlib import Path
+
+    from simdist.calibrate.store import RunStore
+
+    try:
+        RunStore(args.db).add("prediction", pred.to_dict(), Path(args.file).read_text(encoding="utf-8"),
+                              engine=pred.engine, profile=pred.profile)
+    except (OSError, sqlite3.Error) as exc:
+        print(f"warning: prediction not stored ({exc})", file=sys.stderr)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

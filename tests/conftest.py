@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# keep the tests' predictions and measurements out of the user's own run store
+os.environ.setdefault("SIMDIST_DB", str(Path(tempfile.mkdtemp(prefix="simdist-test-")) / "runs.db"))
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"

@@ -77,6 +77,9 @@ class Network:
     inter_latency: float
     nvls: bool
     intra_line_rate: float
+    # per collective kind (latency, bandwidth) inside a node, from a calibration profile whose
+    # library (gloo on CPU) runs each kind with its own algorithm
+    intra_by_kind: tuple[tuple[str, float, float], ...] = ()
 
     @classmethod
     def of(cls, cluster: ClusterSpec, profile: CalibrationProfile | None = None) -> Network:
@@ -91,8 +94,19 @@ class Network:
             if "inter" in profile.links:
                 inter_bw = profile.links["inter"].bandwidth_bytes_per_s * cluster.nics_per_node
                 inter_lat = profile.links["inter"].latency_s
+        by_kind: tuple[tuple[str, float, float], ...] = ()
+        if profile:
+            by_kind = tuple((k.split(".", 1)[1], v.latency_s, v.bandwidth_bytes_per_s)
+                            for k, v in profile.links.items() if k.startswith("intra."))
         return cls(intra_bw, intra_lat, inter_bw, inter_lat,
-                   cluster.in_switch_reduction, intra.bandwidth_bytes_per_s)
+                   cluster.in_switch_reduction, intra.bandwidth_bytes_per_s, by_kind)
+
+    def intra(self, kind: str) -> tuple[float, float]:
+        """(latency, bandwidth) of ``kind`` inside a node."""
+        for k, lat, bw in self.intra_by_kind:
+            if k == kind:
+                return lat, bw
+        return self.intra_latency, self.intra_bw
 
     def inter_share(self, g: GroupLayout) -> float:
         """NIC bandwidth available to one rank's ring edge when the node's ranks all talk."""
@@ -106,8 +120,7 @@ def collective_time(kind: str, nbytes: float, g: GroupLayout, net: Network) -> f
     if n <= 1 or nbytes <= 0:
         return 0.0
     if kind == "sendrecv":
-        bw = net.intra_bw if g.intra_only else net.inter_share(g)
-        lat = net.intra_latency if g.intra_only else net.inter_latency
+        lat, bw = net.intra("sendrecv") if g.intra_only else (net.inter_latency, net.inter_share(g))
         return lat + nbytes / bw
     if kind == "broadcast":
         return ring_time("allgather", nbytes * n, g, net)
@@ -129,7 +142,7 @@ def ring_time(kind: str, nbytes: float, g: GroupLayout, net: Network) -> float:
     steps = 2 * (n - 1) if kind == "allreduce" else n - 1
     factor = steps / n
     if g.intra_only:
-        busbw, lat = net.intra_bw, net.intra_latency
+        lat, busbw = net.intra(kind)
     else:
         busbw = net.inter_share(g)
         if g.ranks_per_node > 1:

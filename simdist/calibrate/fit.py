@@ -1,0 +1,115 @@
+"""Fit microbenchmark timings (and optionally executor runs) into a CalibrationProfile.
+
+Compute: efficiency = achieved FLOP/s / the device's best GEMM FLOP/s, per op size (FLOPs for
+GEMM and attention, bytes for memory-bound ops). Links: the alpha-beta model of
+simdist.sim.collectives (t = steps x alpha + factor x S / beta, nccl-tests' factors) fitted by
+least squares on relative error, one (alpha, beta) per collective kind, since gloo's
+algorithms differ by kind. Residuals are the RMS relative error of each fit.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+from simdist.calibrate.profile import CalibrationProfile, LinkFit
+
+
+def _curve(points: list[tuple[float, float]], peak: float) -> list[tuple[float, float]]:
+    """(size, efficiency) sorted by size, merging equal sizes by their mean."""
+    merged: dict[float, list[float]] = {}
+    for size, rate in points:
+        merged.setdefault(size, []).append(rate / peak)
+    return [(s, min(1.0, sum(v) / len(v))) for s, v in sorted(merged.items())]
+
+
+def ring_terms(kind: str, n: int, nbytes: float) -> tuple[float, float]:
+    """(steps, bytes over the busiest link) of a ring collective (nccl-tests PERFORMANCE.md)."""
+    if kind == "allreduce":
+        return 2 * (n - 1), 2 * (n - 1) / n * nbytes
+    if kind in ("allgather", "reducescatter"):
+        return n - 1, (n - 1) / n * nbytes
+    return 1, nbytes  # sendrecv
+
+
+def fit_alpha_beta(rows: list[dict[str, Any]]) -> tuple[float, float, float]:
+    """Least squares on relative error of t = a*alpha + b/beta; returns (alpha, beta, rms)."""
+    import numpy as np
+
+    a = np.array([ring_terms(r["kind"], r["ranks"], r["bytes"])[0] for r in rows])
+    b = np.array([ring_terms(r["kind"], r["ranks"], r["bytes"])[1] for r in rows])
+    t = np.array([r["seconds"] for r in rows])
+    design = np.stack([a / t, b / t], axis=1)
+    (alpha, inv_beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    alpha, inv_beta = max(alpha, 1e-7), max(inv_beta, 1e-13)
+    pred = a * alpha + b * inv_beta
+    rms = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
+    return float(alpha), float(1.0 / inv_beta), rms
+
+
+def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> CalibrationProfile:
+    gemm = bench["gemm"]
+    peak = max(r["flops"] / r["seconds"] for r in gemm)
+    mem_bw = max(r["bytes"] / r["seconds"] for r in bench["memory"])
+    curves = {
+        "gemm": _curve([(r["flops"], r["flops"] / r["seconds"]) for r in gemm], peak),
+        "attention": _curve([(r["flops"], r["flops"] / r["seconds"]) for r in bench["attention"]], peak),
+        "memory": _curve([(r["bytes"], r["bytes"] / r["seconds"]) for r in bench["memory"]], mem_bw),
+    }
+    residuals: dict[str, float] = {}
+    links: dict[str, LinkFit] = {}
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for r in bench.get("collectives", []):
+        by_kind.setdefault(r["kind"], []).append(r)
+    if by_kind:
+        alpha, beta, rms = fit_alpha_beta([r for rows in by_kind.values() for r in rows])
+        links["intra"] = LinkFit(latency_s=alpha, bandwidth_bytes_per_s=beta)
+        residuals["link intra (all kinds)"] = rms
+        for kind, rows in by_kind.items():
+            alpha, beta, rms = fit_alpha_beta(rows)
+            links[f"intra.{kind}"] = LinkFit(latency_s=alpha, bandwidth_bytes_per_s=beta)
+            residuals[f"link intra.{kind}"] = rms
+    for kind in ("gemm", "attention", "memory"):
+        residuals[f"{kind} curve points"] = float(len(curves[kind]))
+    threads = bench.get("threads", 1)
+    return CalibrationProfile(
+        device=f"{bench.get('device', 'cpu')} ({platform.processor() or platform.machine()}, "
+               f"{threads} thread(s) per rank, {bench.get('world_size', 1)} ranks)",
+        backend="gloo" if bench.get("device", "cpu") == "cpu" else "nccl",
+        peak_flops=peak,
+        memory_bandwidth_bytes_per_s=mem_bw,
+        compute_curves=curves,
+        links=links,
+        fitted_from=list(fitted_from or ["microbenchmarks"]),
+        residuals=residuals,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        torch_version=str(bench.get("torch_version", "")),
+    )
+
+
+def fit_overhead(profile: CalibrationProfile, error_of: Callable[[CalibrationProfile], float]) -> CalibrationProfile:
+    """Choose the per-kernel overhead (framework dispatch on CPU) that minimises the mean
+    |log error| of step time over the executor runs given for fitting (golden-section search)."""
+    from dataclasses import replace
+
+    lo, hi = math.log(1e-7), math.log(2e-3)
+    f = lambda x: error_of(replace(profile, kernel_overhead_s=math.exp(x)))  # noqa: E731
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(30):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    best = math.exp((a + b) / 2)
+    return replace(profile, kernel_overhead_s=best,
+                   residuals={**profile.residuals, "executor runs mean |log error|": f((a + b) / 2)})

@@ -1,0 +1,270 @@
+"""The network of the discrete-event engine: which links a transfer loads, and how concurrent
+transfers share them.
+
+Two parts, split as astra-sim splits its network backends from the system layer:
+
+- :class:`LinkModel` turns a collective or a pipeline send into a :class:`FlowTiming`: its
+  latency, its *solo* transfer time (from :func:`simdist.sim.collectives.collective_time`, so
+  the engine and the closed form agree when nothing contends) and the *load* it puts on each
+  link of the topology (:mod:`simdist.spec.topology`) while it runs at that solo speed, as a
+  fraction of the link's bandwidth.
+- :class:`FluidNetwork` runs flows in a simpy environment as a fluid (flow-level) model: while
+  the loads on a link add up to more than 1, every flow on it is slowed by that factor; rates
+  are recomputed whenever a flow starts or ends (the bandwidth-sharing idea of flow-level
+  network simulators such as SimGrid, Casanova et al. 2014, in its simplest proportional form).
+
+Loads follow the closed form's assumptions. An inter-node collective's bus bandwidth is the
+node's NIC bandwidth shared by the ``concurrent_per_node`` ranks of the node (GroupLayout), so
+each rank uses ``nics / gpus_per_node`` of its own NIC (rail-optimized), scaled down when
+NVLink rather than the NIC bounds the ring; the ranks on one NIC that do the same work (the same
+pipeline stage: its TP/CP peers and, by symmetry, other DP replicas) add up. A leaf's uplink
+carries the part of its ranks' traffic that leaves the leaf (a ring over nodes in order leaves
+a leaf once per visit). Intra-node transfers load the GPUs' switch ports.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from functools import partial
+
+import simpy
+
+from simdist.sim.collectives import GroupLayout, Network, axis_size, axis_stride, collective_time, layout_for_axis
+from simdist.spec import topology as topo
+from simdist.spec.plan import RankCoord, rank_coord, rank_of
+from simdist.spec.scenario import Scenario
+
+LinkKey = tuple[str, str]  # (link id, "up" | "down")
+Loads = tuple[tuple[LinkKey, float], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FlowTiming:
+    latency: float  # seconds of per-step latency (not shared)
+    work: float  # seconds the transfer takes alone at its achieved bandwidth
+    loads: Loads  # fraction of each link's bandwidth the flow uses when alone
+
+
+# --- which links, how much ----------------------------------------------------------------
+
+
+class LinkModel:
+    """Times and loads of the transfers of one scenario.
+
+    ``replicas_alike`` (symmetric fidelity): every DP replica does the same work at the same
+    time, so ranks of other replicas that share a link with a simulated rank add their load to
+    it. Otherwise (full fidelity) each replica's flows are separate, and a DP collective's
+    flow covers exactly the replicas of its group.
+    """
+
+    def __init__(self, sc: Scenario, net: Network, replicas_alike: bool):
+        self.sc, self.net, self.alike = sc, net, replicas_alike
+        self.cluster, self.plan = sc.cluster, sc.plan
+        self._net0 = replace(net, intra_latency=0.0, inter_latency=0.0)
+        self._loads: dict[tuple, Loads] = {}
+        self._times: dict[tuple, tuple[float, float]] = {}
+
+    def _split(self, kind: str, nbytes: float, layout: GroupLayout) -> tuple[float, float]:
+        """(latency, transfer) parts of the closed-form time."""
+        key = (kind, nbytes, layout)
+        got = self._times.get(key)
+        if got is None:
+            total = collective_time(kind, nbytes, layout, self.net)
+            transfer = collective_time(kind, nbytes, layout, self._net0)
+            got = self._times[key] = (max(0.0, total - transfer), transfer)
+        return got
+
+    def rep(self, replica: int, stage: int) -> int:
+        """The simulated (first) rank of a (replica, stage) slice."""
+        return rank_of(RankCoord(replica, stage, 0, 0), self.plan)
+
+    def _member(self, stage: int, replicas: Iterable[int]) -> Callable[[RankCoord], bool]:
+        if self.alike:
+            return lambda c: c.pp == stage
+        allowed = frozenset(replicas)
+        return lambda c: c.pp == stage and c.dp in allowed
+
+    def collective(self, kind: str, nbytes: float, axis: str, stage: int, replicas: tuple[int, ...]) -> FlowTiming:
+        """A collective over ``axis`` of the ranks of ``stage`` in ``replicas``."""
+        layout = layout_for_axis(self.cluster, self.plan, axis)
+        latency, work = self._split(kind, nbytes, layout)
+        key = ("c", axis, stage, replicas, layout.intra_only)
+        loads = self._loads.get(key)
+        if loads is None:
+            loads = self._loads[key] = self._collective_loads(axis, stage, replicas, layout)
+        return FlowTiming(latency, work, loads)
+
+    def p2p(self, nbytes: float, src_stage: int, dst_stage: int, replica: int) -> FlowTiming:
+        """A pipeline send from one stage to another inside one replica (each TP/CP rank
+        sends its part to its peer; the simulated rank's pair stands for them all)."""
+        src, dst = self.rep(replica, src_stage), self.rep(replica, dst_stage)
+        c = self.cluster
+        same_node = c.node_of(src) == c.node_of(dst)
+        layout = GroupLayout(2, 2, 1, c.gpus_per_node) if same_node else GroupLayout(2, 1, 2, c.gpus_per_node)
+        latency, work = self._split("sendrecv", nbytes, layout)
+        key = ("p", src_stage, dst_stage, replica)
+        loads = self._loads.get(key)
+        if loads is None:
+            loads = self._loads[key] = self._p2p_loads(src, dst, src_stage, dst_stage, replica, same_node)
+        return FlowTiming(latency, work, loads)
+
+    # --- loads ---
+
+    def _fractions(self, layout: GroupLayout) -> tuple[float, float]:
+        """(NIC, switch-port) use of one rank at the collective's solo speed."""
+        if layout.intra_only:
+            return 0.0, 1.0
+        share = self.net.inter_share(layout)
+        if layout.ranks_per_node == 1:
+            return 1.0, 0.0
+        busbw = min(share, self.net.intra_bw)
+        return busbw / share, busbw / self.net.intra_bw
+
+    def _nic_load(self, rank: int, member: Callable[[RankCoord], bool], f_inter: float) -> float:
+        """Load on ``rank``'s NIC from every member rank that shares it."""
+        c = self.cluster
+        gpn = c.gpus_per_node
+        node, nic = c.node_of(rank), topo.nic_of(c, rank)
+        images = sum(1 for r in range(node * gpn, (node + 1) * gpn)
+                     if topo.nic_of(c, r) == nic and member(rank_coord(r, self.plan)))
+        return images * f_inter * c.nics_per_node / gpn
+
+    def _uplink_load(self, leaf: int, member: Callable[[RankCoord], bool], f_inter: float, cross: float) -> float:
+        """Load on a leaf's uplink: each member rank's NIC traffic times the part leaving the leaf."""
+        c = self.cluster
+        if cross <= 0.0:
+            return 0.0
+        gpn, npl = c.gpus_per_node, c.nodes_per_leaf
+        first, last = leaf * npl * gpn, min(c.num_nodes, (leaf + 1) * npl) * gpn
+        images = sum(1 for r in range(first, last) if member(rank_coord(r, self.plan)))
+        return images * f_inter * cross * c.spine_oversubscription / (gpn * npl)
+
+    def _collective_loads(self, axis: str, stage: int, replicas: tuple[int, ...], layout: GroupLayout) -> Loads:
+        c, plan = self.cluster, self.plan
+        f_inter, f_intra = self._fractions(layout)
+        member = self._member(stage, replicas)
+        out: dict[LinkKey, float] = {}
+        for d in replicas:
+            rep = self.rep(d, stage)
+            if f_intra > 0.0:
+                _add_both(out, topo.port_link(c, rep), f_intra)
+            if f_inter <= 0.0:
+                continue
+            _add_both(out, topo.nic_link(c, rep), self._nic_load(rep, member, f_inter), replace_value=True)
+            group = [rep + k * axis_stride(plan, axis) for k in range(axis_size(plan, axis))]
+            leaf = topo.leaf_of(c, c.node_of(rep))
+            cross = _leaf_crossing(c, group, leaf)
+            load = self._uplink_load(leaf, member, f_inter, cross)
+            if load > 0.0:
+                _add_both(out, topo.uplink(c, leaf), load, replace_value=True)
+        return tuple(out.items())
+
+    def _p2p_loads(self, src: int, dst: int, src_stage: int, dst_stage: int, replica: int, same_node: bool) -> Loads:
+        c = self.cluster
+        if same_node:
+            return (((topo.port_link(c, src), "up"), 1.0), ((topo.port_link(c, dst), "down"), 1.0))
+        send, recv = self._member(src_stage, (replica,)), self._member(dst_stage, (replica,))
+        out: dict[LinkKey, float] = {
+            (topo.nic_link(c, src), "up"): self._nic_load(src, send, 1.0),
+            (topo.nic_link(c, dst), "down"): self._nic_load(dst, recv, 1.0),
+        }
+        l_src, l_dst = topo.leaf_of(c, c.node_of(src)), topo.leaf_of(c, c.node_of(dst))
+        if l_src != l_dst:
+            out[(topo.uplink(c, l_src), "up")] = self._uplink_load(l_src, send, 1.0, 1.0)
+            out[(topo.uplink(c, l_dst), "down")] = self._uplink_load(l_dst, recv, 1.0, 1.0)
+        return tuple(out.items())
+
+
+def _add_both(out: dict[LinkKey, float], link: str, load: float, replace_value: bool = False) -> None:
+    """A collective loads both directions of a link (a ring sends and receives)."""
+    for direction in ("up", "down"):
+        key = (link, direction)
+        out[key] = load if replace_value else out.get(key, 0.0) + load
+
+
+def _leaf_crossing(cluster, group: list[int], leaf: int) -> float:
+    """Part of a member node's ring traffic that leaves ``leaf``: a ring over the group's nodes
+    in order enters and leaves each leaf once, shared by that leaf's member nodes."""
+    nodes = sorted({cluster.node_of(r) for r in group})
+    leaves = {topo.leaf_of(cluster, n) for n in nodes}
+    if len(leaves) <= 1:
+        return 0.0
+    here = sum(1 for n in nodes if topo.leaf_of(cluster, n) == leaf)
+    return 1.0 / max(1, here)
+
+
+# --- sharing bandwidth in simulated time -----------------------------------------------------
+
+
+class _Flow:
+    __slots__ = ("done", "loads", "rate", "remaining", "stamp", "token")
+
+    def __init__(self, work: float, loads: Loads, done: simpy.Event, now: float):
+        self.remaining, self.loads, self.done = work, loads, done
+        self.rate, self.stamp, self.token = 0.0, now, 0
+
+
+class FluidNetwork:
+    """Flows on shared links: a link whose loads add up to L > 1 slows each of its flows by L;
+    a flow runs at the rate its most overloaded link allows (1 = its solo speed)."""
+
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self._on: dict[LinkKey, dict[_Flow, float]] = {}
+        self._total: dict[LinkKey, float] = {}
+        self.peak_overload = 1.0  # largest slow-down any flow saw (reported in assumptions)
+
+    def transfer(self, work: float, loads: Loads) -> simpy.Event:
+        """Start a flow of ``work`` solo seconds; the event fires when it has finished."""
+        env = self.env
+        done = env.event()
+        if work <= 0.0:
+            done.succeed()
+            return done
+        flow = _Flow(work, loads, done, env.now)
+        touched = self._neighbours(flow)
+        self._advance(touched)
+        for key, load in loads:
+            self._on.setdefault(key, {})[flow] = load
+            self._total[key] = math.fsum(self._on[key].values())
+        self._rerate([flow, *touched])
+        return done
+
+    def _neighbours(self, flow: _Flow) -> list[_Flow]:
+        seen: dict[_Flow, None] = {}
+        for key, _ in flow.loads:
+            for other in self._on.get(key, ()):
+                if other is not flow:
+                    seen[other] = None
+        return list(seen)
+
+    def _advance(self, flows: list[_Flow]) -> None:
+        now = self.env.now
+        for f in flows:
+            f.remaining -= f.rate * (now - f.stamp)
+            f.stamp = now
+
+    def _rerate(self, flows: list[_Flow]) -> None:
+        for f in flows:
+            over = max((self._total[key] for key, _ in f.loads), default=1.0)
+            rate = 1.0 / over if over > 1.0 + 1e-9 else 1.0
+            if rate == f.rate:
+                continue  # its pending finish time still holds
+            self.peak_overload = max(self.peak_overload, 1.0 / rate)
+            f.rate = rate
+            f.token += 1
+            timer = self.env.timeout(max(0.0, f.remaining) / rate)
+            timer.callbacks.append(partial(self._finish, f, f.token))
+
+    def _finish(self, flow: _Flow, token: int, _event: simpy.Event) -> None:
+        if token != flow.token:
+            return  # superseded by a later rate change
+        for key, _ in flow.loads:
+            del self._on[key][flow]
+            self._total[key] = math.fsum(self._on[key].values())
+        touched = self._neighbours(flow)
+        self._advance(touched)
+        self._rerate(touched)
+        flow.done.succeed()

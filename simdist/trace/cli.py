@@ -1,0 +1,42 @@
+"""`simdist trace FILE -o trace.json`: simulate one step and write its timeline for Perfetto."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="scenario YAML")
+    parser.add_argument("-o", "--output", default="trace.json", help="trace file to write (default trace.json)")
+    parser.add_argument("--profile", help="calibration profile JSON from `simdist calibrate`")
+    parser.add_argument("--fidelity", default="symmetric", choices=("symmetric", "full"),
+                        help="symmetric: one rank per pipeline stage; full: every rank")
+    parser.add_argument("--straggler", action="append", default=[], metavar="RANK:FACTOR",
+                        help="slow one GPU (RANK:FACTOR) or a node (node:N:FACTOR); full fidelity")
+
+
+def main(args: argparse.Namespace) -> int:
+    from simdist.cli import parse_stragglers
+    from simdist.predict import predict
+    from simdist.spec.plan import rank_coord
+    from simdist.spec.scenario import load_scenario
+    from simdist.trace.perfetto import write_trace
+
+    scenario = load_scenario(args.file)
+    profile = None
+    if args.profile:
+        from simdist.calibrate.profile import load_profile
+
+        profile = load_profile(args.profile)
+    stragglers = parse_stragglers(args.straggler)
+    fidelity = "full" if stragglers else args.fidelity
+    pred = predict(scenario, profile=profile, engine="des", fidelity=fidelity, keep_spans=True,
+                   stragglers=stragglers)
+    plan = scenario.plan
+    meta = {"scenario": scenario.name, "step_time_s": pred.step_time_s, "fidelity": fidelity,
+            "breakdown_s": pred.breakdown_s, "assumptions": list(pred.assumptions)}
+    n = write_trace(args.output, pred.spans, lambda r: rank_coord(r, plan).pp, meta)
+    ranks = len({s.rank for s in pred.spans})
+    print(f"wrote {args.output}: {n} spans on {ranks} ranks, step {pred.step_time_s:.4g} s "
+          "(open it in https://ui.perfetto.dev)")
+    return 0

@@ -1,0 +1,515 @@
+"""Plotly figure builders for the dashboard: pure functions of predictions -> plotly Figure.
+
+Nothing here imports Streamlit or runs a prediction, so every builder is testable on its own.
+The second half holds the small pure helpers the dashboard needs around them: flattening and
+diffing scenario dicts, the variants of a sweep, and turning the (optional) plan-search and
+run-store results into plain table rows.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from simdist.results import BREAKDOWN_KEYS, Prediction, Span
+from simdist.units import fmt_seconds, parse_bandwidth
+
+# --- colours and labels ---------------------------------------------------------------------
+
+BREAKDOWN_LABELS = {
+    "compute": "compute",
+    "recompute": "recompute",
+    "tp_comm": "exposed TP comm",
+    "pp_comm": "exposed PP comm",
+    "dp_comm": "exposed DP comm",
+    "bubble": "pipeline bubble",
+    "optimizer": "optimizer",
+    "offload": "offload",
+    "compression": "compression",
+}
+
+COLORS = {
+    "compute": "#4C78A8",
+    "forward": "#4C78A8",
+    "backward": "#F58518",
+    "recompute": "#72B7B2",
+    "tp_comm": "#E45756",
+    "pp_comm": "#B279A2",
+    "dp_comm": "#54A24B",
+    "bubble": "#BAB0AC",
+    "idle": "#D8D8D8",
+    "optimizer": "#EECA3B",
+    "offload": "#9D755D",
+    "compression": "#FF9DA6",
+    "params": "#4C78A8",
+    "grads": "#F58518",
+    "activations": "#54A24B",
+    "other": "#BAB0AC",
+}
+
+MEMORY_PARTS = (("params_gib", "params"), ("grads_gib", "grads"), ("optimizer_gib", "optimizer"),
+                ("activations_gib", "activations"), ("other_gib", "other"))
+
+# order of the categories in the timeline legend (others follow alphabetically)
+SPAN_ORDER = ("forward", "backward", "recompute", "tp_comm", "pp_comm", "dp_comm", "optimizer",
+              "idle")
+
+
+def _layout(fig: go.Figure, title: str, height: int = 360) -> go.Figure:
+    fig.update_layout(title=title, height=height, margin={"l": 10, "r": 10, "t": 50, "b": 10},
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0})
+    return fig
+
+
+def _breakdown_items(pred: Prediction) -> list[tuple[str, float]]:
+    keys = [k for k in BREAKDOWN_KEYS if k in pred.breakdown_s]
+    keys += [k for k in pred.breakdown_s if k not in keys]
+    return [(k, float(pred.breakdown_s[k])) for k in keys]
+
+
+# --- one prediction ---------------------------------------------------------------------------
+
+
+def breakdown_figure(pred: Prediction, kind: str = "bar") -> go.Figure:
+    """Where the step time goes: compute, exposed TP/PP/DP communication, bubble, optimizer."""
+    items = _breakdown_items(pred)
+    total = pred.step_time_s or 1.0
+    labels = [BREAKDOWN_LABELS.get(k, k) for k, _ in items]
+    values = [v for _, v in items]
+    colors = [COLORS.get(k, "#888888") for k, _ in items]
+    if kind == "pie":
+        fig = go.Figure(go.Pie(labels=labels, values=values, marker={"colors": colors},
+                               sort=False, hole=0.4, textinfo="label+percent"))
+    else:
+        fig = go.Figure(go.Bar(
+            x=values, y=labels, orientation="h", marker={"color": colors},
+            text=[f"{fmt_seconds(v)} ({v / total:.0%})" for v in values], textposition="auto",
+            hovertemplate="%{y}: %{x:.4g} s<extra></extra>",
+        ))
+        fig.update_yaxes(autorange="reversed")
+        fig.update_xaxes(title="seconds per step")
+    return _layout(fig, f"Where the {fmt_seconds(pred.step_time_s)} step goes")
+
+
+def memory_figure(pred: Prediction) -> go.Figure:
+    """Memory per pipeline stage as stacked bars, against the GPU's capacity line."""
+    stages = [f"stage {s.stage}" for s in pred.per_stage]
+    fig = go.Figure()
+    for attr, label in MEMORY_PARTS:
+        fig.add_trace(go.Bar(
+            name=label, x=stages, y=[getattr(s, attr) for s in pred.per_stage],
+            marker={"color": COLORS[label if label != "optimizer" else "optimizer"]},
+            hovertemplate=f"{label}: %{{y:.2f}} GiB<extra>%{{x}}</extra>",
+        ))
+    fig.add_trace(go.Scatter(
+        name="peak", x=stages, y=[s.peak_gib for s in pred.per_stage], mode="markers+text",
+        marker={"symbol": "line-ew-open", "size": 18, "color": "black"},
+        text=[f"{s.peak_gib:.1f}" for s in pred.per_stage], textposition="top center",
+        hovertemplate="peak: %{y:.2f} GiB<extra>%{x}</extra>",
+    ))
+    fig.add_hline(y=pred.capacity_gib, line={"color": "#E45756", "dash": "dash"},
+                  annotation_text=f"GPU capacity {pred.capacity_gib:.0f} GiB",
+                  annotation_position="top left")
+    top = max([pred.capacity_gib, *(s.peak_gib for s in pred.per_stage)]) * 1.15
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(title="GiB per GPU", range=[0, top])
+    verdict = "fits" if pred.fits else "OUT OF MEMORY"
+    return _layout(fig, f"Memory per pipeline stage: peak {pred.peak_gib:.1f} GiB ({verdict})")
+
+
+_MB = re.compile(r"\bmb ?(\d+)")
+
+
+def microbatch_of(span: Span) -> int | None:
+    """The micro-batch index in a span's name ("F mb3 chunk1" -> 3), or None."""
+    m = _MB.search(span.name)
+    return int(m.group(1)) if m else None
+
+
+def _category(span: Span) -> str:
+    if span.category:
+        return span.category
+    head = span.name[:1]
+    if span.stream == "compute" and head in ("F", "B", "W"):
+        return "forward" if head == "F" else "backward"
+    return span.stream or "other"
+
+
+def select_spans(
+    spans: Sequence[Span],
+    ranks: Sequence[int] | None = None,
+    max_microbatches: int = 8,
+    max_ranks: int = 16,
+    max_spans: int = 6000,
+) -> tuple[list[Span], str]:
+    """The spans worth drawing: a few representative ranks and the first micro-batches.
+
+    Keeps ``ranks`` (or the first ``max_ranks`` ranks present), the spans of micro-batches
+    ``< max_microbatches`` and everything else that starts before the last of those ends.
+    Returns the spans and a note saying what was left out ("" when nothing was).
+    """
+    present = sorted({s.rank for s in spans})
+    keep_ranks = [r for r in (ranks or []) if r in set(present)] or present
+    keep_ranks = keep_ranks[:max_ranks]
+    notes = []
+    if len(keep_ranks) < len(present):
+        notes.append(f"{len(keep_ranks)} of {len(present)} simulated ranks")
+    wanted = set(keep_ranks)
+    chosen = [s for s in spans if s.rank in wanted]
+    mbs = [mb for s in chosen if (mb := microbatch_of(s)) is not None]
+    if mbs and max(mbs) >= max_microbatches:
+        early = [s for s in chosen if (mb := microbatch_of(s)) is not None and mb < max_microbatches]
+        t_end = max(s.end for s in early)
+        chosen = [s for s in chosen if s.start < t_end
+                  and ((mb := microbatch_of(s)) is None or mb < max_microbatches)]
+        notes.append(f"first {max_microbatches} of {max(mbs) + 1} micro-batches "
+                     f"(0 to {fmt_seconds(t_end)})")
+    if len(chosen) > max_spans:
+        chosen = sorted(chosen, key=lambda s: s.start)[:max_spans]
+        notes.append(f"first {max_spans} spans")
+    return chosen, "; ".join(notes)
+
+
+def idle_gaps(spans: Sequence[Span], stream: str = "compute", min_gap: float = 0.0) -> list[Span]:
+    """Idle spans between the busy spans of ``stream`` on each rank (from 0 to the last end)."""
+    out: list[Span] = []
+    by_rank: dict[int, list[Span]] = {}
+    for s in spans:
+        if s.stream == stream and s.category != "idle":
+            by_rank.setdefault(s.rank, []).append(s)
+    for rank, busy in by_rank.items():
+        t = 0.0
+        for s in sorted(busy, key=lambda s: s.start):
+            if s.start - t > min_gap:
+                out.append(Span(rank=rank, stream=stream, name="idle", start=t, end=s.start,
+                                category="idle"))
+            t = max(t, s.end)
+    return out
+
+
+def timeline_figure(
+    spans: Sequence[Span],
+    rank_labels: Mapping[int, str] | None = None,
+    title: str = "Pipeline timeline",
+    add_idle: bool = True,
+) -> go.Figure:
+    """Gantt chart of spans: one row per (rank, stream), one colour per category.
+
+    Draw what :func:`select_spans` kept; idle gaps on the compute stream are added unless the
+    engine already emitted idle spans.
+    """
+    spans = list(spans)
+    if add_idle and not any(s.category == "idle" for s in spans):
+        spans += idle_gaps(spans)
+    stream_order = {"compute": 0, "tp": 1, "pp": 2, "dp": 3}
+    rows = sorted({(s.rank, s.stream) for s in spans},
+                  key=lambda rs: (rs[0], stream_order.get(rs[1], 9), rs[1]))
+    labels = rank_labels or {}
+
+    def row(rank: int, stream: str) -> str:
+        return f"{labels.get(rank, f'rank {rank}')} · {stream}"
+
+    by_cat: dict[str, list[Span]] = {}
+    for s in spans:
+        by_cat.setdefault(_category(s), []).append(s)
+    order = [c for c in SPAN_ORDER if c in by_cat] + sorted(c for c in by_cat if c not in SPAN_ORDER)
+    fig = go.Figure()
+    for cat in order:
+        group = by_cat[cat]
+        fig.add_trace(go.Bar(
+            name=cat, orientation="h",
+            base=[s.start for s in group], x=[s.end - s.start for s in group],
+            y=[row(s.rank, s.stream) for s in group],
+            marker={"color": COLORS.get(cat, "#888888"), "line": {"width": 0}},
+            hovertext=[f"{s.name}<br>{fmt_seconds(s.start)} to {fmt_seconds(s.end)}" for s in group],
+            hoverinfo="text+name",
+        ))
+    fig.update_layout(barmode="overlay", bargap=0.15)
+    fig.update_yaxes(categoryorder="array", categoryarray=[row(r, st) for r, st in rows],
+                     autorange="reversed")
+    fig.update_xaxes(title="seconds from the start of the step")
+    return _layout(fig, title, height=max(260, 60 + 26 * len(rows)))
+
+
+# --- comparisons and sweeps -------------------------------------------------------------------
+
+
+def compare_figure(a: Prediction, b: Prediction, labels: Sequence[str] = ("pinned", "current")) -> go.Figure:
+    """Two plans' step-time breakdowns as stacked bars, side by side."""
+    keys = [k for k, _ in _breakdown_items(a)]
+    keys += [k for k, _ in _breakdown_items(b) if k not in keys]
+    fig = go.Figure()
+    for k in keys:
+        fig.add_trace(go.Bar(
+            name=BREAKDOWN_LABELS.get(k, k), orientation="h", y=list(labels),
+            x=[a.breakdown_s.get(k, 0.0), b.breakdown_s.get(k, 0.0)],
+            marker={"color": COLORS.get(k, "#888888")},
+            hovertemplate=f"{BREAKDOWN_LABELS.get(k, k)}: %{{x:.4g}} s<extra>%{{y}}</extra>",
+        ))
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title="seconds per step")
+    return _layout(fig, f"Step time: {fmt_seconds(a.step_time_s)} vs {fmt_seconds(b.step_time_s)}", 280)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPoint:
+    x: float
+    label: str
+    step_time_s: float | None = None  # None: the variant was not a valid scenario
+    mfu: float | None = None
+    peak_gib: float | None = None
+    fits: bool | None = None
+    problem: str = ""
+
+
+def sweep_figure(points: Sequence[SweepPoint], x_title: str, log_x: bool = False) -> go.Figure:
+    """Step time (left axis) and MFU (right axis) against one knob; OOM points marked x."""
+    ok = [p for p in points if p.step_time_s is not None]
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    xs = [p.x for p in ok]
+    symbols = ["circle" if p.fits else "x" for p in ok]
+    hover = [f"{p.label}<br>peak {p.peak_gib:.1f} GiB{'' if p.fits else ' (OOM)'}" for p in ok]
+    fig.add_trace(go.Scatter(x=xs, y=[p.step_time_s for p in ok], name="step time (s)",
+                             mode="lines+markers", marker={"symbol": symbols, "size": 10},
+                             line={"color": COLORS["compute"]}, hovertext=hover,
+                             hovertemplate="%{hovertext}<br>step %{y:.4g} s<extra></extra>"),
+                  secondary_y=False)
+    fig.add_trace(go.Scatter(x=xs, y=[100 * (p.mfu or 0.0) for p in ok], name="MFU (%)",
+                             mode="lines+markers", marker={"symbol": symbols, "size": 10},
+                             line={"color": COLORS["backward"], "dash": "dot"}, hovertext=hover,
+                             hovertemplate="%{hovertext}<br>MFU %{y:.1f}%<extra></extra>"),
+                  secondary_y=True)
+    fig.update_xaxes(title=x_title, type="log" if log_x else "linear",
+                     tickvals=xs, ticktext=[p.label for p in ok])
+    fig.update_yaxes(title="step time (s)", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title="MFU (%)", rangemode="tozero", secondary_y=True)
+    skipped = len(points) - len(ok)
+    title = f"Step time and MFU vs {x_title}" + (f" ({skipped} invalid point(s) skipped)" if skipped else "")
+    return _layout(fig, title)
+
+
+SWEEPS: dict[str, tuple[str, ...]] = {
+    # name -> path of the field in the scenario dict
+    "nodes": ("cluster", "num_nodes"),
+    "micro-batch size": ("plan", "micro_batch_size"),
+    "inter-node bandwidth": ("cluster", "inter_node", "bandwidth"),
+    "intra-node bandwidth": ("cluster", "intra_node", "bandwidth"),
+}
+
+
+def sweep_variants(raw: Mapping[str, Any], sweep: str, values: Iterable[Any]) -> list[tuple[Any, dict[str, Any]]]:
+    """Copies of the scenario dict ``raw`` with the swept field set to each value."""
+    path = SWEEPS[sweep]
+    out = []
+    for v in values:
+        d = copy.deepcopy(dict(raw))
+        node = d
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = v
+        d.get("plan", {}).pop("dp", None)  # derived from the world size
+        out.append((v, d))
+    return out
+
+
+def sweep_x(sweep: str, value: Any) -> float:
+    """The numeric x of a sweep value: bandwidths in Gb/s (inter-node) or GB/s (intra-node)."""
+    if sweep == "inter-node bandwidth":
+        return parse_bandwidth(value) * 8 / 1e9
+    if sweep == "intra-node bandwidth":
+        return parse_bandwidth(value) / 1e9
+    return float(value)
+
+
+def default_sweep_values(sweep: str, current: Any) -> list[Any]:
+    """A sensible range around the current value of a sweep."""
+    if sweep == "nodes":
+        n = int(current)
+        return sorted({max(1, n // 4), max(1, n // 2), n, 2 * n, 4 * n})
+    if sweep == "micro-batch size":
+        return [1, 2, 4, 8, 16]
+    if sweep == "inter-node bandwidth":
+        return ["50 Gb/s", "100 Gb/s", "200 Gb/s", "400 Gb/s", "800 Gb/s"]
+    return ["64 GB/s", "150 GB/s", "300 GB/s", "450 GB/s", "900 GB/s"]
+
+
+def parse_values(text: str, sweep: str) -> list[Any]:
+    """Comma-separated sweep values from a text box (whole numbers, or bandwidth strings)."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if sweep in ("nodes", "micro-batch size"):
+        out = []
+        for t in items:
+            try:
+                out.append(int(t))
+            except ValueError:
+                raise ValueError(f"{t!r} is not a whole number") from None
+        return out
+    for t in items:
+        parse_bandwidth(t)  # raises UnitError (a ValueError) naming the bad item
+    return items
+
+
+# --- diffs ------------------------------------------------------------------------------------
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"plan": {"tp": 8}} -> {"plan.tp": 8}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def diff_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(field, a's value, b's value) for every flattened field that differs (None = absent)."""
+    fa, fb = flatten(a), flatten(b)
+    keys = list(fa) + [k for k in fb if k not in fa]
+    return [(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k)]
+
+
+def metric_deltas(a: Prediction, b: Prediction) -> dict[str, tuple[float, float, float]]:
+    """(a, b, relative change b/a - 1) of step time, tokens/s, MFU and peak memory."""
+    out = {}
+    for name, va, vb in (
+        ("step_time_s", a.step_time_s, b.step_time_s),
+        ("tokens_per_s", a.tokens_per_s, b.tokens_per_s),
+        ("mfu", a.mfu, b.mfu),
+        ("peak_gib", a.peak_gib, b.peak_gib),
+    ):
+        out[name] = (va, vb, (vb / va - 1.0) if va else math.nan)
+    return out
+
+
+# --- plan search and run store (optional modules) ---------------------------------------------
+
+
+def plain(obj: Any) -> dict[str, Any]:
+    """A shallow dict view of a dict, a dataclass or an object with ``to_dict()``."""
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    if hasattr(obj, "to_dict"):
+        return dict(obj.to_dict())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    if hasattr(obj, "_asdict"):
+        return dict(obj._asdict())
+    return dict(getattr(obj, "__dict__", {}))
+
+
+_PLAN_COLUMNS = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
+                 ("virtual_pipeline_stages", "vpp"), ("schedule", "schedule"),
+                 ("zero_stage", "zero"), ("sequence_parallel", "sp"), ("recompute", "recompute"),
+                 ("micro_batch_size", "mbs"))
+
+
+def search_rows(result: Any) -> list[dict[str, Any]]:
+    """Table rows (fastest first) from a plan-search result: the contract's
+    ``{"plans": [{"plan": {...}, "step_time_s", "mfu", "peak_gib", "fits"}]}`` or a list of
+    such entries, as dicts, dataclasses or objects with ``to_dict()``."""
+    data = result if isinstance(result, list | tuple) else plain(result).get("plans", [])
+    rows = []
+    for i, entry in enumerate(data, start=1):
+        e = plain(entry)
+        pred = e.get("prediction")
+        if pred is not None and not isinstance(pred, Mapping):
+            e = {**e, "step_time_s": pred.step_time_s, "mfu": pred.mfu, "peak_gib": pred.peak_gib,
+                 "fits": pred.fits}
+        plan = plain(e.get("plan", {}))
+        row: dict[str, Any] = {"rank": i}
+        for key, col in _PLAN_COLUMNS:
+            row[col] = plan.get(key)
+        row["step_time_s"] = e.get("step_time_s")
+        row["mfu"] = e.get("mfu")
+        row["peak_gib"] = e.get("peak_gib")
+        row["fits"] = e.get("fits")
+        rows.append(row)
+    return rows
+
+
+def search_figure(rows: Sequence[Mapping[str, Any]], capacity_gib: float | None = None) -> go.Figure:
+    """Step time against peak memory for every ranked plan; the capacity as a vertical line."""
+    fig = go.Figure()
+    for fits, name, color in ((True, "fits", COLORS["dp_comm"]), (False, "out of memory", COLORS["tp_comm"])):
+        group = [r for r in rows if bool(r.get("fits")) is fits and r.get("step_time_s") is not None]
+        if not group:
+            continue
+        text = [" ".join(f"{c}={r.get(c)}" for _, c in _PLAN_COLUMNS if r.get(c) is not None) for r in group]
+        fig.add_trace(go.Scatter(
+            x=[r.get("peak_gib") for r in group], y=[r["step_time_s"] for r in group], mode="markers",
+            name=name, marker={"color": color, "size": 9}, hovertext=text,
+            hovertemplate="%{hovertext}<br>%{y:.4g} s, %{x:.1f} GiB<extra></extra>",
+        ))
+    if capacity_gib:
+        fig.add_vline(x=capacity_gib, line={"color": "#E45756", "dash": "dash"},
+                      annotation_text=f"capacity {capacity_gib:.0f} GiB")
+    fig.update_xaxes(title="peak memory per GPU (GiB)")
+    fig.update_yaxes(title="step time (s)")
+    return _layout(fig, f"{len(rows)} plans: step time vs memory")
+
+
+def _first(d: Mapping[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if d.get(k) is not None:
+            return d[k]
+    return None
+
+
+def calibration_rows(records: Iterable[Any]) -> list[dict[str, Any]]:
+    """Rows of (name, measured, predicted, error) from run-store records.
+
+    A record is a dict, a dataclass or an object with ``to_dict()`` holding either flat
+    ``measured_step_time_s`` / ``predicted_step_time_s`` fields or ``measurement`` and
+    ``prediction`` parts that each have ``step_time_s``. Records without both are skipped.
+    """
+    rows = []
+    for rec in records:
+        r = plain(rec)
+        meas = _first(r, "measured_step_time_s", "measured_s", "measured")
+        pred = _first(r, "predicted_step_time_s", "predicted_s", "predicted")
+        if meas is None and r.get("measurement") is not None:
+            meas = plain(r["measurement"]).get("step_time_s")
+        if pred is None and r.get("prediction") is not None:
+            pred = plain(r["prediction"]).get("step_time_s")
+        if isinstance(meas, int | float) and isinstance(pred, int | float) and meas > 0:
+            name = _first(r, "name", "scenario", "scenario_name")
+            if name is None and r.get("measurement") is not None:
+                name = plain(r["measurement"]).get("name")
+            rows.append({"name": str(name or "?"), "world_size": r.get("world_size"),
+                         "measured_s": float(meas), "predicted_s": float(pred),
+                         "error": float(pred) / float(meas) - 1.0})
+    return rows
+
+
+def calibration_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
+    """Predicted against measured step time, with the y = x line and a ±20% band."""
+    fig = go.Figure()
+    if rows:
+        lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) * 0.8
+        hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1.25
+        for factor, dash, name in ((1.0, "solid", "exact"), (1.2, "dot", "±20%"), (0.8, "dot", None)):
+            fig.add_trace(go.Scatter(x=[lo, hi], y=[lo * factor, hi * factor], mode="lines",
+                                     name=name, showlegend=name is not None,
+                                     line={"color": "#999999", "dash": dash}, hoverinfo="skip"))
+        fig.add_trace(go.Scatter(
+            x=[r["measured_s"] for r in rows], y=[r["predicted_s"] for r in rows], mode="markers",
+            name="stored runs", marker={"size": 10, "color": COLORS["compute"]},
+            hovertext=[f"{r['name']}: {r['error']:+.1%}" for r in rows],
+            hovertemplate="%{hovertext}<br>measured %{x:.4g} s, predicted %{y:.4g} s<extra></extra>",
+        ))
+        fig.update_xaxes(type="log")
+        fig.update_yaxes(type="log")
+    fig.update_xaxes(title="measured step time (s)")
+    fig.update_yaxes(title="predicted step time (s)")
+    return _layout(fig, f"Predicted vs measured ({len(rows)} runs)")

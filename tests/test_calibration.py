@@ -1,0 +1,137 @@
+"""Calibration: fitting, the profile file, the run store and the comparison (no torch needed)."""
+
+import json
+import math
+import sqlite3
+
+import pytest
+import yaml
+from conftest import run_cli
+
+from simdist.calibrate.fit import fit_alpha_beta, fit_profile, ring_terms
+from simdist.calibrate.profile import CalibrationProfile, load_profile
+from simdist.calibrate.store import RunStore
+from simdist.errors import ScenarioError
+from simdist.predict import predict
+from simdist.spec.scenario import scenario_from_dict
+
+
+def synthetic_bench(alpha=50e-6, beta=2e9, peak=100e9, bw=20e9) -> dict:
+    """Timings generated from known parameters: the fit must recover them."""
+    gemm = []
+    for n in (64, 256, 1024):
+        flops = 2.0 * n**3
+        eff = n / (n + 64)  # small GEMMs run below peak
+        gemm.append({"m": n, "n": n, "k": n, "flops": flops, "seconds": flops / (peak * eff)})
+    memory = [{"bytes": b, "seconds": b / bw} for b in (1e5, 1e7)]
+    attention = [{"flops": 1e9, "seconds": 1e9 / (0.5 * peak * 1024 / 1088)}]
+    coll = []
+    for kind in ("allreduce", "allgather", "sendrecv"):
+        for nbytes in (4096.0, 2**20, 2**26):
+            steps, wire = ring_terms(kind, 2, nbytes)
+            coll.append({"kind": kind, "ranks": 2, "bytes": nbytes, "seconds": steps * alpha + wire / beta})
+    return {"gemm": gemm, "memory": memory, "attention": attention, "collectives": coll,
+            "world_size": 2, "threads": 1, "device": "cpu", "torch_version": "x"}
+
+
+def test_fit_recovers_known_link_and_compute_parameters():
+    prof = fit_profile(synthetic_bench())
+    link = prof.links["intra.allreduce"]
+    assert link.latency_s == pytest.approx(50e-6, rel=1e-6)
+    assert link.bandwidth_bytes_per_s == pytest.approx(2e9, rel=1e-6)
+    assert prof.residuals["link intra.allreduce"] < 1e-9
+    assert prof.peak_flops == pytest.approx(100e9 * 1024 / 1088)
+    assert prof.efficiency("gemm", 2.0 * 64**3) == pytest.approx((64 / 128) / (1024 / 1088))
+    assert prof.efficiency("gemm", 1e20) == pytest.approx(1.0)  # clamped beyond the largest point
+
+
+def test_alpha_beta_residual_reports_a_bad_fit():
+    rows = [{"kind": "allreduce", "ranks": 2, "bytes": b, "seconds": t}
+            for b, t in ((1e3, 1e-3), (1e6, 1e-6), (1e8, 1.0))]
+    *_, rms = fit_alpha_beta(rows)
+    assert rms > 0.1
+
+
+def test_profile_roundtrip_and_version_check(tmp_path):
+    prof = fit_profile(synthetic_bench())
+    path = tmp_path / "p.json"
+    prof.save(path)
+    again = load_profile(path)
+    assert again == prof
+    data = json.loads(path.read_text())
+    data["version"] = 99
+    path.write_text(json.dumps(data))
+    with pytest.raises(ScenarioError, match="profile.version"):
+        load_profile(path)
+
+
+def local_scenario(**plan) -> dict:
+    return {"name": "local", "model": {"preset": "tiny"},
+            "cluster": {"preset": "local", "num_nodes": 1, "gpus_per_node": 2},
+            "plan": {"global_batch_size": 8, "precision": "fp32", **plan}}
+
+
+def test_local_cluster_needs_a_profile():
+    sc = scenario_from_dict(local_scenario())
+    with pytest.raises(ScenarioError, match="calibration profile"):
+        predict(sc, engine="analytic")
+
+
+def test_profile_drives_local_predictions():
+    sc = scenario_from_dict(local_scenario())
+    slow = fit_profile(synthetic_bench(peak=10e9, bw=2e9, beta=2e8))
+    fast = fit_profile(synthetic_bench())
+    t_slow = predict(sc, profile=slow, engine="analytic").step_time_s
+    t_fast = predict(sc, profile=fast, engine="analytic").step_time_s
+    assert t_slow > 3 * t_fast
+
+
+def test_store_is_transactional_and_keyed_by_hash(tmp_path):
+    store = RunStore(tmp_path / "runs.db")
+    store.add("measurement", {"name": "a", "scenario_hash": "abc123", "step_time_s": 1.0}, "name: a")
+    store.add("prediction", {"name": "a", "scenario_hash": "abc123", "step_time_s": 1.1}, engine="des")
+    with pytest.raises(sqlite3.IntegrityError):
+        store.add("bogus", {"name": "b", "scenario_hash": "x"})  # rejected whole
+    assert [r.kind for r in store.runs(scenario_hash="abc")] == ["measurement", "prediction"]
+    assert len(RunStore(tmp_path / "runs.db").runs()) == 2  # persisted, nothing half-written
+
+
+def test_compare_reports_errors_per_quantity(tmp_path):
+    from simdist.calibrate.compare import compare_one, predicted_quantities
+
+    prof = fit_profile(synthetic_bench())
+    d = local_scenario()
+    sc = scenario_from_dict(d)
+    pred = predicted_quantities(sc, prof)
+    meas = {"name": "local", "scenario_hash": sc.hash(), "step_time_s": pred["step_time_s"] * 1.25,
+            "step_times_s": [pred["step_time_s"] * x for x in (1.2, 1.25, 1.3)],
+            "phases_s": {"forward": pred["forward_s"]},
+            "memory": {"per_rank": [{"rank": 0, "model_state_gib": pred["model_state_gib"], "activations_gib": 0.0}]}}
+    c = compare_one(meas, yaml.safe_dump(d), prof)
+    assert c.error("step_time_s") == pytest.approx(1 / 1.25 - 1)
+    assert c.error("model_state_gib") == pytest.approx(0.0)
+    assert c.spread == pytest.approx(0.1 / 1.25)
+    assert math.isfinite(c.predicted["backward_s"])
+
+
+def test_runs_and_compare_cli(tmp_path):
+    db = tmp_path / "runs.db"
+    prof = fit_profile(synthetic_bench())
+    prof.save(tmp_path / "p.json")
+    d = local_scenario()
+    sc = scenario_from_dict(d)
+    RunStore(db).add("measurement", {"name": "local", "scenario_hash": sc.hash(), "step_time_s": 0.01,
+                                     "step_times_s": [0.01]}, yaml.safe_dump(d))
+    r = run_cli("runs", "--db", str(db))
+    assert r.returncode == 0 and sc.hash() in r.stdout
+    r = run_cli("compare", "--db", str(db), "--profile", str(tmp_path / "p.json"), "--html", str(tmp_path / "c.html"))
+    assert r.returncode == 0, r.stderr
+    assert "step_time_s" in r.stdout and (tmp_path / "c.html").stat().st_size > 1000
+
+
+def test_calibrate_from_saved_benchmarks(tmp_path):
+    (tmp_path / "bench.json").write_text(json.dumps(synthetic_bench()))
+    r = run_cli("calibrate", "--nproc", "2", "--out", str(tmp_path / "p.json"), "--bench", str(tmp_path / "bench.json"))
+    assert r.returncode == 0, r.stderr
+    prof = CalibrationProfile.from_dict(json.loads((tmp_path / "p.json").read_text()))
+    assert prof.links["intra.sendrecv"].latency_s == pytest.approx(50e-6, rel=1e-6)
