@@ -139,8 +139,9 @@ def _measured(row: dict[str, str], sc: Scenario) -> tuple[float, str] | None:
 def _candidates(row: dict[str, str], base: dict[str, Any]) -> list[dict[str, Any]]:
     """Unstated micro-batch size and interleaving: the usual choices."""
     mbs = [None] if row["micro_batch"].strip() else [1, 2, 4, 8]
-    pp = base["plan"]["pp"]
-    vs = [1] if pp == 1 else [1, 2, 3, 4]
+    pp, layers = base["plan"]["pp"], base["model"]["num_layers"]
+    # Megatron-LM's interleaved schedule needs the layers to split evenly into pp*v chunks
+    vs = [1] if pp == 1 else [v for v in (1, 2, 3, 4) if v == 1 or layers % (pp * v) == 0]
     out = []
     for mb in mbs:
         for v in vs:

@@ -13,6 +13,13 @@ from :mod:`simdist.sim.schedules`, the optimizer), ``pp`` (blocking sends: Megat
 isend/irecv is waited for before the next action), ``dp`` (gradient reductions, FIFO, one NCCL
 stream) and ``gather`` (ZeRO-3 parameter all-gathers, FIFO, prefetched one layer ahead).
 
+Synchronisation points, as in the frameworks: under ZeRO-2/3 a backward returns only when its
+gradient reductions are done (DeepSpeed's reduce epilogue, FSDP's post-backward callback); the
+optimizer waits for the whole gradient sync; with Megatron's ``--overlap-param-gather`` the
+ZeRO-1 parameter all-gather only delays the next step's first forward as far as it must.
+Plans with CPU/NVMe offload, parameter servers or compression kernels, which this engine does
+not simulate, get the closed-form step time (:func:`not_simulated` names them).
+
 Breakdown (the parts sum to the step time exactly): up to the pipeline flush (the last compute
 action of any slice), the busiest slice's compute, recompute, exposed TP/CP, pipeline sends and
 the exposed part of waits for a transfer in flight, waits for ZeRO-3 parameters, and the rest of
@@ -32,7 +39,7 @@ from simdist.cost import CostModel
 from simdist.results import Span
 from simdist.sim.collectives import Network
 from simdist.sim.lowering import CommSpec, Lowered, StageWork, Task, lower
-from simdist.sim.network import FlowTiming, FluidNetwork, LinkModel
+from simdist.sim.network import FluidNetwork, LinkModel
 from simdist.sim.schedules import Action
 from simdist.spec.plan import RankCoord, rank_of
 from simdist.spec.scenario import Scenario
@@ -51,18 +58,13 @@ class SimResult:
     assumptions: list[str]
     events: int = 0  # simpy events processed
     busiest_stage: int = 0
+    extras: dict[str, Any] = field(default_factory=dict)  # from the closed form, when it is used
 
 
-class CountingEnvironment(simpy.Environment):
-    """A simpy environment that counts the events it schedules (for the benchmark)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.events = 0
-
-    def schedule(self, event: simpy.Event, priority: int = 1, delay: float = 0) -> None:
-        self.events += 1
-        super().schedule(event, priority, delay)  # type: ignore[arg-type]
+def events_scheduled(env: simpy.Environment) -> int:
+    """Events the environment has scheduled so far (simpy numbers them with ``_eid``)."""
+    counter = getattr(env, "_eid", None)
+    return next(counter) if counter is not None else 0
 
 
 @dataclass
@@ -109,6 +111,9 @@ def simulate(
     """
     if fidelity not in FIDELITIES:
         raise ValueError(f"fidelity must be one of {FIDELITIES}, got {fidelity!r}")
+    missing = not_simulated(scenario)
+    if missing:
+        return _closed_form(scenario, cost, net, missing)
     notes: list[str] = []
     if stragglers and fidelity == "symmetric":
         fidelity = "full"
@@ -117,13 +122,35 @@ def simulate(
                        stragglers or {}, notes).run()
 
 
+def not_simulated(sc: Scenario) -> list[str]:
+    """Mechanisms of the plan the event engine does not model (the closed form does)."""
+    plan = sc.plan
+    out = []
+    if plan.offload.any:
+        out.append("CPU/NVMe offload")
+    if plan.gradient_sync != "allreduce":
+        out.append(f"{plan.gradient_sync} gradient sync")
+    if plan.grad_compression.enabled and plan.dp > 1:
+        out.append("gradient compression kernels")
+    return out
+
+
+def _closed_form(sc: Scenario, cost: CostModel, net: Network, missing: list[str]) -> SimResult:
+    from simdist.analytic.steptime import analytic_step
+
+    step = analytic_step(sc, cost, net)
+    note = f"event engine does not simulate {', '.join(missing)}: closed-form step time used"
+    return SimResult(step.step_time, dict(step.breakdown), step.bubble_fraction, (), [note],
+                     busiest_stage=step.busiest_stage, extras=dict(step.extras))
+
+
 class _Simulation:
     def __init__(self, sc: Scenario, lowered: Lowered, net: Network, fidelity: str,
                  keep_spans: bool, stragglers: dict[int, float], notes: list[str]):
         self.sc, self.plan, self.lowered = sc, sc.plan, lowered
         self.full = fidelity == "full"
         self.keep_spans, self.notes = keep_spans, notes
-        self.env = CountingEnvironment()
+        self.env = simpy.Environment()
         self.links = LinkModel(sc, net, replicas_alike=not self.full)
         self.fluid = FluidNetwork(self.env)
         self.arrivals: dict[tuple[int, int, Action], simpy.Event] = {}
@@ -165,9 +192,27 @@ class _Simulation:
         yield env.timeout(work.optimizer * sl.factor)
         sl.tally.opt = (start, env.now)
         self._span(sl, "compute", "optimizer", start, env.now, "optimizer")
+        if work.post_hides_in_forward:
+            yield from self._gather_behind_forward(sl, work)
+            return
         if work.post_optimizer:
             yield self._submit(sl, "dp", env.now, work.post_optimizer)
         sl.tally.end = env.now
+
+    def _gather_behind_forward(self, sl: Slice, work: StageWork) -> Proc:
+        """Megatron's distributed optimizer with --overlap-param-gather: bucket k's all-gather
+        is waited for only before the next step's forward reaches its layers, so what counts in
+        this step is how far the gathers push that forward (each bucket's share of it waits
+        for its gather)."""
+        start, n = self.env.now, len(work.post_optimizer)
+        done = [self._submit(sl, "dp", start, (spec,)) for spec in work.post_optimizer]
+        clock = start  # where the next step's forward would be
+        for ev in done:
+            if not ev.processed:
+                yield ev
+            clock = max(clock, self.env.now) + work.first_forward * sl.factor / n
+        sl.tally.end = max(start, clock - work.first_forward * sl.factor)
+        self._span(sl, "compute", "next forward waits for parameters", start, sl.tally.end, "dp_comm")
 
     def _wait(self, sl: Slice, deps: tuple[tuple[int, Action], ...]) -> Proc:
         """Wait for the inputs another stage sends; the part of the wait after the send
@@ -178,11 +223,12 @@ class _Simulation:
                 continue
             t0 = self.env.now
             yield ev
-            exposed = self.env.now - max(t0, ev.value)
+            now = self.env.now
+            exposed = now - max(t0, ev.value)
             sl.tally.pp += exposed
-            if exposed > 0:
-                self._span(sl, "pp", f"recv {action.kind} mb{action.microbatch}", self.env.now - exposed,
-                           self.env.now, "pp_comm")
+            what = f"{action.kind} mb{action.microbatch} chunk{action.chunk}"
+            self._span(sl, "compute", "bubble", t0, now - exposed, "idle")
+            self._span(sl, "pp", f"recv {what}", now - exposed, now, "pp_comm")
 
     def _arrival(self, replica: int, stage: int, action: Action) -> simpy.Event:
         key = (replica, stage, action)
@@ -195,24 +241,31 @@ class _Simulation:
         env, t = self.env, sl.tally
         start = env.now
         gathers: list[simpy.Event] = []
+        pieces, k = task.pieces, 0  # ordered by segment
         for i, seg in enumerate(task.segments):
             if task.gathers:
                 while len(gathers) < min(i + 2, len(task.gathers)):  # this layer's and the next
-                    gathers.append(self._submit(sl, "gather", env.now, (task.gathers[len(gathers)],)))
+                    gathers.append(self._submit(sl, "gather", env.now, task.gathers[len(gathers)]))
                 if not gathers[i].processed:
                     t0 = env.now
                     yield gathers[i]
                     t.dp += env.now - t0
             length = seg.total(sl.factor)
-            for piece in task.pieces:
-                if piece.segment == i:
-                    self._submit(sl, "dp", env.now + piece.at * length, piece.comms)
+            while k < len(pieces) and pieces[k].segment == i:
+                self._submit(sl, "dp", env.now + pieces[k].at * length, pieces[k].comms)
+                k += 1
             yield env.timeout(length)
             t.compute += seg.compute * sl.factor
             t.recompute += seg.recompute * sl.factor
             t.tp += seg.tp
+        end = env.now
         if self.keep_spans:
-            self._task_spans(sl, action, task, start, env.now)
+            self._task_spans(sl, action, task, start, end)
+        tail = sl.tails.get("dp")
+        if task.drain and tail is not None and not tail.processed:
+            yield tail
+            t.dp += env.now - end
+            self._span(sl, "compute", "wait for gradient reduce-scatter", end, env.now, "dp_comm")
 
     def _task_spans(self, sl: Slice, action: Action, task: Task, start: float, end: float) -> None:
         w = task.work
@@ -230,30 +283,13 @@ class _Simulation:
         step = 1 if action.kind == "F" else -1
         dst = (sl.stage + step) % p
         start = self.env.now
-        yield self._flow(self.links.p2p(spec.nbytes, sl.stage, dst, sl.replica), spec.extra_s)
+        timing = self.links.p2p(spec.nbytes, sl.stage, dst, sl.replica)
+        yield self.fluid.transfer(timing.work, timing.loads, timing.latency + spec.extra_s)
         sl.tally.pp += self.env.now - start
         self._span(sl, "pp", spec.name, start, self.env.now, "pp_comm")
         self._arrival(sl.replica, sl.stage, action).succeed(start)
 
     # --- streams and collectives ---
-
-    def _flow(self, timing: FlowTiming, extra: float = 0.0) -> simpy.Event:
-        """Transfer, then latency and any fixed extra time; the event fires at the end."""
-        done = self.env.event()
-        moved = self.fluid.transfer(timing.work, timing.loads)
-        tail = timing.latency + extra
-
-        def finish(_ev: simpy.Event) -> None:
-            if tail > 0:
-                self.env.timeout(tail).callbacks.append(lambda _e: done.succeed())
-            else:
-                done.succeed()
-
-        if moved.processed:
-            finish(moved)
-        else:
-            moved.callbacks.append(finish)
-        return done
 
     def _submit(self, sl: Slice, stream: str, ready: float, comms: tuple[CommSpec, ...]) -> simpy.Event:
         """Queue ``comms`` on a FIFO stream of the slice, to start no earlier than ``ready``."""
@@ -286,7 +322,8 @@ class _Simulation:
         if meet[0] == len(group):
             timing = self.links.collective(spec.collective, spec.nbytes, spec.axis, sl.stage, group)
             done: simpy.Event = meet[1]
-            self._flow(timing, spec.extra_s).callbacks.append(lambda _e: done.succeed())
+            flow = self.fluid.transfer(timing.work, timing.loads, timing.latency + spec.extra_s)
+            flow.callbacks.append(lambda _e: done.succeed())
         return meet[1]
 
     def _group(self, replica: int, axis: str) -> tuple[int, ...]:
@@ -326,7 +363,7 @@ class _Simulation:
             bubble_fraction=bubble / step if step > 0 and self.plan.pp > 1 else 0.0,
             spans=spans,
             assumptions=self._assumptions(),
-            events=self.env.events,
+            events=events_scheduled(self.env),
             busiest_stage=self.slices[busiest].stage,
         )
 

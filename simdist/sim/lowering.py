@@ -8,38 +8,37 @@ aggregated into one task, the exposed TP communication kept as its own figure. U
 task is split per layer, because each layer waits for its own parameter all-gather.
 
 Communication that the engine puts on the network is described, not timed, here
-(:class:`CommSpec`): pipeline sends, and the data-parallel traffic of the plan --
+(:class:`CommSpec`): pipeline sends (Megatron's scatter/gather p2p), and the data-parallel
+collectives of the plan as :func:`simdist.analytic.systems.dp_traffic` lists them for both
+engines (ZeRO-0/1/2/3, FSDP/HSDP, ZeRO++ quantized gathers, compressed gradients), attached to
+the tasks that make them ready:
 
-- DDP (ZeRO-0): gradient all-reduce in ``ddp_bucket_size`` buckets, started as the last
-  micro-batch's backward produces them (``overlap_grad_reduce``; PyTorch DDP, Li et al. VLDB
-  2020; Megatron-LM's overlapped grad reduce), else one all-reduce after the pipeline flush;
-- ZeRO-1: the same with reduce-scatter, and a parameter all-gather after the optimizer
-  (Rajbhandari et al. SC'20; Megatron's distributed optimizer);
-- ZeRO-2: a reduce-scatter of every micro-batch's gradients as its backward produces them;
-- ZeRO-3 / FSDP: per-layer parameter all-gather before forward and backward, prefetched one
-  layer ahead, and a per-layer gradient reduce-scatter (Zhao et al. VLDB 2023, FSDP);
-- HSDP: the shard group's reduce-scatter followed by an all-reduce across replicas.
-
-Gradients travel in 16-bit under ZeRO-2/3 and in the gradient buffer's precision otherwise,
-as in :mod:`simdist.analytic.steptime`, so the two engines agree where nothing overlaps.
+- gradient sync once per step (DDP all-reduce, ZeRO-1 reduce-scatter) in ``ddp_bucket_size``
+  buckets filled as each chunk's last backward runs (PyTorch DDP, Li et al. VLDB 2020;
+  Megatron's overlapped grad reduce), or after the pipeline flush without ``overlap_grad_reduce``;
+- ZeRO-2/3: every micro-batch's per-layer gradient reduce-scatter as backward produces it;
+- ZeRO-3 / FSDP: each layer's parameter all-gathers before its forward and its backward (again
+  for the recomputed forward), prefetched one layer ahead (Zhao et al. VLDB 2023, sec 3.3.2);
+- ZeRO-1/2: the updated parameters all-gathered after the optimizer (with Megatron's
+  ``--overlap-param-gather``, bucket by bucket behind the next step's first forward).
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 
-from simdist.analytic.memory import state_bytes
 from simdist.analytic.params import (
     embedding_params,
     head_params,
     layer_params,
     stage_layer_ranges,
+    stage_num_layers,
 )
-from simdist.analytic.steptime import ZERO_PASS, PassTime, Timer, optimizer_time
+from simdist.analytic.steptime import ZERO_PASS, PassTime, Timer, optimizer_time, stage_time
+from simdist.analytic.systems import CollectiveCall, DataParallelTraffic, dp_traffic
 from simdist.cost import CostModel
-from simdist.sim.collectives import Network, axis_size, collective_time
+from simdist.sim.collectives import Network, collective_time
 from simdist.sim.ops import Comm, Op, embedding_ops, head_ops, layer_ops
 from simdist.sim.schedules import Action, dependencies, schedule, virtual_stage
 from simdist.spec.scenario import Scenario
@@ -88,9 +87,12 @@ class Task:
     """One action's work: segments run back to back on the compute stream."""
 
     segments: tuple[Work, ...]
-    gathers: tuple[CommSpec, ...] = ()  # ZeRO-3: one per segment, prefetched one ahead
-    pieces: tuple[GradPiece, ...] = ()  # gradient reductions it starts on the dp stream
+    gathers: tuple[tuple[CommSpec, ...], ...] = ()  # ZeRO-3: per segment, prefetched one ahead
+    pieces: tuple[GradPiece, ...] = ()  # gradient reductions it starts, ordered by segment
     tp_name: str = ""
+    # ZeRO-2/3: the backward returns only when its reductions are done (DeepSpeed's
+    # overlapping_partition_gradients_reduce_epilogue; FSDP's post-backward final callback)
+    drain: bool = False
 
     @property
     def work(self) -> Work:
@@ -122,6 +124,8 @@ class StageWork:
     flush: tuple[CommSpec, ...]  # gradient sync after the pipeline flush (no overlap)
     optimizer: float
     post_optimizer: tuple[CommSpec, ...]  # ZeRO-1/2 parameter all-gather
+    post_hides_in_forward: bool = False  # Megatron --overlap-param-gather: behind the next
+    first_forward: float = 0.0  # step's first forward, which takes this long on the stage
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,16 @@ def size_label(nbytes: float) -> str:
 def comm(collective: str, axis: str, nbytes: float, extra_s: float = 0.0) -> CommSpec:
     label = "dp" if axis.startswith("dp") else axis
     return CommSpec(f"{collective} {label} {size_label(nbytes)}", collective, axis, nbytes, extra_s)
+
+
+def calls(entries: tuple[CollectiveCall, ...], per: int = 1, share: float = 1.0) -> tuple[CommSpec, ...]:
+    """The collectives of one of ``per`` equal pieces (a layer, a bucket) of ``entries``' calls,
+    bytes scaled by ``share``: e.g. one layer of a ZeRO-3 gather issued calls/layers times."""
+    out: list[CommSpec] = []
+    for e in entries:
+        n = max(1, round(e.calls / per))
+        out += [comm(e.kind, e.axis, e.bytes * share * e.calls / per / n)] * n
+    return tuple(out)
 
 
 def tp_label(ops: tuple[Op, ...], times: int) -> str:
@@ -174,14 +188,8 @@ class _Passes:
         self.emb_bwd = timer.passes(embedding_ops(m, plan, "bwd"))
         self.head_fwd = timer.passes(head_ops(m, plan, "fwd"))
         self.head_bwd = timer.passes(head_ops(m, plan, "bwd"))
-        self.recompute = ZERO_PASS
-        if plan.recompute == "full":
-            self.recompute = self.fwd
-        elif plan.recompute == "selective" and not plan.flash_attention:
-            core = tuple(op for op in layer_ops(m, plan, "fwd") if op.name in ("QK^T", "AV", "softmax"))
-            self.recompute = timer.passes(core)
-        self.fwd_label = tp_label(layer_ops(m, plan, "fwd"), 1)
-        self.bwd_label = tp_label(layer_ops(m, plan, "bwd"), 1)
+        # the recomputation the closed form charges stage 0, per layer (full or selective)
+        self.recompute = stage_time(timer, 0).recompute * (1.0 / stage_num_layers(m, plan, 0))
 
 
 # --- the stage's work ---------------------------------------------------------------------
@@ -198,25 +206,23 @@ def lower(sc: Scenario, cost: CostModel, net: Network) -> Lowered:
     return Lowered(stages, split, tuple(_notes(sc)))
 
 
-def _stage(sc: Scenario, timer: Timer, passes: _Passes, stage: int, actions: list[Action], split: bool) -> StageWork:
+def _stage(sc: Scenario, timer: Timer, passes: _Passes, stage: int, actions: list[Action],
+           split: bool) -> StageWork:
     plan = sc.plan
     p, v = plan.pp, plan.virtual_pipeline_stages
-    chunks = tuple(_chunk(sc, timer, passes, stage, c, split) for c in range(v))
-    deps = tuple(
-        tuple(d for d in dependencies(a, stage, p, v, split) if d[0] != stage) for a in actions
-    )
-    grads = _dp_bytes(sc, stage)
-    flush: tuple[CommSpec, ...] = ()
-    if plan.dp > 1 and plan.zero_stage <= 1 and not plan.overlap_grad_reduce:
-        flush = _grad_sync(sc, grads["grads"])
-    post: tuple[CommSpec, ...] = ()
-    if plan.zero_stage in (1, 2) and axis_size(plan, _shard_axis(plan)) > 1:
-        post = (comm("allgather", _shard_axis(plan), grads["params"]),)
-    return StageWork(stage, chunks, tuple(actions), deps, flush, optimizer_time(timer, stage), post)
-
-
-def _shard_axis(plan) -> str:
-    return "dp_shard" if plan.dp_shard < plan.dp else "dp"
+    traffic = dp_traffic(sc.model, plan, stage)
+    params = [_chunk_params(sc, stage, c)[1] for c in range(v)]
+    chunks = tuple(_chunk(sc, timer, passes, stage, c, split, traffic, params[c] / sum(params))
+                   for c in range(v))
+    deps = tuple(tuple(d for d in dependencies(a, stage, p, v, split) if d[0] != stage) for a in actions)
+    flush = calls(traffic.step_grad_sync) if traffic.step_grad_sync and not plan.overlap_grad_reduce else ()
+    nb = traffic.step_buckets
+    behind_forward = (bool(traffic.post_step_gathers) and plan.zero_stage == 1 and plan.overlap_param_gather
+                      and plan.overlap_grad_reduce and nb > 1)
+    post = calls(traffic.post_step_gathers, per=nb) * nb if behind_forward else calls(traffic.post_step_gathers)
+    first_forward = sum(c.task("F", False).work.total() for c in chunks)
+    return StageWork(stage, chunks, tuple(actions), deps, flush, optimizer_time(timer, stage), post,
+                     behind_forward, first_forward)
 
 
 def _chunk_params(sc: Scenario, stage: int, chunk: int) -> tuple[int, int]:
@@ -230,59 +236,6 @@ def _chunk_params(sc: Scenario, stage: int, chunk: int) -> tuple[int, int]:
     if vs == last:
         count = count + head_params(m, separate_copy=plan.pp > 1)
     return layers, count.per_tp_rank(plan.tp)
-
-
-def _dp_bytes(sc: Scenario, stage: int, chunk: int | None = None) -> dict[str, float]:
-    """Gradient and parameter bytes one rank reduces / gathers (a chunk, or the whole stage)."""
-    plan = sc.plan
-    chunks = range(plan.virtual_pipeline_stages) if chunk is None else (chunk,)
-    n = sum(_chunk_params(sc, stage, c)[1] for c in chunks)
-    b = state_bytes(sc.model, plan)
-    sharded_grads = min(b.grads, 4.0 if plan.precision == "fp32" else 2.0)
-    return {
-        "grads": n * b.grads,
-        "grads16": n * sharded_grads,
-        "params": n * b.params,
-        "gather": n * (1.0 if plan.zero_quantized_weights else b.params),
-    }
-
-
-def _grad_sync(sc: Scenario, nbytes: float) -> tuple[CommSpec, ...]:
-    """The collectives that reduce ``nbytes`` of gradients under the plan's ZeRO stage."""
-    plan = sc.plan
-    if plan.zero_stage == 0:
-        return (comm("allreduce", "dp", nbytes),)
-    out = []
-    if axis_size(plan, _shard_axis(plan)) > 1:
-        out.append(comm("reducescatter", _shard_axis(plan), nbytes))
-    if plan.dp_shard < plan.dp:
-        out.append(comm("allreduce", "dp_replica", nbytes / plan.dp_shard))
-    return tuple(out)
-
-
-def _pieces(sc: Scenario, nbytes: float, count: int, per_segment: bool) -> tuple[GradPiece, ...]:
-    """``nbytes`` of gradients split into ``count`` equal pieces over one task: the k-th is
-    ready at (k+1)/count of the task, or at the end of segment k when ``per_segment``."""
-    if nbytes <= 0 or count < 1:
-        return ()
-    comms = _grad_sync(sc, nbytes / count)
-    if not comms:
-        return ()
-    if per_segment:
-        return tuple(GradPiece(k, 1.0, comms) for k in range(count))
-    return tuple(GradPiece(0, (k + 1) / count, comms) for k in range(count))
-
-
-def _bucket_pieces(sc: Scenario, nbytes: float) -> tuple[GradPiece, ...]:
-    """DDP buckets of ``ddp_bucket_size`` (the last one smaller), in backward order."""
-    bucket = sc.plan.ddp_bucket_size_bytes
-    full = int(nbytes // bucket)
-    sizes = [bucket] * full + ([nbytes - full * bucket] if nbytes - full * bucket > 0 else [])
-    out, done = [], 0.0
-    for size in sizes:
-        done += size
-        out.append(GradPiece(0, done / nbytes, _grad_sync(sc, size)))
-    return tuple(p for p in out if p.comms)
 
 
 def _send_specs(sc: Scenario, timer: Timer, vs: int) -> tuple[CommSpec | None, CommSpec | None]:
@@ -299,7 +252,8 @@ def _send_specs(sc: Scenario, timer: Timer, vs: int) -> tuple[CommSpec | None, C
     return (spec if vs < last else None), (spec if vs > 0 else None)
 
 
-def _chunk(sc: Scenario, timer: Timer, ps: _Passes, stage: int, chunk: int, split: bool) -> ChunkWork:
+def _chunk(sc: Scenario, timer: Timer, ps: _Passes, stage: int, chunk: int, split: bool,
+           traffic: DataParallelTraffic, share: float) -> ChunkWork:
     plan = sc.plan
     layers, _ = _chunk_params(sc, stage, chunk)
     vs = virtual_stage(stage, chunk, plan.pp)
@@ -315,49 +269,50 @@ def _chunk(sc: Scenario, timer: Timer, ps: _Passes, stage: int, chunk: int, spli
         fwd[-1] = fwd[-1] + _work(ps.head_fwd)
         bwd[0] = bwd[0] + _work(ps.head_bwd, drop_weight_grad=split)
         wgt[0] = wgt[0] + Work(ps.head_bwd.weight_grad)
-    bwd_label = ps.bwd_label or ps.fwd_label
-    f_label = tp_label(layer_ops(sc.model, plan, "fwd"), layers)
-    b_label = tp_label(layer_ops(sc.model, plan, "bwd"), layers) or bwd_label
-    tasks = _tasks(sc, stage, chunk, fwd, bwd, wgt, split, (f_label, b_label))
+    labels = (tp_label(layer_ops(sc.model, plan, "fwd"), layers),
+              tp_label(layer_ops(sc.model, plan, "bwd"), layers))
+    tasks = _tasks(sc, fwd, bwd, wgt, split, labels, traffic, share)
     send_fwd, send_bwd = _send_specs(sc, timer, vs)
     return ChunkWork(tasks, send_fwd, send_bwd, layers)
 
 
-def _tasks(sc: Scenario, stage: int, chunk: int, fwd: list[Work], bwd: list[Work], wgt: list[Work],
-           split: bool, labels: tuple[str, str]) -> dict[tuple[str, bool], Task]:
-    """Tasks of one chunk, with the plan's data-parallel traffic attached."""
-    plan = sc.plan
-    nbytes = _dp_bytes(sc, stage, chunk)
-    producer = "W" if split else "B"
+def _tasks(sc: Scenario, fwd: list[Work], bwd: list[Work], wgt: list[Work], split: bool,
+           labels: tuple[str, str], traffic: DataParallelTraffic, share: float) -> dict[tuple[str, bool], Task]:
+    """A chunk's tasks with the data-parallel traffic they start or wait for; ``share`` is the
+    chunk's part of the stage's parameters. Per-layer traffic is listed per stage layer."""
+    producer = "W" if split else "B"  # the task that produces the weight gradients
     f_label, b_label = labels
-    zero3 = plan.zero_stage == 3 and axis_size(plan, _shard_axis(plan)) > 1
-    if zero3:  # per layer: each waits for its own all-gathered parameters
-        layers = len(fwd)
-        gather = comm("allgather", _shard_axis(plan), nbytes["gather"] / layers)
-        rs = _pieces(sc, nbytes["grads16"], layers, per_segment=True)
+    layers, per = len(fwd), max(1, traffic.gather_chunks)
+    if traffic.fwd_gathers:  # ZeRO-3: per layer, each waiting for its own parameters
+        rs = calls(traffic.microbatch_grad_sync, per=per)
+        pieces = tuple(GradPiece(k, 1.0, rs) for k in range(layers)) if rs else ()
         tasks = {
-            ("F", False): Task(tuple(fwd), (gather,) * layers, (), f_label),
-            ("B", False): Task(tuple(bwd), (gather,) * layers, rs if not split else (), b_label),
+            ("F", False): Task(tuple(fwd), (calls(traffic.fwd_gathers, per=per),) * layers, (), f_label),
+            ("B", False): Task(tuple(bwd), (calls(traffic.bwd_gathers, per=per),) * layers,
+                               () if split else pieces, b_label, drain=bool(pieces) and not split),
         }
         if split:
-            tasks[("W", False)] = Task(tuple(wgt), (), rs)
+            tasks[("W", False)] = Task(tuple(wgt), (), pieces, drain=bool(pieces))
         return tasks
     whole = {"F": Task((_sum(fwd),), (), (), f_label), "B": Task((_sum(bwd),), (), (), b_label)}
     if split:
         whole["W"] = Task((_sum(wgt),))
     tasks = {(k, False): t for k, t in whole.items()}
-    pieces: tuple[GradPiece, ...] = ()
-    if plan.dp > 1 and plan.zero_stage == 2:  # every micro-batch, as its backward produces them
-        count = min(len(fwd), math.ceil(nbytes["grads16"] / plan.ddp_bucket_size_bytes))
-        pieces = _pieces(sc, nbytes["grads16"], count, per_segment=False)
-        tasks[(producer, False)] = _with_pieces(whole[producer], pieces)
-    elif plan.dp > 1 and plan.overlap_grad_reduce:  # DDP / ZeRO-1: the last micro-batch's buckets
-        tasks[(producer, True)] = _with_pieces(whole[producer], _bucket_pieces(sc, nbytes["grads"]))
+    if traffic.microbatch_grad_sync:  # ZeRO-2: each layer's gradients as backward produces them
+        one = calls(traffic.microbatch_grad_sync, per=per)
+        pieces = tuple(GradPiece(0, (k + 1) / layers, one) for k in range(layers))
+        tasks[(producer, False)] = _with_pieces(whole[producer], pieces, drain=True)
+    elif traffic.step_grad_sync and sc.plan.overlap_grad_reduce:  # the last micro-batch's buckets
+        nb = traffic.step_buckets
+        mine = max(1, round(nb * share))  # this chunk's buckets
+        bucket = calls(traffic.step_grad_sync, per=nb, share=nb * share / mine)
+        pieces = tuple(GradPiece(0, (k + 1) / mine, bucket) for k in range(mine))
+        tasks[(producer, True)] = _with_pieces(whole[producer], pieces)
     return tasks
 
 
-def _with_pieces(task: Task, pieces: tuple[GradPiece, ...]) -> Task:
-    return Task(task.segments, task.gathers, pieces, task.tp_name)
+def _with_pieces(task: Task, pieces: tuple[GradPiece, ...], drain: bool = False) -> Task:
+    return Task(task.segments, task.gathers, pieces, task.tp_name, drain)
 
 
 def _sum(works: list[Work]) -> Work:
@@ -369,23 +324,14 @@ def _sum(works: list[Work]) -> Work:
 
 def _notes(sc: Scenario) -> list[str]:
     plan = sc.plan
-    notes = []
-    if plan.dp > 1:
-        if plan.zero_stage == 3:
-            notes.append("ZeRO-3/FSDP: per-layer parameter all-gather (prefetched one layer ahead) "
-                         "and gradient reduce-scatter")
-        elif plan.zero_stage == 2:
-            notes.append("ZeRO-2: every micro-batch's gradients reduce-scattered during its backward")
-        elif plan.overlap_grad_reduce:
-            kind = "all-reduce" if plan.zero_stage == 0 else "reduce-scatter"
-            notes.append(f"gradient {kind} in {size_label(plan.ddp_bucket_size_bytes)} buckets "
-                         "overlapping each chunk's last backward")
-        else:
-            notes.append("gradient sync after the pipeline flush (no overlap)")
-    if plan.offload.any:
-        notes.append("offload is not simulated by the event engine (use --engine analytic)")
-    if plan.grad_compression.enabled:
-        notes.append("gradient compression is not simulated by the event engine")
-    if plan.gradient_sync != "allreduce":
-        notes.append(f"{plan.gradient_sync} simulated as an all-reduce")
-    return notes
+    if plan.dp == 1:
+        return []
+    if plan.zero_stage == 3:
+        return ["ZeRO-3/FSDP: per-layer parameter all-gathers (prefetched one layer ahead) and "
+                "gradient reduce-scatters"]
+    if plan.zero_stage == 2:
+        return ["ZeRO-2: every micro-batch's gradients reduce-scattered layer by layer during its backward"]
+    if plan.overlap_grad_reduce:
+        return [f"gradient sync in {size_label(plan.ddp_bucket_size_bytes)} buckets overlapping each "
+                "chunk's last backward"]
+    return ["gradient sync after the pipeline flush (no overlap)"]

@@ -24,14 +24,20 @@ a leaf once per visit). Intra-node transfers load the GPUs' switch ports.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
 
 import simpy
 
-from simdist.sim.collectives import GroupLayout, Network, axis_size, axis_stride, collective_time, layout_for_axis
+from simdist.sim.collectives import (
+    GroupLayout,
+    Network,
+    axis_size,
+    axis_stride,
+    collective_time,
+    layout_for_axis,
+)
 from simdist.spec import topology as topo
 from simdist.spec.plan import RankCoord, rank_coord, rank_of
 from simdist.spec.scenario import Scenario
@@ -65,6 +71,8 @@ class LinkModel:
         self._net0 = replace(net, intra_latency=0.0, inter_latency=0.0)
         self._loads: dict[tuple, Loads] = {}
         self._times: dict[tuple, tuple[float, float]] = {}
+        self._flows: dict[tuple, FlowTiming] = {}
+        self._layouts: dict[str, GroupLayout] = {}
 
     def _split(self, kind: str, nbytes: float, layout: GroupLayout) -> tuple[float, float]:
         """(latency, transfer) parts of the closed-form time."""
@@ -88,7 +96,9 @@ class LinkModel:
 
     def collective(self, kind: str, nbytes: float, axis: str, stage: int, replicas: tuple[int, ...]) -> FlowTiming:
         """A collective over ``axis`` of the ranks of ``stage`` in ``replicas``."""
-        layout = layout_for_axis(self.cluster, self.plan, axis)
+        layout = self._layouts.get(axis)
+        if layout is None:
+            layout = self._layouts[axis] = layout_for_axis(self.cluster, self.plan, axis)
         latency, work = self._split(kind, nbytes, layout)
         key = ("c", axis, stage, replicas, layout.intra_only)
         loads = self._loads.get(key)
@@ -99,15 +109,19 @@ class LinkModel:
     def p2p(self, nbytes: float, src_stage: int, dst_stage: int, replica: int) -> FlowTiming:
         """A pipeline send from one stage to another inside one replica (each TP/CP rank
         sends its part to its peer; the simulated rank's pair stands for them all)."""
+        key = ("p", nbytes, src_stage, dst_stage, replica)
+        got = self._flows.get(key)
+        if got is None:
+            got = self._flows[key] = self._p2p(nbytes, src_stage, dst_stage, replica)
+        return got
+
+    def _p2p(self, nbytes: float, src_stage: int, dst_stage: int, replica: int) -> FlowTiming:
         src, dst = self.rep(replica, src_stage), self.rep(replica, dst_stage)
         c = self.cluster
         same_node = c.node_of(src) == c.node_of(dst)
         layout = GroupLayout(2, 2, 1, c.gpus_per_node) if same_node else GroupLayout(2, 1, 2, c.gpus_per_node)
         latency, work = self._split("sendrecv", nbytes, layout)
-        key = ("p", src_stage, dst_stage, replica)
-        loads = self._loads.get(key)
-        if loads is None:
-            loads = self._loads[key] = self._p2p_loads(src, dst, src_stage, dst_stage, replica, same_node)
+        loads = self._p2p_loads(src, dst, src_stage, dst_stage, replica)
         return FlowTiming(latency, work, loads)
 
     # --- loads ---
@@ -161,19 +175,22 @@ class LinkModel:
                 _add_both(out, topo.uplink(c, leaf), load, replace_value=True)
         return tuple(out.items())
 
-    def _p2p_loads(self, src: int, dst: int, src_stage: int, dst_stage: int, replica: int, same_node: bool) -> Loads:
+    def _p2p_loads(self, src: int, dst: int, src_stage: int, dst_stage: int, replica: int) -> Loads:
+        """Loads along the path from ``src`` to ``dst`` (simdist.spec.topology.path_hops): switch
+        ports, the NICs at both ends with every rank of the same stage that shares them, and the
+        leaf uplinks; PCIe to the NIC is not a bottleneck and is not loaded."""
         c = self.cluster
-        if same_node:
-            return (((topo.port_link(c, src), "up"), 1.0), ((topo.port_link(c, dst), "down"), 1.0))
         send, recv = self._member(src_stage, (replica,)), self._member(dst_stage, (replica,))
-        out: dict[LinkKey, float] = {
-            (topo.nic_link(c, src), "up"): self._nic_load(src, send, 1.0),
-            (topo.nic_link(c, dst), "down"): self._nic_load(dst, recv, 1.0),
-        }
-        l_src, l_dst = topo.leaf_of(c, c.node_of(src)), topo.leaf_of(c, c.node_of(dst))
-        if l_src != l_dst:
-            out[(topo.uplink(c, l_src), "up")] = self._uplink_load(l_src, send, 1.0, 1.0)
-            out[(topo.uplink(c, l_dst), "down")] = self._uplink_load(l_dst, recv, 1.0, 1.0)
+        out: dict[LinkKey, float] = {}
+        for link, direction in topo.path_hops(c, src, dst):
+            end, member = (src, send) if direction == "up" else (dst, recv)
+            kind = topo.link_kind(link)
+            if kind == "intra":
+                out[(link, direction)] = 1.0
+            elif kind == "nic":
+                out[(link, direction)] = self._nic_load(end, member, 1.0)
+            elif kind == "uplink":
+                out[(link, direction)] = self._uplink_load(topo.leaf_of(c, c.node_of(end)), member, 1.0, 1.0)
         return tuple(out.items())
 
 
@@ -198,11 +215,21 @@ def _leaf_crossing(cluster, group: list[int], leaf: int) -> float:
 # --- sharing bandwidth in simulated time -----------------------------------------------------
 
 
-class _Flow:
-    __slots__ = ("done", "loads", "rate", "remaining", "stamp", "token")
+class _Done(simpy.Event):
+    """A flow's completion, fired ``delay`` after the transfer ends (simpy's Timeout does the
+    same: mark the event ok, then schedule it with a delay)."""
 
-    def __init__(self, work: float, loads: Loads, done: simpy.Event, now: float):
-        self.remaining, self.loads, self.done = work, loads, done
+    def succeed_in(self, delay: float) -> None:
+        self._ok = True
+        self._value = None
+        self.env.schedule(self, simpy.events.NORMAL, delay)
+
+
+class _Flow:
+    __slots__ = ("done", "loads", "rate", "remaining", "stamp", "tail", "token")
+
+    def __init__(self, work: float, loads: Loads, done: _Done, now: float, tail: float):
+        self.remaining, self.loads, self.done, self.tail = work, loads, done, tail
         self.rate, self.stamp, self.token = 0.0, now, 0
 
 
@@ -212,47 +239,50 @@ class FluidNetwork:
 
     def __init__(self, env: simpy.Environment):
         self.env = env
-        self._on: dict[LinkKey, dict[_Flow, float]] = {}
+        self._on: dict[LinkKey, dict[_Flow, float]] = {}  # link -> its flows and their loads
         self._total: dict[LinkKey, float] = {}
         self.peak_overload = 1.0  # largest slow-down any flow saw (reported in assumptions)
 
-    def transfer(self, work: float, loads: Loads) -> simpy.Event:
-        """Start a flow of ``work`` solo seconds; the event fires when it has finished."""
+    def transfer(self, work: float, loads: Loads, tail: float = 0.0) -> simpy.Event:
+        """Start a flow of ``work`` solo seconds; the event fires ``tail`` seconds (latency,
+        fixed extra time) after it has finished."""
         env = self.env
-        done = env.event()
+        done = _Done(env)
         if work <= 0.0:
-            done.succeed()
+            done.succeed_in(tail)
             return done
-        flow = _Flow(work, loads, done, env.now)
-        touched = self._neighbours(flow)
-        self._advance(touched)
+        flow = _Flow(work, loads, done, env.now, tail)
+        on, total = self._on, self._total
+        touched: dict[_Flow, None] = {}
         for key, load in loads:
-            self._on.setdefault(key, {})[flow] = load
-            self._total[key] = math.fsum(self._on[key].values())
-        self._rerate([flow, *touched])
+            flows = on.get(key)
+            if flows is None:
+                flows = on[key] = {}
+            else:
+                touched.update(dict.fromkeys(flows))
+            flows[flow] = load
+            total[key] = total.get(key, 0.0) + load
+        if touched:
+            self._advance(touched)
+            self._rerate(touched)
+        self._rerate((flow,))
         return done
 
-    def _neighbours(self, flow: _Flow) -> list[_Flow]:
-        seen: dict[_Flow, None] = {}
-        for key, _ in flow.loads:
-            for other in self._on.get(key, ()):
-                if other is not flow:
-                    seen[other] = None
-        return list(seen)
-
-    def _advance(self, flows: list[_Flow]) -> None:
+    def _advance(self, flows: Iterable[_Flow]) -> None:
         now = self.env.now
         for f in flows:
             f.remaining -= f.rate * (now - f.stamp)
             f.stamp = now
 
-    def _rerate(self, flows: list[_Flow]) -> None:
+    def _rerate(self, flows: Iterable[_Flow]) -> None:
+        total = self._total
         for f in flows:
-            over = max((self._total[key] for key, _ in f.loads), default=1.0)
+            over = max(total[key] for key, _ in f.loads)
             rate = 1.0 / over if over > 1.0 + 1e-9 else 1.0
             if rate == f.rate:
                 continue  # its pending finish time still holds
-            self.peak_overload = max(self.peak_overload, 1.0 / rate)
+            if rate < 1.0:
+                self.peak_overload = max(self.peak_overload, over)
             f.rate = rate
             f.token += 1
             timer = self.env.timeout(max(0.0, f.remaining) / rate)
@@ -261,10 +291,17 @@ class FluidNetwork:
     def _finish(self, flow: _Flow, token: int, _event: simpy.Event) -> None:
         if token != flow.token:
             return  # superseded by a later rate change
-        for key, _ in flow.loads:
-            del self._on[key][flow]
-            self._total[key] = math.fsum(self._on[key].values())
-        touched = self._neighbours(flow)
-        self._advance(touched)
-        self._rerate(touched)
-        flow.done.succeed()
+        on, total = self._on, self._total
+        touched: dict[_Flow, None] = {}
+        for key, load in flow.loads:
+            flows = on[key]
+            del flows[flow]
+            if flows:
+                total[key] -= load
+                touched.update(dict.fromkeys(flows))
+            else:
+                total[key] = 0.0  # no drift accumulates on an idle link
+        if touched:
+            self._advance(touched)
+            self._rerate(touched)
+        flow.done.succeed_in(flow.tail)

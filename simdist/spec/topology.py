@@ -82,6 +82,17 @@ def uplink(cluster: ClusterSpec, leaf: int) -> LinkId:
     return f"leaf{leaf}~{SPINE}"
 
 
+def link_kind(link: LinkId) -> str:
+    """The kind of a link id: intra (GPU to its node's switch), pcie (GPU to NIC), nic (NIC to
+    leaf) or uplink (leaf to spine); the same ``kind`` the graph's edges carry."""
+    low, high = link.split("~")
+    if high == SPINE:
+        return "uplink"
+    if low.startswith("nic"):
+        return "nic"
+    return "pcie" if high.startswith("nic") else "intra"
+
+
 # --- paths --------------------------------------------------------------------------------
 
 

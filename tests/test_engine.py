@@ -1,0 +1,257 @@
+"""The discrete-event engine: pipeline bubbles against the closed forms, agreement with the
+analytic engine where nothing overlaps, fidelity modes, stragglers, determinism, contention."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import simpy
+
+from simdist.cost import CostModel
+from simdist.predict import predict
+from simdist.results import BREAKDOWN_KEYS
+from simdist.sim.collectives import Network
+from simdist.sim.engine import simulate
+from simdist.sim.lowering import lower
+from simdist.sim.network import FluidNetwork, LinkModel
+from simdist.sim.schedules import schedule, simulate_unit_times
+from simdist.spec import topology as topo
+from simdist.spec.scenario import Scenario, scenario_from_dict
+
+
+def make(model: str = "gpt3-1.3b", cluster: str = "dgx-a100-80gb", nodes: int = 1,
+         gpus_per_node: int = 8, **plan: Any) -> Scenario:
+    plan.setdefault("global_batch_size", 16)
+    return scenario_from_dict({"name": "t", "model": {"preset": model},
+                               "cluster": {"preset": cluster, "num_nodes": nodes, "gpus_per_node": gpus_per_node},
+                               "plan": plan})
+
+
+FREE_NET = Network(intra_bw=1e30, intra_latency=0.0, inter_bw_node=1e30, inter_latency=0.0,
+                   nvls=False, intra_line_rate=1e30)
+
+
+class LayerOnlyCost(CostModel):
+    """Transformer layers at their usual cost; embedding, LM head and optimizer free, so every
+    pipeline stage does the same work (the closed-form bubbles assume uniform stages)."""
+
+    FREE = ("embedding", "final norm", "lm head", "cross entropy")
+
+    def time(self, op):  # type: ignore[override]
+        return 0.0 if op.name.startswith(self.FREE) else super().time(op)
+
+    @property
+    def memory_bandwidth(self) -> float:
+        return math.inf
+
+    @property
+    def kernel_overhead(self) -> float:
+        return 0.0
+
+
+def free_run(sc: Scenario):
+    cost = LayerOnlyCost(sc.cluster.gpu, sc.plan.precision)
+    return simulate(sc, cost, FREE_NET, keep_spans=False), lower(sc, cost, FREE_NET)
+
+
+def stage_times(lowered, kinds: str = "FBW") -> dict[str, float]:
+    """Per-stage F / B / W time summed over chunks (stage 0; all stages are equal here)."""
+    st = lowered.stages[0]
+    out = {}
+    for k in kinds:
+        out[k] = sum(c.tasks[(k, False)].work.total() for c in st.chunks if (k, False) in c.tasks)
+    return out
+
+
+# --- pipeline bubbles with free communication ------------------------------------------------
+
+
+@pytest.mark.parametrize("name,p,m,v", [("1f1b", 4, 8, 1), ("gpipe", 4, 8, 1), ("1f1b", 8, 5, 1),
+                                         ("interleaved-1f1b", 4, 8, 2), ("interleaved-1f1b", 2, 6, 3)])
+def test_bubble_matches_closed_form(name: str, p: int, m: int, v: int) -> None:
+    sc = make(gpus_per_node=p, pp=p, virtual_pipeline_stages=v, schedule=name, global_batch_size=m)
+    assert sc.plan.dp == 1 and sc.plan.num_microbatches == m
+    res, lowered = free_run(sc)
+    expected = (p - 1) / (v * m + p - 1)
+    assert res.bubble_fraction == pytest.approx(expected, rel=1e-6)
+    t = stage_times(lowered, "FB")
+    makespan, _ = simulate_unit_times(schedule(name, p, m, v), p, v, t["F"], t["B"])
+    assert res.step_time == pytest.approx(makespan, rel=1e-6)
+
+
+def test_zero_bubble_matches_unit_time_evaluator() -> None:
+    p, m = 4, 8
+    sc = make(gpus_per_node=p, pp=p, schedule="zero-bubble", global_batch_size=m)
+    res, lowered = free_run(sc)
+    t = stage_times(lowered)
+    assert t["W"] > 0
+    makespan, _ = simulate_unit_times(schedule("zero-bubble", p, m), p, 1, t["F"], t["B"], t["W"])
+    assert res.step_time == pytest.approx(makespan, rel=1e-6)
+
+
+# --- agreement with the closed-form engine ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"gpus_per_node": 1, "global_batch_size": 4},  # a single GPU
+    {"tp": 8, "global_batch_size": 8},  # pure TP in one node
+    {"nodes": 4, "tp": 8, "pp": 4, "global_batch_size": 16},  # pp across nodes, no dp
+    {"tp": 2, "pp": 4, "global_batch_size": 16},  # pp inside a node, no dp
+    {"nodes": 2, "tp": 8, "pp": 2, "virtual_pipeline_stages": 2, "global_batch_size": 16},
+    {"nodes": 4, "tp": 8, "global_batch_size": 16, "overlap_grad_reduce": False},  # DDP after backward
+])
+def test_agrees_with_analytic_without_overlap(kwargs: dict[str, Any]) -> None:
+    sc = make(**kwargs)
+    assert sc.plan.dp == 1 or not sc.plan.overlap_grad_reduce
+    des = predict(sc, engine="des", keep_spans=False)
+    ana = predict(sc, engine="analytic")
+    assert des.step_time_s == pytest.approx(ana.step_time_s, rel=0.02)
+    assert des.breakdown_s["compute"] == pytest.approx(ana.breakdown_s["compute"], rel=1e-9)
+
+
+# --- fidelity, stragglers, determinism ------------------------------------------------------------
+
+
+def test_full_fidelity_agrees_with_symmetric() -> None:
+    sc = make(nodes=8, tp=4, pp=2, global_batch_size=32, zero_stage=1)  # 64 GPUs, dp 8
+    assert sc.world_size == 64 and sc.plan.dp == 8
+    sym = predict(sc, fidelity="symmetric", keep_spans=False)
+    full = predict(sc, fidelity="full", keep_spans=False)
+    assert full.step_time_s == pytest.approx(sym.step_time_s, rel=0.01)
+
+
+def test_straggler_slows_the_synchronous_step() -> None:
+    sc = make(nodes=2, tp=4, pp=2, global_batch_size=16)  # dp 2
+    base = predict(sc, fidelity="full", keep_spans=False).step_time_s
+    one = predict(sc, fidelity="full", keep_spans=False, stragglers={0: 2.0}).step_time_s
+    node = predict(sc, fidelity="full", keep_spans=False, stragglers={-2: 2.0}).step_time_s
+    # rank 0 is in stage 0 of replica 0: its compute doubles, the pipeline and the DP sync wait
+    assert 1.3 < one / base <= 2.05
+    assert 1.3 < node / base <= 2.05
+
+
+def test_deterministic() -> None:
+    sc = make(nodes=4, tp=4, pp=4, virtual_pipeline_stages=2, global_batch_size=32)
+    a = predict(sc, keep_spans=True)
+    b = predict(sc, keep_spans=True)
+    assert a.step_time_s == b.step_time_s
+    assert a.breakdown_s == b.breakdown_s
+    assert a.spans == b.spans
+
+
+@pytest.mark.parametrize("plan", [
+    {"tp": 4, "pp": 4, "virtual_pipeline_stages": 2},
+    {"tp": 4, "pp": 4, "schedule": "zero-bubble"},
+    {"tp": 4, "pp": 2, "schedule": "gpipe", "recompute": "full"},
+    {"tp": 2, "zero_stage": 2},
+    {"tp": 1, "zero_stage": 3},
+    {"tp": 1, "zero_stage": 3, "dp_shard": 8},
+    {"tp": 4, "cp": 2, "sequence_parallel": True, "zero_stage": 1},
+    {"tp": 8, "pp": 2, "overlap_grad_reduce": False},
+])
+def test_breakdown_sums_to_step_time(plan: dict[str, Any]) -> None:
+    sc = make(model="llama2-7b", nodes=4, global_batch_size=32, **plan)
+    res = predict(sc, keep_spans=False)
+    assert tuple(res.breakdown_s) == BREAKDOWN_KEYS
+    assert all(v >= 0 for v in res.breakdown_s.values())
+    assert sum(res.breakdown_s.values()) == pytest.approx(res.step_time_s, rel=0.01)
+    assert 0.0 <= res.bubble_fraction < 1.0
+
+
+def test_spans_and_assumptions() -> None:
+    sc = make(nodes=2, tp=4, pp=2, global_batch_size=16)
+    res = predict(sc, keep_spans=True)
+    names = {s.name for s in res.spans}
+    assert "F mb0 chunk0" in names and "B mb7 chunk0" in names and "optimizer" in names
+    assert any(n.startswith("sendrecv pp") for n in names)
+    assert any(n.startswith("allreduce dp") for n in names)
+    assert {s.rank for s in res.spans} == {0, 4}  # one representative per stage
+    assert all(s.end >= s.start for s in res.spans)
+    assert any("symmetric fidelity: 2 representative ranks" in a for a in res.assumptions)
+    assert predict(sc, keep_spans=False).spans == ()
+    full = predict(sc, fidelity="full", keep_spans=True)
+    assert {s.rank for s in full.spans} == set(range(16))
+
+
+def test_closed_form_for_mechanisms_it_does_not_simulate() -> None:
+    sc = make(model="llama2-7b", nodes=2, tp=1, zero_stage=2, global_batch_size=32, offload={"optimizer": "cpu"})
+    des = predict(sc, keep_spans=False)
+    assert des.step_time_s == pytest.approx(predict(sc, engine="analytic").step_time_s)
+    assert any("closed-form step time used" in a for a in des.assumptions)
+
+
+def test_rejects_unknown_fidelity() -> None:
+    sc = make(nodes=1, tp=8, global_batch_size=8)
+    with pytest.raises(ValueError):
+        simulate(sc, CostModel(sc.cluster.gpu, "bf16"), Network.of(sc.cluster), fidelity="exact")
+
+
+# --- contention on links ----------------------------------------------------------------------
+
+
+def run_flows(starts: list[tuple[float, float, tuple]]) -> list[float]:
+    """Start flows (start time, solo seconds, loads); return their finish times."""
+    env = simpy.Environment()
+    fluid = FluidNetwork(env)
+    ends: list[float] = [0.0] * len(starts)
+
+    def go(i: int, at: float, work: float, loads: tuple):
+        yield env.timeout(at)
+        yield fluid.transfer(work, loads)
+        ends[i] = env.now
+
+    for i, (at, work, loads) in enumerate(starts):
+        env.process(go(i, at, work, loads))
+    env.run()
+    return ends
+
+
+def test_fluid_sharing() -> None:
+    nic = ((("nic0.0~leaf0", "up"), 1.0),)
+    other = ((("nic0.1~leaf0", "up"), 1.0),)
+    assert run_flows([(0.0, 1.0, nic)]) == pytest.approx([1.0])
+    assert run_flows([(0.0, 1.0, nic), (0.0, 1.0, nic)]) == pytest.approx([2.0, 2.0])
+    assert run_flows([(0.0, 1.0, nic), (0.0, 1.0, other)]) == pytest.approx([1.0, 1.0])
+    # the second starts half-way: both at half speed until the first ends at 1.5
+    assert run_flows([(0.0, 1.0, nic), (0.5, 1.0, nic)]) == pytest.approx([1.5, 2.0])
+    # light loads that fit together do not slow each other
+    half = ((("nic0.0~leaf0", "up"), 0.5),)
+    assert run_flows([(0.0, 1.0, half), (0.0, 1.0, half)]) == pytest.approx([1.0, 1.0])
+
+
+def test_pipeline_send_and_gradient_sync_share_the_nic() -> None:
+    sc = make(model="gpt3-13b", nodes=4, tp=8, pp=2, global_batch_size=16)  # dp 2 across nodes
+    links = LinkModel(sc, Network.of(sc.cluster), replicas_alike=True)
+    send = links.p2p(8 * 2**20, 0, 1, 0)
+    sync = links.collective("allreduce", 8 * 2**20, "dp", 0, (0,))
+    key = (topo.nic_link(sc.cluster, 0), "up")
+    assert dict(send.loads)[key] == pytest.approx(1.0)
+    assert dict(sync.loads)[key] == pytest.approx(1.0)
+    alone = run_flows([(0.0, send.work, send.loads)])[0]
+    both = run_flows([(0.0, send.work, send.loads), (0.0, send.work, send.loads)])
+    assert both[0] == pytest.approx(2 * alone)
+    ends = run_flows([(0.0, send.work, send.loads), (0.0, sync.work, sync.loads)])
+    assert min(ends) == pytest.approx(2 * min(send.work, sync.work))
+
+
+def test_pipeline_send_across_leaves_loads_the_uplinks() -> None:
+    sc = scenario_from_dict({
+        "name": "t", "model": {"preset": "gpt3-13b"},
+        "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 4, "nodes_per_leaf": 2, "spine_oversubscription": 2},
+        "plan": {"tp": 8, "pp": 4, "global_batch_size": 16}})
+    links = LinkModel(sc, Network.of(sc.cluster), replicas_alike=True)
+    loads = dict(links.p2p(2**23, 1, 2, 0).loads)  # stage 1 (node 1, leaf 0) -> stage 2 (node 2, leaf 1)
+    # the 8 NICs of stage 1 (of the leaf's 16) through an uplink with half the leaf's bandwidth
+    assert loads[("leaf0~spine", "up")] == pytest.approx(1.0)
+    assert loads[("leaf1~spine", "down")] == pytest.approx(1.0)
+    assert loads[(topo.nic_link(sc.cluster, 8), "up")] == pytest.approx(1.0)
+    assert all(topo.link_kind(link) != "pcie" for link, _ in loads)
+    assert dict(links.p2p(2**23, 0, 1, 0).loads).keys().isdisjoint({("leaf0~spine", "up")})
+
+
+def test_intra_node_collective_loads_switch_ports_only() -> None:
+    sc = make(model="gpt3-13b", nodes=1, tp=1, global_batch_size=16)  # dp 8 in one node
+    sync = LinkModel(sc, Network.of(sc.cluster), replicas_alike=True).collective("allreduce", 2**26, "dp", 0, (0,))
+    assert {link for (link, _), _ in sync.loads} == {topo.port_link(sc.cluster, 0)}
