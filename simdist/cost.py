@@ -122,18 +122,35 @@ def _op_time(cm: CostModel, op: Compute) -> float:
 
 
 def optimizer_bytes_per_param(optimizer: str, precision: str, grad_bytes: float) -> float:
-    """HBM traffic of one optimizer step per parameter (fused multi-tensor kernels).
+    """HBM traffic of one optimizer step per parameter (fused multi-tensor kernels), in bytes.
 
-    Adam/AdamW: read fp32 master, m, v and the gradient; write master, m, v and the 16-bit
-    parameter; plus a gradient read for the global-norm clip. LAMB/LARS add a pass over
-    weights and updates for the per-layer trust ratio (You et al. 2020; You et al. 2017).
+    Every optimizer reads the gradient twice (the global-norm clip, then the update) and writes
+    the 16-bit working copy of the weight after updating the fp32 master (mixed precision,
+    Micikevicius et al. 2018); in fp32 training the weight is read and written in place. Then:
+      adam / adamw (Kingma & Ba 2015; Loshchilov & Hutter 2019): read and write m and v
+        (30 B per parameter with 16-bit gradients);
+      sgd with momentum: read and write the momentum buffer;
+      lars (You, Gitman & Ginsburg 2017): sgd + the per-layer trust ratio ||w|| / ||g||, one more
+        read of the weights and of the gradient;
+      lamb (You et al. ICLR 2020, Alg. 2; NVIDIA apex FusedLAMB's two stages): adam's update is
+        written out, the norms of the weights and of the update read them, and the second stage
+        reads the update again: + 4 (write u) + 4 + 4 (norms) + 4 (read u);
+      adafactor (Shazeer & Stern 2018, Alg. 4 with momentum, as Hugging Face's "slightly more
+        than 4 bytes" per parameter): the momentum (read, write), one more gradient read for the
+        factored row/column statistics of g^2, and the update written then read for its RMS
+        clipping; the factored moments are O(rows + cols) and negligible.
     """
     master = 0.0 if precision == "fp32" else 4.0
     param = 4.0 if precision == "fp32" else 2.0
-    states = {"adam": 8.0, "adamw": 8.0, "lamb": 8.0, "sgd": 4.0, "lars": 4.0, "adafactor": 4.5}[optimizer]
-    traffic = 2 * (master + states) + grad_bytes + param + grad_bytes  # + clip-norm read
-    if precision == "fp32":
-        traffic += param  # read and write the weights in place
-    if optimizer in ("lamb", "lars"):
-        traffic += 2 * (master or param)  # weight and update norms
-    return traffic
+    weights = master or param  # the fp32 copy the update reads and writes
+    clip = grad_bytes  # global gradient-norm clip reads the gradient once more
+    base = 2 * weights + grad_bytes + clip + (param if master else 0.0)
+    extra = {
+        "adam": 2 * 8.0,
+        "adamw": 2 * 8.0,
+        "sgd": 2 * 4.0,
+        "lars": 2 * 4.0 + weights + grad_bytes,
+        "lamb": 2 * 8.0 + 4 * weights,
+        "adafactor": 2 * 4.0 + grad_bytes + 2 * weights,
+    }[optimizer]
+    return base + extra

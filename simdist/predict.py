@@ -3,7 +3,7 @@ dashboard, the search and calibration all use."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from simdist.analytic.flops import model_flops_per_step, recompute_flops_per_step
 from simdist.analytic.memory import memory_per_stage
@@ -40,9 +40,11 @@ def predict(
     assumptions = _assumptions(scenario, profile)
 
     spans: tuple[Span, ...] = ()
+    extras: dict[str, Any] = {}
     if engine == "analytic":
         step: StepResult = analytic_step(scenario, cost, net)
         step_time, breakdown, bubble = step.step_time, step.breakdown, step.bubble_fraction
+        extras.update(step.extras)
     else:
         from simdist.sim.engine import simulate  # simpy is imported only for this engine
 
@@ -50,6 +52,7 @@ def predict(
                           stragglers=stragglers or {})
         step_time, breakdown, bubble, spans = result.step_time, result.breakdown, result.bubble_fraction, result.spans
         assumptions += result.assumptions
+        extras.update(getattr(result, "extras", None) or {})
 
     flops = model_flops_per_step(model, plan)
     world = cluster.world_size
@@ -60,16 +63,23 @@ def predict(
             optimizer_gib=to_gib(s.optimizer), activations_gib=to_gib(s.activations),
             other_gib=to_gib(s.other), peak_gib=to_gib(s.peak), host_gib=to_gib(s.host),
         )
-        for s in memory_per_stage(model, plan)
+        for s in memory_per_stage(model, plan, cluster)
     )
     host_capacity = None
     if cluster.host is not None:
         host_capacity = to_gib(cluster.host.cpu_memory_bytes) / cluster.gpus_per_node
+    extras.update(_system_extras(scenario, stages, host_capacity, assumptions))
+    tokens_per_s = plan.global_batch_size * model.seq_length / step_time
+    if scenario.reliability is not None:
+        from simdist.reliability import goodput
+
+        g = goodput(scenario, step_time, tokens_per_s)
+        extras["goodput"] = g.to_dict()
     return Prediction(
         name=scenario.name,
         world_size=world,
         step_time_s=step_time,
-        tokens_per_s=plan.global_batch_size * model.seq_length / step_time,
+        tokens_per_s=tokens_per_s,
         model_flops_per_step=flops,
         model_tflops_per_gpu=flops / step_time / world / 1e12,
         mfu=flops / (step_time * world * peak),
@@ -84,7 +94,54 @@ def predict(
         profile=profile.device if profile else None,
         scenario_hash=scenario.hash(),
         host_capacity_gib=host_capacity,
+        extras=extras,
     )
+
+
+def _system_extras(sc: Scenario, stages: tuple[StageMemoryReport, ...], host_capacity: float | None,
+                   assumptions: list[str]) -> dict[str, Any]:
+    """Offload and parameter-server figures for the JSON (Prediction.extras), and a plain
+    sentence in the assumptions when the offloaded states overflow the host memory."""
+    from simdist.analytic import systems
+
+    plan, cluster, model = sc.plan, sc.cluster, sc.model
+    out: dict[str, Any] = {}
+    host_peak = max(s.host_gib for s in stages)
+    if plan.offload.any:
+        tr = systems.offload_traffic(model, plan, cluster, 0)
+        nvme = max(s.nvme for s in memory_per_stage(model, plan, cluster))
+        info: dict[str, Any] = {
+            "optimizer": plan.offload.optimizer, "params": plan.offload.params,
+            "host_gib_per_gpu": host_peak, "host_capacity_gib_per_gpu": host_capacity,
+            "host_fits": host_capacity is None or host_peak <= host_capacity,
+            "nvme_gib_per_node": to_gib(nvme) * min(cluster.gpus_per_node, cluster.world_size),
+            "pcie_gib_per_step_per_gpu": to_gib(
+                plan.num_microbatches * (tr.pcie_down_per_microbatch + tr.pcie_up_per_microbatch)
+                + tr.pcie_down_per_step + tr.pcie_up_per_step),
+            "cpu_optimizer_params_per_node": tr.cpu_params_node,
+        }
+        if cluster.host is None:
+            assumptions.append("offload: the cluster has no host spec (cluster.host), so PCIe, NVMe and "
+                               "the CPU optimizer are not timed")
+        out["offload"] = info
+    if plan.gradient_sync != "allreduce":
+        tr_ps = systems.ps_traffic(model, plan, cluster, plan.pp - 1)
+        out["parameter_servers"] = {
+            "servers": tr_ps.servers, "workers": tr_ps.workers,
+            "gib_per_server_per_step": to_gib(tr_ps.per_server_bytes),
+            "busiest_nic_gib_per_step": to_gib(tr_ps.node_nic_bytes),
+            "mode": "async" if plan.gradient_sync == "async-parameter-server" else "sync",
+        }
+        if plan.gradient_sync == "async-parameter-server":
+            out["staleness_steps"] = systems.async_staleness_steps(plan)
+    if plan.grad_compression.enabled:
+        out["grad_compression_ratio"] = systems.compression_ratio(model, plan, 0)
+    if host_capacity is not None and host_peak > host_capacity:
+        assumptions.append(f"DOES NOT FIT in host memory: {host_peak:.0f} GiB of offloaded or server states "
+                           f"per GPU exceed the {host_capacity:.0f} GiB host share per GPU "
+                           f"({to_gib(cluster.host.cpu_memory_bytes):.0f} GiB per node / "  # type: ignore[union-attr]
+                           f"{cluster.gpus_per_node} GPUs)")
+    return out
 
 
 def _assumptions(sc: Scenario, profile: CalibrationProfile | None) -> list[str]:
@@ -106,4 +163,37 @@ def _assumptions(sc: Scenario, profile: CalibrationProfile | None) -> list[str]:
         out.append(f"tp={plan.tp} spans nodes: TP collectives cross InfiniBand")
     if plan.sequence_parallel and plan.tp == 1:
         out.append("sequence_parallel has no effect with tp=1")
+    out += _system_assumptions(sc)
+    return out
+
+
+def _system_assumptions(sc: Scenario) -> list[str]:
+    """One line per v1.1 mechanism the plan uses, saying how it is modelled."""
+    plan, cluster = sc.plan, sc.cluster
+    out = []
+    if plan.dp_shard < plan.dp and plan.zero_stage >= 1:
+        where = "inside one node" if plan.dp_shard * plan.model_parallel_size <= cluster.gpus_per_node \
+            else f"across {plan.dp_shard * plan.model_parallel_size // cluster.gpus_per_node} nodes"
+        out.append(f"hybrid sharding: model states sharded over groups of {plan.dp_shard} DP ranks ({where}), "
+                   f"replicated across {plan.dp // plan.dp_shard}; gradients reduce-scattered in the group, "
+                   "then all-reduced across replicas")
+    if plan.zero_quantized_weights:
+        out.append("ZeRO++ qwZ: parameter all-gathers in int8 with a block scale")
+    if plan.offload.any:
+        out.append(f"offload: optimizer on {plan.offload.optimizer}, parameters on {plan.offload.params}; "
+                   "PCIe transfers overlap backward (gradients) and prefetch (parameters), the CPU step "
+                   "and the parameter upload are pipelined and exposed")
+    if plan.gradient_sync == "parameter-server":
+        out.append("synchronous parameter servers on the training nodes: push/pull through the NICs, "
+                   "servers apply the optimizer on the CPU; no intra-node pre-aggregation")
+    elif plan.gradient_sync == "async-parameter-server":
+        out.append(f"asynchronous parameter servers: no barrier; mean staleness {max(0, plan.dp - 1)} updates")
+    if plan.grad_compression.enabled and (plan.dp > 1 or plan.gradient_sync != "allreduce"):
+        gc = plan.grad_compression
+        detail = {"topk": f" (ratio {gc.ratio}, values + int32 indices all-gathered)",
+                  "powersgd": f" (rank {gc.rank}, 1-D tensors uncompressed)"}.get(gc.method, "")
+        out.append(f"gradient compression: {gc.method}{detail}"
+                   + (", error feedback buffers on the GPU" if gc.error_feedback and gc.method in
+                      ("int8", "topk", "powersgd") else "")
+                   + "; compression kernels timed as HBM-bound work")
     return out

@@ -52,12 +52,26 @@ def prediction_report(p: Prediction) -> str:
              "ok" if s.peak_gib <= p.capacity_gib else "OOM"] for s in p.per_stage]
     out.append(table(["stage", "params", "grads", "optim", "activ", "other", "peak GiB", ""], rows,
                      align="rrrrrrrl"))
-    verdict = "fits" if p.fits else "DOES NOT FIT"
+    gpu_fits = p.peak_gib <= p.capacity_gib
+    verdict = "fits" if p.fits else ("DOES NOT FIT (host memory)" if gpu_fits else "DOES NOT FIT")
     out.append(f"\nmemory: peak {p.peak_gib:.1f} GiB of {p.capacity_gib:.0f} GiB per GPU -> {verdict}")
     if p.host_capacity_gib is not None and p.host_peak_gib > 0:
-        out.append(f"host memory (offload): {p.host_peak_gib:.1f} GiB per GPU of "
-                   f"{p.host_capacity_gib:.0f} GiB host share")
+        host_ok = p.host_peak_gib <= p.host_capacity_gib
+        out.append(f"host memory (offloaded / server states): {p.host_peak_gib:.1f} GiB per GPU of "
+                   f"{p.host_capacity_gib:.0f} GiB host share per GPU -> "
+                   + ("fits" if host_ok else "DOES NOT FIT"))
+    g = p.extras.get("goodput")
+    if isinstance(g, dict):
+        ttt = g.get("time_to_train_days")
+        out.append(
+            f"goodput: checkpoint {g['checkpoint_gib']:,.0f} GiB, write {fmt_seconds(g['checkpoint_write_s'])}"
+            f"{' (async: blocks ' + fmt_seconds(g['checkpoint_blocking_s']) + ')' if g.get('async_checkpoint') else ''}"
+            f", every {fmt_seconds(g['checkpoint_interval_s'])} ({g['checkpoint_interval_steps']} steps), "
+            f"job MTBF {fmt_seconds(g['job_mtbf_s'])} -> expected goodput {g['expected_goodput']:.1%}"
+            + (f", time to train {ttt:.1f} days" if ttt is not None else ""))
     for key, value in p.extras.items():
+        if key == "goodput":
+            continue
         if isinstance(value, dict):
             out.append(f"{key}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in value.items()))
         else:

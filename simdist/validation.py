@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import math
 import os
 import re
 import sys
@@ -119,6 +118,8 @@ def row_to_scenario_dict(row: dict[str, str], plan_overrides: dict[str, Any] | N
         plan["zero3_fetch"] = "module"  # DeepSpeed gathers each submodule's parameters on its own
     if mcore:  # --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap, distributed optimizer
         plan.update(zero_stage=1, tp_comm_overlap=True)
+        # Megatron-Core's default DDP bucket: max(40M, 1M x dp) parameters of fp32 main grads
+        plan["ddp_bucket_size"] = f"{4 * max(40_000_000, 1_000_000 * (gpus // (tp * pp)))} B"
     plan.update(plan_overrides or {})
     return {"name": f"{row['run_id']} {row['model_name']}", "model": model, "cluster": cluster, "plan": plan}
 
@@ -223,6 +224,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, help="folder with training_runs.csv (default: shared/validation)")
     p.add_argument("--engine", default="analytic", choices=("des", "analytic"))
     p.add_argument("--rows", action="store_true", help="print every row, not only the summary")
+    p.add_argument("--breadth", action="store_true",
+                   help="also predict the fully stated rows of breadth.csv (offload, ZeRO++, FSDP, reliability)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -245,6 +248,10 @@ def main(args: argparse.Namespace) -> int:
     print(table(["group", "rows", "mean |error|", "mean error", "max |error|"],
                 [[g, int(s["n"]), f"{s['mae']:.1%}", f"{s['bias']:+.1%}", f"{s['max']:.1%}"]
                  for g, s in summary.items()], align="lrrrr"))
+    if args.breadth:
+        from simdist.validation_breadth import breadth_table, run_breadth
+
+        print("\n" + breadth_table(run_breadth(data)))
     if skipped:
         print(f"\nskipped {len(skipped)} rows: " + "; ".join(f"{r} ({why})" for r, why in skipped[:12])
               + (" ..." if len(skipped) > 12 else ""))

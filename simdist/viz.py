@@ -62,9 +62,13 @@ SPAN_ORDER = ("forward", "backward", "recompute", "tp_comm", "pp_comm", "dp_comm
               "idle")
 
 
-def _layout(fig: go.Figure, title: str, height: int = 360) -> go.Figure:
-    fig.update_layout(title=title, height=height, margin={"l": 10, "r": 10, "t": 50, "b": 10},
-                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0})
+def _layout(fig: go.Figure, title: str, height: int = 360, legend: str = "top") -> go.Figure:
+    """Shared look: the title on top, the legend under it (or on the right)."""
+    where = ({"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0} if legend == "top"
+             else {"orientation": "v", "yanchor": "top", "y": 1.0, "x": 1.02})
+    fig.update_layout(title={"text": title, "x": 0, "xanchor": "left"}, height=height,
+                      margin={"l": 10, "r": 10, "t": 70 if legend == "top" else 50, "b": 10},
+                      legend=where)
     return fig
 
 
@@ -105,12 +109,14 @@ def memory_figure(pred: Prediction) -> go.Figure:
     for attr, label in MEMORY_PARTS:
         fig.add_trace(go.Bar(
             name=label, x=stages, y=[getattr(s, attr) for s in pred.per_stage],
-            marker={"color": COLORS[label if label != "optimizer" else "optimizer"]},
+            marker={"color": COLORS[label]},
             hovertemplate=f"{label}: %{{y:.2f}} GiB<extra>%{{x}}</extra>",
         ))
+    few = len(stages) <= 8  # peak labels on every bar only while they do not collide
     fig.add_trace(go.Scatter(
-        name="peak", x=stages, y=[s.peak_gib for s in pred.per_stage], mode="markers+text",
-        marker={"symbol": "line-ew-open", "size": 18, "color": "black"},
+        name="peak", x=stages, y=[s.peak_gib for s in pred.per_stage],
+        mode="markers+text" if few else "markers",
+        marker={"symbol": "line-ew-open", "size": 18 if few else 10, "color": "black"},
         text=[f"{s.peak_gib:.1f}" for s in pred.per_stage], textposition="top center",
         hovertemplate="peak: %{y:.2f} GiB<extra>%{x}</extra>",
     ))
@@ -121,7 +127,8 @@ def memory_figure(pred: Prediction) -> go.Figure:
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title="GiB per GPU", range=[0, top])
     verdict = "fits" if pred.fits else "OUT OF MEMORY"
-    return _layout(fig, f"Memory per pipeline stage: peak {pred.peak_gib:.1f} GiB ({verdict})")
+    return _layout(fig, f"Memory per stage: peak {pred.peak_gib:.1f} GiB ({verdict})",
+                   legend="right")
 
 
 _MB = re.compile(r"\bmb ?(\d+)")
@@ -253,7 +260,7 @@ def compare_figure(a: Prediction, b: Prediction, labels: Sequence[str] = ("pinne
             marker={"color": COLORS.get(k, "#888888")},
             hovertemplate=f"{BREAKDOWN_LABELS.get(k, k)}: %{{x:.4g}} s<extra>%{{y}}</extra>",
         ))
-    fig.update_layout(barmode="stack")
+    fig.update_layout(barmode="stack", legend_traceorder="normal")
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title="seconds per step")
     return _layout(fig, f"Step time: {fmt_seconds(a.step_time_s)} vs {fmt_seconds(b.step_time_s)}", 280)
@@ -416,39 +423,40 @@ _PLAN_COLUMNS = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
 
 def search_rows(result: Any) -> list[dict[str, Any]]:
     """Table rows (fastest first) from a plan-search result: the contract's
-    ``{"plans": [{"plan": {...}, "step_time_s", "mfu", "peak_gib", "fits"}]}`` or a list of
-    such entries, as dicts, dataclasses or objects with ``to_dict()``."""
+    ``{"plans": [{"plan": {...}, "step_time_s", "mfu", "peak_gib", "fits"}]}`` (or an object
+    with ``to_dict()`` giving it), or a list of such entries."""
     data = result if isinstance(result, list | tuple) else plain(result).get("plans", [])
     rows = []
     for i, entry in enumerate(data, start=1):
         e = plain(entry)
-        pred = e.get("prediction")
-        if pred is not None and not isinstance(pred, Mapping):
-            e = {**e, "step_time_s": pred.step_time_s, "mfu": pred.mfu, "peak_gib": pred.peak_gib,
-                 "fits": pred.fits}
         plan = plain(e.get("plan", {}))
         row: dict[str, Any] = {"rank": i}
         for key, col in _PLAN_COLUMNS:
             row[col] = plan.get(key)
-        row["step_time_s"] = e.get("step_time_s")
-        row["mfu"] = e.get("mfu")
-        row["peak_gib"] = e.get("peak_gib")
-        row["fits"] = e.get("fits")
+        for key in ("step_time_s", "mfu", "peak_gib", "fits", "engine"):
+            row[key] = e.get(key)
+        row["label"] = e.get("label") or " ".join(f"{c}={row[c]}" for _, c in _PLAN_COLUMNS
+                                                  if row[c] is not None)
         rows.append(row)
     return rows
 
 
-def search_figure(rows: Sequence[Mapping[str, Any]], capacity_gib: float | None = None) -> go.Figure:
-    """Step time against peak memory for every ranked plan; the capacity as a vertical line."""
+def search_figure(rows: Sequence[Mapping[str, Any]], capacity_gib: float | None = None,
+                  baseline: Mapping[str, Any] | None = None) -> go.Figure:
+    """Step time against peak memory for the ranked plans (and the scenario's own plan)."""
     fig = go.Figure()
-    for fits, name, color in ((True, "fits", COLORS["dp_comm"]), (False, "out of memory", COLORS["tp_comm"])):
-        group = [r for r in rows if bool(r.get("fits")) is fits and r.get("step_time_s") is not None]
+    groups = (("fits", [r for r in rows if r.get("fits")], COLORS["dp_comm"], "circle"),
+              ("out of memory", [r for r in rows if not r.get("fits")], COLORS["tp_comm"], "x"),
+              ("current plan", [baseline] if baseline else [], "black", "star"))
+    for name, group, color, symbol in groups:
+        group = [r for r in group if r.get("step_time_s") is not None]
         if not group:
             continue
-        text = [" ".join(f"{c}={r.get(c)}" for _, c in _PLAN_COLUMNS if r.get(c) is not None) for r in group]
         fig.add_trace(go.Scatter(
-            x=[r.get("peak_gib") for r in group], y=[r["step_time_s"] for r in group], mode="markers",
-            name=name, marker={"color": color, "size": 9}, hovertext=text,
+            x=[r.get("peak_gib") for r in group], y=[r["step_time_s"] for r in group],
+            mode="markers", name=name, marker={"color": color, "size": 11, "symbol": symbol},
+            hovertext=[f"#{r.get('rank')} {r.get('label', '')}" if name != "current plan"
+                       else f"current: {r.get('label', '')}" for r in group],
             hovertemplate="%{hovertext}<br>%{y:.4g} s, %{x:.1f} GiB<extra></extra>",
         ))
     if capacity_gib:
@@ -456,55 +464,52 @@ def search_figure(rows: Sequence[Mapping[str, Any]], capacity_gib: float | None 
                       annotation_text=f"capacity {capacity_gib:.0f} GiB")
     fig.update_xaxes(title="peak memory per GPU (GiB)")
     fig.update_yaxes(title="step time (s)")
-    return _layout(fig, f"{len(rows)} plans: step time vs memory")
+    return _layout(fig, f"Top {len(rows)} plans: step time vs memory")
 
 
-def _first(d: Mapping[str, Any], *keys: str) -> Any:
-    for k in keys:
-        if d.get(k) is not None:
-            return d[k]
-    return None
+CALIBRATION_QUANTITIES = ("forward_s", "backward_s", "optimizer_s", "comm_s", "model_state_gib",
+                          "activations_gib")
 
 
-def calibration_rows(records: Iterable[Any]) -> list[dict[str, Any]]:
-    """Rows of (name, measured, predicted, error) from run-store records.
+def calibration_rows(comparisons: Iterable[Any]) -> list[dict[str, Any]]:
+    """One row per measured scenario: measured and predicted step time, the error, the run's
+    spread, and the error of each other quantity both sides have.
 
-    A record is a dict, a dataclass or an object with ``to_dict()`` holding either flat
-    ``measured_step_time_s`` / ``predicted_step_time_s`` fields or ``measurement`` and
-    ``prediction`` parts that each have ``step_time_s``. Records without both are skipped.
+    A comparison is ``simdist.calibrate.compare.Comparison`` (or a dict with its fields:
+    ``name``, ``measured`` and ``predicted`` dicts of quantities, ``spread``).
     """
     rows = []
-    for rec in records:
-        r = plain(rec)
-        meas = _first(r, "measured_step_time_s", "measured_s", "measured")
-        pred = _first(r, "predicted_step_time_s", "predicted_s", "predicted")
-        if meas is None and r.get("measurement") is not None:
-            meas = plain(r["measurement"]).get("step_time_s")
-        if pred is None and r.get("prediction") is not None:
-            pred = plain(r["prediction"]).get("step_time_s")
-        if isinstance(meas, int | float) and isinstance(pred, int | float) and meas > 0:
-            name = _first(r, "name", "scenario", "scenario_name")
-            if name is None and r.get("measurement") is not None:
-                name = plain(r["measurement"]).get("name")
-            rows.append({"name": str(name or "?"), "world_size": r.get("world_size"),
-                         "measured_s": float(meas), "predicted_s": float(pred),
-                         "error": float(pred) / float(meas) - 1.0})
+    for comp in comparisons:
+        c = plain(comp)
+        meas, pred = c.get("measured") or {}, c.get("predicted") or {}
+        m, p = meas.get("step_time_s"), pred.get("step_time_s")
+        if not m or p is None:
+            continue
+        row: dict[str, Any] = {"name": str(c.get("name", "?")), "measured_s": float(m),
+                               "predicted_s": float(p), "error": float(p) / float(m) - 1.0,
+                               "spread": float(c.get("spread") or 0.0)}
+        for key in CALIBRATION_QUANTITIES:
+            if meas.get(key) and pred.get(key) is not None:
+                row[f"{key} error"] = pred[key] / meas[key] - 1.0
+        rows.append(row)
     return rows
 
 
 def calibration_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
-    """Predicted against measured step time, with the y = x line and a ±20% band."""
+    """Predicted against measured step time, with y = x, a ±20% band and each run's spread."""
     fig = go.Figure()
     if rows:
         lo = min(min(r["measured_s"], r["predicted_s"]) for r in rows) * 0.8
         hi = max(max(r["measured_s"], r["predicted_s"]) for r in rows) * 1.25
-        for factor, dash, name in ((1.0, "solid", "exact"), (1.2, "dot", "±20%"), (0.8, "dot", None)):
+        for factor, dash, name in ((1.0, "solid", "predicted = measured"), (1.2, "dot", "±20%"),
+                                   (0.8, "dot", None)):
             fig.add_trace(go.Scatter(x=[lo, hi], y=[lo * factor, hi * factor], mode="lines",
                                      name=name, showlegend=name is not None,
                                      line={"color": "#999999", "dash": dash}, hoverinfo="skip"))
         fig.add_trace(go.Scatter(
             x=[r["measured_s"] for r in rows], y=[r["predicted_s"] for r in rows], mode="markers",
-            name="stored runs", marker={"size": 10, "color": COLORS["compute"]},
+            name="measured runs", marker={"size": 10, "color": COLORS["compute"]},
+            error_x={"type": "data", "array": [r.get("spread", 0.0) * r["measured_s"] / 2 for r in rows]},
             hovertext=[f"{r['name']}: {r['error']:+.1%}" for r in rows],
             hovertemplate="%{hovertext}<br>measured %{x:.4g} s, predicted %{y:.4g} s<extra></extra>",
         ))
@@ -512,4 +517,4 @@ def calibration_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:
         fig.update_yaxes(type="log")
     fig.update_xaxes(title="measured step time (s)")
     fig.update_yaxes(title="predicted step time (s)")
-    return _layout(fig, f"Predicted vs measured ({len(rows)} runs)")
+    return _layout(fig, f"Predicted vs measured step time ({len(rows)} scenarios)")

@@ -14,6 +14,7 @@ Sources
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from simdist.analytic.params import (
@@ -21,7 +22,9 @@ from simdist.analytic.params import (
     matrix_shapes,
     params_per_rank,
     stage_layer_ranges,
+    total_params,
 )
+from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
@@ -62,12 +65,28 @@ def state_bytes(m: ModelSpec, plan: ParallelPlan) -> StateBytes:
     return StateBytes(param, grad, master + optimizer_state_bytes_per_param(m, plan.optimizer))
 
 
-def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0) -> dict[str, float]:
-    """Bytes of params, grads and optimizer states on one GPU of ``stage``.
+def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
+                      cluster: ClusterSpec | None = None) -> dict[str, float]:
+    """Bytes of params, grads and optimizer states on one GPU of ``stage``, and what the plan
+    keeps off the GPU: ``host_params`` / ``host_optimizer`` (host memory, per GPU) and
+    ``nvme`` (NVMe, per GPU).
 
-    ZeRO stage z shards, over the shard group (``dp_shard``, all of dp by default):
-    z>=1 the optimizer states, z>=2 the gradients, z=3 the parameters.
-    Offloaded states (plan.offload) leave the GPU and are reported under ``host_*``.
+    ZeRO stage z shards, over the shard group (``dp_shard``, all of dp by default; FSDP
+    HYBRID_SHARD / HSDP replicate across dp/dp_shard groups, Zhao et al. VLDB 2023 sec 3.2.2):
+    z>=1 the optimizer states, z>=2 the gradients, z=3 the parameters, so the model states of
+    mixed-precision Adam take 16P/dp_shard per GPU under ZeRO-3.
+    Offload (plan.offload):
+    - optimizer on cpu (ZeRO-Offload, Ren et al. USENIX ATC'21 sec 4.1): the fp32 master weights
+      and optimizer states of the GPU's partition move to host memory with an fp32 gradient
+      buffer for the CPU step (16 B per parameter for Adam, DeepSpeed's
+      estimate_zero2_model_states_mem_needs); the GPU keeps its 16-bit parameters and, for the
+      gradients, only the buckets in flight to the host;
+    - optimizer on nvme (ZeRO-Infinity, Rajbhandari et al. SC'21): the same states on NVMe;
+    - params on cpu/nvme (ZeRO-Infinity; FSDP CPUOffload): the 16-bit parameter shard leaves the
+      GPU; the gathered layers in use stay in ``transient_bytes``.
+    Parameter servers (plan.gradient_sync) keep the fp32 parameters, the optimizer states and an
+    fp32 gradient sum on the servers' hosts (Li et al. OSDI'14); the workers hold no optimizer
+    states. Their host share is reported per GPU when ``cluster`` is given.
     """
     n = params_per_rank(m, plan, stage)
     b = state_bytes(m, plan)
@@ -78,17 +97,24 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0) -> dict[
         "optimizer": n * b.optimizer / (shard if plan.zero_stage >= 1 else 1),
         "host_params": 0.0,
         "host_optimizer": 0.0,
+        "nvme": 0.0,
     }
     if plan.offload.optimizer != "none":
-        # ZeRO-Offload (Ren et al. 2021): fp32 master + optimizer states and the optimizer step
-        # live on the host; 16-bit gradients stream down during backward, so the GPU keeps
-        # only the bucket being copied.
-        out["host_optimizer"] = out["optimizer"] + out["grads"]
+        opt_params = n / shard if plan.zero_stage >= 1 else n
+        offloaded = out["optimizer"] + 4.0 * opt_params  # + fp32 gradients for the CPU step
+        out["host_optimizer" if plan.offload.optimizer == "cpu" else "nvme"] = offloaded
         out["optimizer"] = 0.0
         out["grads"] = min(out["grads"], 2 * plan.ddp_bucket_size_bytes)
     if plan.offload.params != "none":
-        out["host_params"] = out["params"]
+        out["host_params" if plan.offload.params == "cpu" else "nvme"] += out["params"]
         out["params"] = 0.0
+    if plan.gradient_sync != "allreduce":
+        out["optimizer"] = 0.0
+        if cluster is not None:
+            servers = plan.parameter_servers or cluster.num_nodes
+            per_node = math.ceil(servers / cluster.num_nodes)
+            per_server = total_params(m) * (b.optimizer + 4.0) / servers
+            out["host_optimizer"] = per_server * per_node / min(cluster.gpus_per_node, cluster.world_size)
     return out
 
 
@@ -167,7 +193,8 @@ class StageMemory:
     optimizer: float
     activations: float
     other: float
-    host: float = 0.0  # offloaded states, on the host
+    host: float = 0.0  # offloaded states on the host (per GPU)
+    nvme: float = 0.0  # offloaded states on NVMe (per GPU)
 
     @property
     def peak(self) -> float:
@@ -192,9 +219,12 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
 
 
 def transient_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    """Working buffers beyond saved activations and states."""
+    """Working buffers beyond saved activations and states, and the gradient compressor's
+    error-feedback residuals and factors (systems.error_feedback_bytes)."""
+    from simdist.analytic.systems import error_feedback_bytes
+
     b = state_bytes(m, plan)
-    out = 0.0
+    out = error_feedback_bytes(m, plan, stage) if plan.dp > 1 or plan.gradient_sync != "allreduce" else 0.0
     if plan.zero_stage >= 3:
         # the current and the prefetched layer's gathered parameters, and one layer's
         # unsharded gradients before their reduce-scatter
@@ -207,8 +237,8 @@ def transient_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     return out
 
 
-def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: int) -> StageMemory:
-    states = model_state_bytes(m, plan, stage)
+def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: int, cluster: ClusterSpec | None = None) -> StageMemory:
+    states = model_state_bytes(m, plan, stage, cluster)
     return StageMemory(
         stage=stage,
         params=states["params"],
@@ -217,8 +247,9 @@ def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: int) -> StageMemory:
         activations=activation_bytes(m, plan, stage),
         other=transient_bytes(m, plan, stage),
         host=states["host_params"] + states["host_optimizer"],
+        nvme=states["nvme"],
     )
 
 
-def memory_per_stage(m: ModelSpec, plan: ParallelPlan) -> list[StageMemory]:
-    return [stage_memory(m, plan, s) for s in range(plan.pp)]
+def memory_per_stage(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None = None) -> list[StageMemory]:
+    return [stage_memory(m, plan, s, cluster) for s in range(plan.pp)]

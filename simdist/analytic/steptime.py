@@ -9,12 +9,19 @@ all-reduce; all TP traffic with ``tp_comm_overlap``). The pipeline then costs
   zero-bubble:    m * t_max + (p - 1)(t - 2 t_W)                  (ZB-H1, Qi et al. 2024)
 (Narayanan et al. SC'21 sec 2.2; DualPipe README's bubble table for ZB1P), then the data-parallel
 gradient sync that backward could not hide, and the optimizer step.
+
+The mechanisms beyond 3D parallelism (hybrid sharding, ZeRO++ quantized collectives, gradient
+compression, DDP buckets, CPU/NVMe offload, parameter servers) come from
+:mod:`simdist.analytic.systems`, which the discrete-event engine's lowering shares; this module
+only decides what overlaps with what in closed form and fills the breakdown (``offload`` and
+``compression`` appear only when the plan uses them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from simdist.analytic import systems
 from simdist.analytic.memory import state_bytes
 from simdist.analytic.params import params_per_rank, stage_num_layers
 from simdist.cost import CostModel, optimizer_bytes_per_param
@@ -52,6 +59,14 @@ class Timer:
         self.sc, self.cost, self.net = sc, cost, net
         self.layouts = {ax: layout_for_axis(sc.cluster, sc.plan, ax)
                         for ax in ("tp", "cp", "pp", "dp", "dp_shard", "dp_replica")}
+        self.ctx = systems.CommContext(sc.cluster, sc.plan, net)
+
+    def memory_time(self, nbytes: float, kernels: int = 1) -> float:
+        """A memory-bound pass of ``nbytes`` of HBM traffic on one GPU."""
+        if nbytes <= 0:
+            return 0.0
+        return nbytes / (self.cost.memory_bandwidth * self.cost.memory_efficiency(nbytes)) \
+            + kernels * self.cost.kernel_overhead
 
     def comm(self, op: Comm) -> float:
         return collective_time(op.collective, op.bytes, self.layouts[op.axis], self.net)
@@ -97,10 +112,13 @@ class StageTime:
     recompute: PassTime
     p2p: float  # exposed pipeline send/recv per micro-batch
     dp_per_microbatch: float  # exposed ZeRO-2/3 traffic per micro-batch
+    offload_per_microbatch: float = 0.0  # exposed PCIe/NVMe traffic per micro-batch
+    compression_per_microbatch: float = 0.0  # gradient compression kernels per micro-batch
 
     @property
     def total(self) -> float:
-        return self.fwd.total + self.bwd.total + self.recompute.total + self.p2p + self.dp_per_microbatch
+        return (self.fwd.total + self.bwd.total + self.recompute.total + self.p2p + self.dp_per_microbatch
+                + self.offload_per_microbatch + self.compression_per_microbatch)
 
 
 def stage_time(timer: Timer, stage: int) -> StageTime:
@@ -131,89 +149,92 @@ def stage_time(timer: Timer, stage: int) -> StageTime:
         if plan.tp > 1:
             one += collective_time("allgather", act, timer.layouts["tp"], timer.net)
         p2p = 2 * plan.virtual_pipeline_stages * one
-    dp_mb = dp_per_microbatch(timer, stage, fwd.total, bwd.total + recompute.total)
-    return StageTime(fwd, bwd, recompute, p2p, dp_mb)
+    t_fwd, t_bwd = fwd.total, bwd.total + recompute.total
+    dp = data_parallel_times(timer, stage, t_fwd, t_bwd)
+    off = offload_per_microbatch(timer, stage, t_fwd, t_bwd, dp)
+    comp = 0.0
+    if plan.zero_stage >= 2 and plan.dp > 1:  # ZeRO-2/3 compress every micro-batch's reduce-scatter
+        comp = timer.memory_time(systems.compression_kernel_bytes(m, plan, stage), kernels=2 * layers)
+    return StageTime(fwd, bwd, recompute, p2p, dp.per_microbatch, off, comp)
 
 
 # --- data parallel ------------------------------------------------------------------------
 
 
-def _shard_axis(plan) -> str:
-    return "dp_shard" if plan.dp_shard < plan.dp else "dp"
+def data_parallel_times(timer: Timer, stage: int, t_fwd: float, t_bwd: float,
+                        last_bwd: float | None = None) -> systems.DataParallelTimes:
+    """Exposed DP communication of one GPU of ``stage`` (systems.dp_traffic timed and overlapped
+    with one micro-batch's forward ``t_fwd`` and backward ``t_bwd``)."""
+    sc = timer.sc
+    tr = systems.dp_traffic(sc.model, sc.plan, stage)
+    return systems.dp_times(timer.ctx, tr, sc.plan, t_fwd, t_bwd, last_bwd=last_bwd)
 
 
 def dp_per_microbatch(timer: Timer, stage: int, t_fwd: float, t_bwd: float) -> float:
     """ZeRO-2 reduce-scatters every micro-batch's gradients; ZeRO-3/FSDP also all-gathers the
     parameters before forward and backward. Prefetching hides them behind compute, except
     the first layer's gather and the last layer's reduce-scatter."""
+    return data_parallel_times(timer, stage, t_fwd, t_bwd).per_microbatch
+
+
+def dp_end_of_step(timer: Timer, stage: int, last_bwd: float, first_fwd: float | None = None) -> float:
+    """Gradient sync once per step (DDP, ZeRO-1: buckets during the last backward) and the
+    parameter all-gather after the optimizer (ZeRO-1/2)."""
+    dp = data_parallel_times(timer, stage, first_fwd or 0.0, last_bwd, last_bwd=last_bwd)
+    return dp.step_sync + dp.post_step
+
+
+def offload_per_microbatch(timer: Timer, stage: int, t_fwd: float, t_bwd: float,
+                           dp: systems.DataParallelTimes) -> float:
+    """Exposed PCIe/NVMe time per micro-batch beyond what the DP traffic already exposes.
+
+    Gradient partitions go down layer by layer as their reduce-scatter finishes, on the copy
+    engine, beside the backward (Ren et al. 2021 sec 4.2); offloaded parameter shards come up
+    ahead of each layer's all-gather, prefetched like it. Each is its own pipeline, so the
+    exposed time is the longest of: the DP exposure, the transfer's own exposure, and the
+    last layer's reduce-scatter followed by its download (the first layer's upload followed by
+    its gather)."""
     sc = timer.sc
     plan = sc.plan
-    if plan.zero_stage < 2 or plan.dp == 1:
+    tr = systems.offload_traffic(sc.model, plan, sc.cluster, stage)
+    if not (tr.pcie_down_per_microbatch or tr.pcie_up_per_microbatch):
         return 0.0
-    n = params_per_rank(sc.model, plan, stage)
-    b = state_bytes(sc.model, plan)
-    layers = max(1, stage_num_layers(sc.model, plan, stage))
-    ax = _shard_axis(plan)
-    g = timer.layouts[ax]
-    grad_bytes = n * min(b.grads, 2.0 if plan.precision != "fp32" else 4.0)
-    rs = collective_time("reducescatter", grad_bytes, g, timer.net)
-    if plan.dp_shard < plan.dp:  # HSDP: the shard's gradients are all-reduced across replicas
-        rs += collective_time("allreduce", grad_bytes / plan.dp_shard, timer.layouts["dp_replica"], timer.net)
-    if plan.zero_stage == 2:
-        return max(rs / layers, rs - t_bwd)
-    param_bytes = n * (1.0 if plan.zero_quantized_weights else b.params)
-    # one collective per layer (FSDP) or per submodule (DeepSpeed): each pays the ring latency
-    calls = layers * (zero3_modules_per_layer(sc.model) if plan.zero3_fetch == "module" else 1)
-    ag = calls * collective_time("allgather", param_bytes / calls, g, timer.net)
-    rs = calls * collective_time("reducescatter", grad_bytes / calls, g, timer.net) + (rs - collective_time("reducescatter", grad_bytes, g, timer.net))
-    gathers = 3 if plan.recompute == "full" else 2  # recomputation gathers the parameters again
-    if not plan.overlap_param_gather:
-        return gathers * ag + rs
-    fwd_exposed = max(ag / layers, ag - t_fwd)
-    bwd_exposed = max((ag + rs) / layers, (gathers - 1) * ag + rs - t_bwd)
-    return fwd_exposed + bwd_exposed
-
-
-def zero3_modules_per_layer(m) -> int:
-    """Submodules with parameters in a layer: two norms, QKV, output projection, MLP linears."""
-    return 4 + (3 if m.mlp == "swiglu" else 2)
-
-
-def dp_end_of_step(timer: Timer, stage: int, last_bwd: float) -> float:
-    """Gradient sync once per step (DDP, ZeRO-1) and the parameter all-gather after the
-    optimizer (ZeRO-1/2); DDP's buckets overlap the last micro-batch's backward."""
-    sc = timer.sc
-    plan = sc.plan
-    if plan.dp == 1:
-        return 0.0
-    n = params_per_rank(sc.model, plan, stage)
-    b = state_bytes(sc.model, plan)
-    ax = _shard_axis(plan)
-    t = 0.0
-    if plan.zero_stage == 0:
-        grad = collective_time("allreduce", n * b.grads, timer.layouts["dp"], timer.net)
-        bucket = collective_time("allreduce", min(n * b.grads, plan.ddp_bucket_size_bytes), timer.layouts["dp"], timer.net)
-        t += max(bucket, grad - last_bwd) if plan.overlap_grad_reduce else grad
-    elif plan.zero_stage == 1:
-        rs = collective_time("reducescatter", n * b.grads, timer.layouts[ax], timer.net)
-        if plan.dp_shard < plan.dp:
-            rs += collective_time("allreduce", n * b.grads / plan.dp_shard, timer.layouts["dp_replica"], timer.net)
-        t += max(rs / 8, rs - last_bwd) if plan.overlap_grad_reduce else rs
-    if plan.zero_stage in (1, 2):
-        ag = collective_time("allgather", n * b.params, timer.layouts[ax], timer.net)
-        t += ag  # the next step's forward cannot start without its parameters
-    return t
+    t = systems.offload_times(tr, sc.cluster, plan)
+    chunks = tr.gather_chunks
+    extra = 0.0
+    if t.pcie_down_per_microbatch:
+        down = t.pcie_down_per_microbatch
+        rs_tail = dp.grad_sync / chunks
+        combined = max(dp.bwd_exposed, systems.prefetch_exposed(down, chunks, t_bwd), rs_tail + down / chunks)
+        extra += combined - dp.bwd_exposed
+    if t.pcie_up_per_microbatch:
+        gathers = 3 if plan.recompute == "full" else 2
+        up_f, up_b = t.pcie_up_per_microbatch / gathers, t.pcie_up_per_microbatch * (gathers - 1) / gathers
+        f = max(dp.fwd_exposed, systems.prefetch_exposed(up_f, chunks, t_fwd),
+                (up_f + dp.gather_fwd) / chunks)
+        b = max(dp.bwd_exposed, systems.prefetch_exposed(up_b, chunks, t_bwd))
+        extra += (f - dp.fwd_exposed) + (b - dp.bwd_exposed)
+    return max(0.0, extra)
 
 
 def optimizer_time(timer: Timer, stage: int) -> float:
+    """The optimizer step on the GPU (fused multi-tensor kernels, HBM-bound; cost.py): zero when
+    the optimizer runs on the CPU (ZeRO-Offload) or on parameter servers."""
     sc = timer.sc
     plan = sc.plan
+    if plan.offload.optimizer != "none" or plan.gradient_sync != "allreduce":
+        return 0.0
     n = params_per_rank(sc.model, plan, stage)
     if plan.zero_stage >= 1:
         n /= plan.dp_shard
     b = state_bytes(sc.model, plan)
     traffic = n * optimizer_bytes_per_param(plan.optimizer, plan.precision, b.grads)
     return traffic / (timer.cost.memory_bandwidth * timer.cost.memory_efficiency(traffic)) + 20 * timer.cost.kernel_overhead
+
+
+def zero3_modules_per_layer(m) -> int:
+    """Submodules with parameters in a layer (kept here for callers of the old name)."""
+    return systems.zero3_modules_per_layer(m)
 
 
 # --- the step -----------------------------------------------------------------------------
@@ -226,6 +247,7 @@ class StepResult:
     bubble_fraction: float
     stage_times: tuple[StageTime, ...]
     busiest_stage: int
+    extras: dict[str, object] = field(default_factory=dict)
 
 
 def pipeline_time(plan, times: list[float], weight_grads: list[float]) -> float:
@@ -242,6 +264,75 @@ def pipeline_time(plan, times: list[float], weight_grads: list[float]) -> float:
     return (m - 1) * t_max + sum(times)
 
 
+@dataclass(frozen=True, slots=True)
+class EndOfStep:
+    """What one stage does after its last backward, exposed (seconds)."""
+
+    dp: float = 0.0
+    offload: float = 0.0
+    compression: float = 0.0
+    optimizer: float = 0.0
+
+
+def end_of_step(timer: Timer, stage: int, st: StageTime) -> EndOfStep:
+    """Gradient sync (all-reduce or parameter server), compression kernels of a once-per-step
+    sync, offload transfers and the optimizer (GPU, or CPU under ZeRO-Offload)."""
+    sc = timer.sc
+    m, plan, cluster = sc.model, sc.plan, sc.cluster
+    last_bwd = st.bwd.total + st.recompute.total
+    first_fwd = st.fwd.total
+    dp = data_parallel_times(timer, stage, first_fwd, last_bwd, last_bwd=last_bwd)
+    comp = 0.0
+    if plan.zero_stage <= 1 and plan.grad_compression.enabled and plan.dp > 1:
+        comp = timer.memory_time(systems.compression_kernel_bytes(m, plan, stage), kernels=4)
+    tr = systems.offload_traffic(m, plan, cluster, stage)
+    off_t = systems.offload_times(tr, cluster, plan)
+    offload = 0.0
+    if off_t.before_step:  # ZeRO-0/1 gradients go down in buckets as the sync finishes
+        nb = systems.grad_buckets(tr.pcie_down_per_step, plan)
+        offload += systems.bucketed_exposed(off_t.before_step / nb, nb, last_bwd, plan.overlap_grad_reduce)
+    optimizer = optimizer_time(timer, stage)
+    if plan.offload.optimizer != "none":
+        optimizer += off_t.cpu_step
+        offload += off_t.after_step - off_t.cpu_step
+    elif off_t.after_step:
+        offload += off_t.after_step
+    return EndOfStep(dp.step_sync + dp.post_step, offload, comp, optimizer)
+
+
+def parameter_server_step(timer: Timer, t_pipe: float, stages: list[StageTime]) -> tuple[float, float, float]:
+    """(total step, exposed communication, exposed server update) of the parameter-server modes.
+
+    Synchronous: every worker pushes its gradient in buckets as backward produces them; each
+    server key is updated once all workers pushed it and pulled back, so the step pays what the
+    busiest NIC or the servers' CPUs cannot do behind the last backward (systems.ps_times).
+    Asynchronous (no barrier): a worker only waits for its own push and pull; the servers and the
+    NICs must still carry every worker's traffic once per cycle, so the cycle is
+    max(worker compute + own exposed push/pull, busiest NIC, server CPU)."""
+    sc = timer.sc
+    plan = sc.plan
+    st = stages[-1]
+    last_bwd = st.bwd.total + st.recompute.total
+    t = systems.ps_times(sc.model, plan, sc.cluster, timer.net, stage=plan.pp - 1)
+    n_bytes = systems.ps_traffic(sc.model, plan, sc.cluster, plan.pp - 1).worker_bytes
+    nb = systems.grad_buckets(n_bytes, plan)
+    rtt = 2 * timer.net.inter_latency  # each bucket is a push and a pull
+    if plan.gradient_sync == "parameter-server":
+        total = max(t.nic, t.server_cpu)
+        exposed = systems.bucketed_exposed(total / nb + rtt, nb, last_bwd, plan.overlap_grad_reduce)
+        cpu_part = min(exposed, max(0.0, t.server_cpu - t.nic))
+        return t_pipe + exposed, exposed - cpu_part, cpu_part
+    own = systems.bucketed_exposed(t.worker_nic / nb + rtt, nb, last_bwd, plan.overlap_grad_reduce)
+    worker_cycle = t_pipe + own
+    bound = max(t.nic, t.server_cpu)
+    if bound <= worker_cycle:
+        return worker_cycle, own, 0.0
+    extra = bound - worker_cycle
+    if t.server_cpu >= t.nic:
+        return bound, own, extra
+    return bound, own + extra, 0.0
+
+
 def analytic_step(sc: Scenario, cost: CostModel, net: Network) -> StepResult:
     plan = sc.plan
     timer = Timer(sc, cost, net)
@@ -252,11 +343,21 @@ def analytic_step(sc: Scenario, cost: CostModel, net: Network) -> StepResult:
     m = plan.num_microbatches
     # the last backward of stage s ends about s backward-passes before stage 0's
     avg_bwd = sum(st.bwd.total + st.recompute.total for st in stages) / plan.pp
-    dp_end = max(
-        max(0.0, dp_end_of_step(timer, s, stages[s].bwd.total) - s * avg_bwd) for s in range(plan.pp)
-    )
-    opt = max(optimizer_time(timer, s) for s in range(plan.pp))
+    ends = [end_of_step(timer, s, stages[s]) for s in range(plan.pp)]
+    dp_end = max(max(0.0, e.dp - s * avg_bwd) for s, e in enumerate(ends))
+    off_end = max(e.offload for e in ends)
+    comp_end = max(e.compression for e in ends)
+    opt = max(e.optimizer for e in ends)
     st = stages[busiest]
+    extras: dict[str, object] = {}
+    if plan.gradient_sync == "allreduce":
+        step = t_pipe + dp_end + off_end + comp_end + opt
+    else:  # the servers replace the all-reduce and run the optimizer on their CPUs
+        t_ps, dp_end, server = parameter_server_step(timer, t_pipe, stages)
+        step = t_ps + off_end + comp_end + opt
+        opt += server
+        if plan.gradient_sync == "async-parameter-server":
+            extras["staleness_steps"] = systems.async_staleness_steps(plan)
     breakdown = {
         "compute": m * (st.fwd.compute + st.bwd.compute),
         "recompute": m * st.recompute.compute,
@@ -267,6 +368,9 @@ def analytic_step(sc: Scenario, cost: CostModel, net: Network) -> StepResult:
         "bubble": t_pipe - m * totals[busiest],
         "optimizer": opt,
     }
-    step = t_pipe + dp_end + opt
+    if plan.offload.any:
+        breakdown["offload"] = m * st.offload_per_microbatch + off_end
+    if plan.grad_compression.enabled:
+        breakdown["compression"] = m * st.compression_per_microbatch + comp_end
     bubble = breakdown["bubble"] / step if plan.pp > 1 else 0.0
-    return StepResult(step, breakdown, bubble, tuple(stages), busiest)
+    return StepResult(step, breakdown, bubble, tuple(stages), busiest, extras)
