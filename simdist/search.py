@@ -361,11 +361,12 @@ def distinct_stages(num_layers: int, pp: int, v: int) -> tuple[int, ...]:
     return tuple(firsts.values())
 
 
-def peak_memory(model: ModelSpec, plan: ParallelPlan) -> tuple[float, float]:
+def peak_memory(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None = None
+                ) -> tuple[float, float]:
     """(GPU bytes, host bytes) at the peak over the pipeline stages: the same maximum as
     ``memory_per_stage`` (a test checks it), sizing one stage of each kind only."""
-    stages = [stage_memory(model, plan, s) for s in distinct_stages(model.num_layers, plan.pp,
-                                                                    plan.virtual_pipeline_stages)]
+    kinds = distinct_stages(model.num_layers, plan.pp, plan.virtual_pipeline_stages)
+    stages = [stage_memory(model, plan, s, cluster) for s in kinds]
     return max(s.peak for s in stages), max(s.host for s in stages)
 
 
@@ -394,7 +395,7 @@ class Evaluator:
 
     def memory(self, plan: ParallelPlan) -> tuple[float, float]:
         """(peak GPU bytes, peak host bytes) over the pipeline stages."""
-        return peak_memory(self.model, plan)
+        return peak_memory(self.model, plan, self.cluster)
 
     def fits(self, peak: float, host: float, headroom: float = 0.0) -> bool:
         ok = peak <= self.capacity * (1 - headroom)

@@ -1,0 +1,81 @@
+"""Speed of `simdist search` on the two Megatron-LM cases (targets on a 2-core machine):
+
+- GPT-3 175B on 1,024 A100, global batch 1536 (scenarios/gpt3-175b-1024xa100.yaml): < 30 s
+- GPT 530B on 2,520 A100, global batch 2520 (scenarios/gpt-530b-2520xa100.yaml): < 60 s
+
+Prints, per case, the seconds of each pass, the plans evaluated per second, the best plan and
+the paper's plan (the scenario file's own) timed the same way.
+
+    python benchmarks/search_speed.py [--workers N] [--engine auto|des|analytic] [--top K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from simdist.search import Constraints, SearchResult, search  # noqa: E402
+from simdist.spec.scenario import load_scenario  # noqa: E402
+
+CASES = (
+    ("GPT-3 175B, 1,024 A100, batch 1536", "scenarios/gpt3-175b-1024xa100.yaml", 30.0),
+    ("GPT 530B, 2,520 A100, batch 2520", "scenarios/gpt-530b-2520xa100.yaml", 60.0),
+)
+
+
+class PassClock:
+    """Records when each pass of the search ends (from the progress callback)."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.ends: dict[str, float] = {}
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if done == total:
+            self.ends[stage] = time.perf_counter() - self.start
+
+
+def run_case(label: str, path: str, target_s: float, constraints: Constraints, workers: int | None) -> bool:
+    scenario = load_scenario(REPO / path)
+    clock = PassClock()
+    result = search(scenario, constraints, progress=clock, workers=workers)
+    ok = result.seconds < target_s
+    print(f"{label} ({path})")
+    print(f"  {result.grid:,} grid points, {result.evaluated:,} plans evaluated, {result.feasible:,} fit")
+    print(f"  {result.seconds:.1f} s in all ({'within' if ok else 'OVER'} the {target_s:.0f} s target), "
+          f"{result.plans_per_s:,.0f} plans/s; passes end at "
+          + ", ".join(f"{k} {v:.1f} s" for k, v in clock.ends.items()))
+    _print_best(result)
+    return ok
+
+
+def _print_best(result: SearchResult) -> None:
+    best, paper = result.best, result.baseline
+    if best is not None:
+        print(f"  best:  {best.candidate.label():52s} {best.step_time_s:8.2f} s  MFU {best.mfu:.1%}  "
+              f"{best.peak_gib:.1f} GiB  ({best.engine})")
+    if paper is not None and paper.step_time_s is not None:
+        print(f"  paper: {paper.candidate.label():52s} {paper.step_time_s:8.2f} s  MFU {paper.mfu:.1%}  "
+              f"{paper.peak_gib:.1f} GiB  ({paper.engine})")
+    for note in result.notes:
+        print(f"  note: {note}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: the CPUs)")
+    p.add_argument("--engine", default="auto", choices=("auto", "des", "analytic"))
+    p.add_argument("--top", type=int, default=10)
+    args = p.parse_args(argv)
+    constraints = Constraints(engine=args.engine, top=args.top)
+    results = [run_case(label, path, target, constraints, args.workers) for label, path, target in CASES]
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
