@@ -60,6 +60,7 @@ class Timer:
         self.layouts = {ax: layout_for_axis(sc.cluster, sc.plan, ax)
                         for ax in ("tp", "cp", "pp", "dp", "dp_shard", "dp_replica")}
         self.ctx = systems.CommContext(sc.cluster, sc.plan, net)
+        self._passes: dict[tuple[Op, ...], PassTime] = {}
 
     def memory_time(self, nbytes: float, kernels: int = 1) -> float:
         """A memory-bound pass of ``nbytes`` of HBM traffic on one GPU."""
@@ -72,7 +73,14 @@ class Timer:
         return collective_time(op.collective, op.bytes, self.layouts[op.axis], self.net)
 
     def passes(self, ops: tuple[Op, ...]) -> PassTime:
-        """Sum an op list; a comm hides behind the GEMM it may overlap with."""
+        """Sum an op list; a comm hides behind the GEMM it may overlap with (memoised: every
+        stage times the same layer op lists)."""
+        cached = self._passes.get(ops)
+        if cached is None:
+            cached = self._passes[ops] = self._sum(ops)
+        return cached
+
+    def _sum(self, ops: tuple[Op, ...]) -> PassTime:
         plan = self.sc.plan
         compute = tp = cp = w = 0.0
         prev: Compute | None = None
