@@ -5,24 +5,29 @@ every plan, whatever its dp degree or micro-batch split, trains on exactly the s
 batch: step ``t`` uses samples ``t*G .. t*G+G-1`` (G = global_batch_size); data-parallel rank
 ``d`` takes the d-th contiguous slice of G/dp samples and cuts it into micro-batches.
 
-Each sample is an arithmetic progression modulo the vocabulary with a random start and
-stride: enough structure that the loss falls within a few steps (the model can read the
-stride off the first two tokens), none that depends on the plan.
+Each sample follows a fixed bigram rule, next = (5 * token + 3) mod vocab (a permutation of
+the vocabulary when it is even, as 5 and 3 are odd), from a random start, with a quarter of the
+tokens replaced by random ones: enough structure that the loss falls within a few steps, and
+noise that keeps it from reaching zero.
 """
 
 from __future__ import annotations
 
 import torch
 
+NOISE = 0.25  # fraction of tokens drawn at random instead of by the bigram rule
 _MIX = 1_000_003  # a prime; keeps (seed, index) -> generator seed one-to-one for index < _MIX
 
 
 def sample_tokens(seed: int, index: int, seq_length: int, vocab_size: int) -> torch.Tensor:
     """Tokens of global sample ``index``: a LongTensor of seq_length + 1 ids (inputs + 1 target)."""
     gen = torch.Generator(device="cpu").manual_seed(seed * _MIX + index)
-    start, stride = torch.randint(0, vocab_size, (2,), generator=gen).tolist()
-    steps = torch.arange(seq_length + 1, dtype=torch.long)
-    return (start + stride * steps) % vocab_size
+    random_tokens = torch.randint(0, vocab_size, (seq_length + 1,), generator=gen).tolist()
+    noisy = (torch.rand(seq_length + 1, generator=gen) < NOISE).tolist()
+    out = [random_tokens[0]]
+    for k in range(1, seq_length + 1):
+        out.append(random_tokens[k] if noisy[k] else (5 * out[-1] + 3) % vocab_size)
+    return torch.tensor(out, dtype=torch.long)
 
 
 def token_batch(seed: int, first: int, count: int, seq_length: int, vocab_size: int

@@ -5,15 +5,18 @@ rank's pipeline chunks (:func:`simdist.analytic.params.stage_layer_ranges`), ten
 (DTensor ``parallelize_module``), then data parallel over the ``dp`` mesh dimension:
 
 ============  =======================================================================
-zero_stage 0  ``DistributedDataParallel``; inside a multi-chunk or zero-bubble pipeline,
-              and under tensor parallelism, the FSDP2-based ``replicate`` (same
-              semantics: whole parameters, gradients all-reduced), because DDP's reducer
-              neither handles DTensor parameters nor the split backward of those schedules
+zero_stage 0  ``DistributedDataParallel`` (under TP through torch's DDP x TP bridge
+              ``_pre_dp_module_transform``); inside a multi-chunk or zero-bubble pipeline
+              the FSDP2-based ``replicate`` (same semantics: whole parameters, gradients
+              all-reduced), because DDP's reducer breaks on those schedules' backward
 zero_stage 1  ``DistributedDataParallel`` + ``ZeroRedundancyOptimizer`` (optimizer states
-              partitioned, whole tensors per rank)
+              partitioned, whole tensors per rank); refused in those pipelines
 zero_stage 2  FSDP2 ``fully_shard(reshard_after_forward=False)``
 zero_stage 3  FSDP2 ``fully_shard(reshard_after_forward=True)``
 ============  =======================================================================
+
+torch.distributed.tensor (DTensor, ~0.5 s to import), FSDP2 and pipelining are imported only by
+the plans that use them: every torchrun start pays its imports on every rank.
 
 Pipeline parallelism uses ``torch.distributed.pipelining.PipelineStage`` with virtual stage
 ``k = chunk * pp + stage`` on pipeline rank ``stage`` (Megatron's interleaved assignment) and
@@ -26,33 +29,17 @@ with cp = 1, the grid the simulator uses.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleInterleavedZeroBubble,
-)
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    PrepareModuleOutput,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
 from torch.nn.parallel import DistributedDataParallel
 
+from executor.checks import split_backward_pipeline
 from executor.model import Transformer, build_model, lm_loss, stage_module
 from simdist.analytic.params import stage_layer_ranges
 from simdist.spec.model import ModelSpec
@@ -63,13 +50,13 @@ from simdist.spec.plan import ParallelPlan, RankCoord, rank_coord
 # ScheduleZBVZeroBubble needs exactly two chunks per rank placed in a "V" (stage r and 2pp-1-r),
 # which is not the interleaved layer assignment (chunk*pp + stage) the simulator uses, and the
 # scenario validation allows zero-bubble only with virtual_pipeline_stages 1.
-SCHEDULES: dict[str, type] = {
-    "gpipe": ScheduleGPipe,
-    "1f1b": Schedule1F1B,
-    "interleaved-1f1b": ScheduleInterleaved1F1B,
-    "zero-bubble": ScheduleInterleavedZeroBubble,
+SCHEDULES: dict[str, str] = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "zero-bubble": "ScheduleInterleavedZeroBubble",
 }
-MULTI_STAGE_SCHEDULES = (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble)
+MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "zero-bubble")  # take a list of stages
 
 
 @dataclass
@@ -84,38 +71,58 @@ class ParallelModel:
     holds_input: bool  # runs the embedding (first virtual stage)
     holds_loss: bool  # runs the LM head and the loss (last virtual stage)
     mesh: DeviceMesh | None = None
-    notes: list[str] = field(default_factory=list)
 
-    def parameters(self) -> list[nn.Parameter]:
-        seen: dict[int, nn.Parameter] = {}
-        for chunk in self.chunks:
-            for p in chunk.parameters():
+    def parameters(self) -> list[torch.Tensor]:
+        """The parameters this rank updates, as its optimizer holds them. (Not the modules'
+        ``parameters()``: under DDP x TP, ``_pre_dp_module_transform`` leaves rebuilt DTensors as
+        plain module attributes after a forward, so the modules no longer list them.)"""
+        seen: dict[int, torch.Tensor] = {}
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
                 seen.setdefault(id(p), p)
         return list(seen.values())
 
 
-def build_mesh(plan: ParallelPlan, device_type: str) -> DeviceMesh:
-    """The (dp, pp, tp) DeviceMesh over the default process group (cp must be 1)."""
-    return init_device_mesh(device_type, (plan.dp, plan.pp, plan.tp), mesh_dim_names=("dp", "pp", "tp"))
+MESH_DIMS = ("dp", "pp", "tp")
 
 
-def split_backward_pipeline(plan: ParallelPlan) -> bool:
-    """A schedule with several chunks per rank, or one that splits backward into input and weight
-    parts (zero-bubble). DDP's reducer fails on the first (``rebuilt parameter indices`` assert)
-    and gives wrong gradients on the second (measured: 5.7e-4 relative loss error after 3
-    steps), because it fires its all-reduce from hooks that assume one backward per step."""
-    return plan.pp > 1 and (plan.virtual_pipeline_stages > 1 or plan.schedule == "zero-bubble")
+def _group_options(backend: str, timeout: timedelta) -> tuple[str, Any]:
+    if backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+    else:
+        opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    return backend, opts
+
+
+def build_mesh(plan: ParallelPlan, device_type: str, backend: str, timeout: timedelta) -> DeviceMesh:
+    """The (dp, pp, tp) DeviceMesh over the default process group (cp must be 1).
+
+    Its sub-groups get ``timeout`` too: without ``backend_override`` DeviceMesh creates them with
+    c10d's default of 30 minutes whatever init_process_group was given (measured with torch
+    2.13 on gloo: a peer that never joins an all-reduce on a 2-rank sub-group of a 4-rank mesh
+    blocked the other for the whole 12 s it slept, against 3 s with the override), so a hung
+    rank would stall the run for half an hour.
+    """
+    override = {dim: _group_options(backend, timeout) for dim in MESH_DIMS}
+    return init_device_mesh(device_type, (plan.dp, plan.pp, plan.tp), mesh_dim_names=MESH_DIMS,
+                            backend_override=override)
 
 
 def data_parallel_kind(plan: ParallelPlan) -> str:
-    """Which data-parallel wrapper the plan gets (see the module docstring)."""
+    """Which data-parallel wrapper the plan gets (see the module docstring). With dp = 1 there is
+    nothing to replicate or shard (every ZeRO stage holds the same states), so none."""
+    if plan.dp == 1:
+        return "none"
     if plan.zero_stage >= 2:
         return "fsdp"
-    if plan.dp == 1:
-        return "zero1" if plan.zero_stage == 1 else "none"
     if plan.zero_stage == 1:
         return "zero1"  # executor.checks refuses it with a split-backward pipeline
-    return "replicate" if split_backward_pipeline(plan) else "ddp"
+    # DDP's reducer fails with several chunks per rank ("rebuilt parameter indices" assert) and
+    # gives wrong gradients with zero-bubble's split backward (measured: 5.7e-4 relative loss
+    # error after 3 steps): it fires its all-reduce from hooks that assume one backward per step.
+    multi = split_backward_pipeline(plan.pp, plan.virtual_pipeline_stages, plan.schedule)
+    return "replicate" if multi else "ddp"
 
 
 # --- tensor parallel ------------------------------------------------------------------------
@@ -131,6 +138,15 @@ def tensor_parallel_plan(chunk: Transformer, sequence_parallel: bool) -> dict[st
     (SequenceParallel), the blocks all-gather their input once (PrepareModuleInput) and the row-
     parallel outputs are reduce-scattered back to sequence shards (output_layouts=Shard(1)).
     """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
     seq = Shard(1)
     out = seq if sequence_parallel else Replicate()
     styles: dict[str, Any] = {}
@@ -159,8 +175,30 @@ def tensor_parallel_plan(chunk: Transformer, sequence_parallel: bool) -> dict[st
     return styles
 
 
+def _shard_replicated_grad(p: torch.Tensor) -> None:
+    """Post-accumulate-grad hook: give a sharded parameter its gradient in the same layout.
+
+    DTensor's backward of the vocabulary-parallel embedding returns the gradient of the
+    Shard(0) weight as Replicate (the full vocab x hidden on every TP rank, measured with torch
+    2.13); the optimizer still computes the right update, but each rank would hold the whole
+    gradient. Replicate -> Shard is a local slice (no communication).
+    """
+    from torch.distributed.tensor import DTensor, Replicate
+
+    grad = p.grad
+    if (isinstance(p, DTensor) and isinstance(grad, DTensor) and grad.placements != p.placements
+            and all(isinstance(g, Replicate) for g in grad.placements)):
+        p.grad = grad.redistribute(p.device_mesh, p.placements)
+
+
 def apply_tensor_parallel(chunk: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import parallelize_module
+
     parallelize_module(chunk, tp_mesh, tensor_parallel_plan(chunk, sequence_parallel))
+    for p in chunk.parameters():
+        if isinstance(p, DTensor) and any(isinstance(x, Shard) for x in p.placements):
+            p.register_post_accumulate_grad_hook(_shard_replicated_grad)
     # parallelize_module replaces each parameter; re-tie a shared LM head (both are Shard(0)).
     if chunk.spec.tie_embeddings and chunk.embed is not None and chunk.lm_head is not None:
         chunk.lm_head.weight = chunk.embed.tok.weight
@@ -171,6 +209,8 @@ def apply_tensor_parallel(chunk: Transformer, tp_mesh: DeviceMesh, sequence_para
 
 def apply_fsdp(chunk: Transformer, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> nn.Module:
     """FSDP2 per transformer layer, then the rest of the chunk (embedding, head) as its root."""
+    from torch.distributed.fsdp import fully_shard
+
     for block in chunk.layers.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(chunk, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
@@ -231,6 +271,8 @@ def make_optimizer(params: list[nn.Parameter], plan: ParallelPlan, zero1_group: 
                    ) -> torch.optim.Optimizer:
     cls, kwargs = optimizer_factory(plan.optimizer)
     if zero1_group is not None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer  # imported only when used
+
         return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=zero1_group, **kwargs)
     return cls(params, **kwargs)
 
@@ -264,7 +306,7 @@ def build_parallel_model(m: ModelSpec, plan: ParallelPlan, rank: int, mesh: Devi
             chunks.append(apply_fsdp(chunk, mesh["dp"], reshard_after_forward=plan.zero_stage == 3))
         elif kind == "replicate":
             chunks.append(apply_replicate(chunk, mesh["dp"]))
-        elif kind in ("ddp", "zero1") and plan.dp > 1:
+        elif kind in ("ddp", "zero1"):
             if plan.tp > 1:
                 localize_tensor_parallel_params(chunk)
             chunks.append(apply_ddp(chunk, mesh["dp"].get_group(), plan.ddp_bucket_size_bytes, device))
@@ -278,13 +320,8 @@ def build_parallel_model(m: ModelSpec, plan: ParallelPlan, rank: int, mesh: Devi
                                mesh["dp"].get_group() if kind == "zero1" else None)
     schedule = None
     if plan.pp > 1:
-        stages = [PipelineStage(chunk, k, n_virtual, device, group=mesh["pp"].get_group())
-                  for (k, _), chunk in zip(parts, chunks, strict=True)]
-        cls = SCHEDULES[plan.schedule]
-        if cls in MULTI_STAGE_SCHEDULES:
-            schedule = cls(stages, n_microbatches=plan.num_microbatches, loss_fn=lm_loss, scale_grads=True)
-        else:
-            schedule = cls(stages[0], n_microbatches=plan.num_microbatches, loss_fn=lm_loss, scale_grads=True)
+        schedule = build_schedule(plan, [k for k, _ in parts], chunks, n_virtual, device,
+                                  mesh["pp"].get_group())
     return ParallelModel(
         coord=coord,
         chunks=chunks,
@@ -297,8 +334,21 @@ def build_parallel_model(m: ModelSpec, plan: ParallelPlan, rank: int, mesh: Devi
     )
 
 
+def build_schedule(plan: ParallelPlan, stage_ids: list[int], chunks: list[nn.Module], n_virtual: int,
+                   device: torch.device, pp_group: dist.ProcessGroup) -> Any:
+    """PipelineStage per chunk and the plan's schedule; gradients are divided by the number of
+    micro-batches (``scale_grads=True``) since :func:`executor.model.lm_loss` is a mean."""
+    import torch.distributed.pipelining as pipelining  # ~0.5 s to import: only when pp > 1
+
+    stages = [pipelining.PipelineStage(chunk, k, n_virtual, device, group=pp_group)
+              for k, chunk in zip(stage_ids, chunks, strict=True)]
+    cls = getattr(pipelining, SCHEDULES[plan.schedule])
+    first = stages if plan.schedule in MULTI_STAGE_SCHEDULES else stages[0]
+    return cls(first, n_microbatches=plan.num_microbatches, loss_fn=lm_loss, scale_grads=True)
+
+
 def set_gradient_sync(pm: ParallelModel, enabled: bool) -> None:
     """Gradient accumulation without a pipeline: sync only on the last micro-batch (FSDP2)."""
     for chunk in pm.chunks:
-        if isinstance(chunk, FSDPModule):
+        if hasattr(chunk, "set_requires_gradient_sync"):  # an FSDPModule (fully_shard, replicate)
             chunk.set_requires_gradient_sync(enabled)

@@ -1,0 +1,95 @@
+"""Plans the executor refuses before it launches anything (no torch import here).
+
+The scenario loader already rejects what no system could run (degrees that do not multiply to
+the cluster's GPUs, tp not dividing the heads, more pipeline chunks than layers, a batch that
+does not split into micro-batches, ...). This module adds what this executor cannot run, or
+cannot run on ``--nproc`` processes, each problem naming its field in the contract's style.
+"""
+
+from __future__ import annotations
+
+from simdist.errors import Problem
+from simdist.spec.scenario import Scenario
+
+SUPPORTED_OPTIMIZERS = ("adam", "adamw", "sgd")
+SUPPORTED_PRECISIONS = ("fp32", "bf16")
+
+
+def split_backward_pipeline(pp: int, virtual_pipeline_stages: int, schedule: str) -> bool:
+    """Several chunks per rank, or zero-bubble's split backward (see executor.parallelize)."""
+    return pp > 1 and (virtual_pipeline_stages > 1 or schedule == "zero-bubble")
+
+
+def run_problems(scenario: Scenario, nproc: int) -> list[Problem]:
+    """Every reason the executor cannot run ``scenario`` on ``nproc`` local processes."""
+    m, plan = scenario.model, scenario.plan
+    out: list[Problem] = []
+
+    def add(f: str, msg: str) -> None:
+        out.append(Problem(f, msg))
+
+    if nproc < 1:
+        add("--nproc", f"must be a positive whole number, got {nproc}")
+    elif plan.world_size != nproc:
+        add("--nproc", f"{nproc} processes, but the plan's degrees tp*pp*cp*dp = "
+            f"{plan.tp}*{plan.pp}*{plan.cp}*{plan.dp} = {plan.world_size}")
+    if scenario.world_size != nproc and nproc >= 1:
+        add("cluster.gpus_per_node", f"the cluster has {scenario.world_size} GPUs but --nproc is {nproc} "
+            f"(use cluster: {{preset: local, num_nodes: 1, gpus_per_node: {nproc}}})")
+    # --- model features the executor's model does not build
+    if m.num_experts > 1:
+        add("model.num_experts", "mixture-of-experts layers are not implemented by the executor")
+    if m.position_embedding == "alibi":
+        add("model.position_embedding", "alibi is not implemented by the executor (learned, rope)")
+    if m.position_embedding == "rope" and m.head_dim % 2:
+        add("model.hidden_size", f"RoPE needs an even head dimension, got {m.head_dim}")
+    if getattr(m, "dropout", False):
+        add("model.dropout", "the executor trains without dropout so that every plan computes the "
+            "same losses; set dropout: false")
+    if m.tie_embeddings and plan.pp > 1:
+        add("model.tie_embeddings", "a tied LM head on another pipeline stage than the embedding "
+            "needs a synchronised copy, which the executor does not implement; use pp 1 or untie")
+    if m.tie_embeddings and plan.tp > 1 and plan.dp > 1 and plan.zero_stage <= 1:
+        add("model.tie_embeddings", "a tied LM head under tensor parallelism does not run with DDP "
+            "(torch's DDP x TP bridge handles each shared parameter under one name only); use "
+            "zero_stage 2 or 3, or untie")
+    # --- plan features
+    if plan.cp > 1:
+        add("plan.cp", "context parallelism is not implemented by the executor (cp must be 1)")
+    if plan.precision not in SUPPORTED_PRECISIONS:
+        add("plan.precision", f"{plan.precision} is not supported by the executor "
+            f"({', '.join(SUPPORTED_PRECISIONS)}; fp16 needs loss scaling, fp8 Transformer Engine)")
+    if plan.optimizer not in SUPPORTED_OPTIMIZERS:
+        add("plan.optimizer", f"{plan.optimizer} is not supported by the executor "
+            f"({', '.join(SUPPORTED_OPTIMIZERS)})")
+    if plan.dp_shard != plan.dp:
+        add("plan.dp_shard", "hybrid sharding (dp_shard < dp) is not implemented by the executor")
+    if plan.offload.any:
+        add("plan.offload", "offloading is not implemented by the executor")
+    if plan.gradient_sync != "allreduce":
+        add("plan.gradient_sync", f"{plan.gradient_sync} is not implemented by the executor (allreduce)")
+    if plan.grad_compression.enabled:
+        add("plan.grad_compression", "gradient compression is not implemented by the executor")
+    if plan.zero_quantized_weights:
+        add("plan.zero_quantized_weights", "quantized weight gathers are not implemented by the executor")
+    if plan.tp > 1 and m.vocab_size % plan.tp:
+        add("plan.tp", f"{plan.tp} does not divide model.vocab_size ({m.vocab_size}), which the "
+            "vocabulary-parallel embedding and LM head split (pad the vocabulary as Megatron-LM does)")
+    if plan.sequence_parallel and plan.tp > 1 and m.seq_length % plan.tp:
+        add("plan.sequence_parallel", f"tp ({plan.tp}) does not divide model.seq_length ({m.seq_length})")
+    if plan.zero_stage == 1 and plan.dp > 1 and split_backward_pipeline(
+            plan.pp, plan.virtual_pipeline_stages, plan.schedule):
+        add("plan.zero_stage", f"zero_stage 1 (DDP + ZeroRedundancyOptimizer) does not run under the "
+            f"{plan.schedule} schedule with {plan.virtual_pipeline_stages} chunk(s) per rank, because "
+            "DDP's reducer does not support its backward; use zero_stage 2 (FSDP2) there")
+    if plan.pp > 1:
+        n = plan.num_microbatches
+        if plan.schedule == "1f1b" and n < plan.pp:
+            add("plan.global_batch_size", f"1f1b needs at least pp ({plan.pp}) micro-batches per "
+                f"pipeline, got {n}")
+        if plan.schedule in ("interleaved-1f1b", "zero-bubble"):
+            rounds = max(1, n // plan.pp)
+            if n % rounds:
+                add("plan.global_batch_size", f"{plan.schedule} needs the micro-batches per pipeline "
+                    f"({n}) to be a multiple of {rounds} (rounds of pp micro-batches)")
+    return out

@@ -1,0 +1,321 @@
+"""``simdist run FILE --nproc N``: check the plan, start torchrun, watch it, write the measurement.
+
+No torch import here: a plan the executor cannot run is refused (exit 2, one line per problem
+naming its field) before anything starts. Then
+
+- torchrun (``python -m torch.distributed.run --standalone``) starts in its own session, its
+  output goes to a log file in a temporary run directory, and the workers' progress lines are
+  echoed to stderr;
+- a rank that crashes stops the group (torchrun ends the others); a rank that hangs makes its
+  peers' collectives fail after the process-group timeout (``--pg-timeout``, 30 s); a run in
+  which no rank starts a new step for ``--stall-timeout`` seconds (300 s; at least 120 s
+  before every rank has started) is killed as a backstop;
+- on any failure the launcher kills torchrun's process group and every worker pid it recorded
+  (workers outlive a SIGKILLed torchrun in their own sessions, TORCH-CPU.md), prints one line
+  per rank saying what happened, and exits 1 without writing the measurement;
+- on success rank 0's ``result.json`` is written to ``--out`` atomically (temporary file in the
+  same directory, then ``os.replace``), recorded in the run store (``--db``, as ``simdist
+  predict`` does; ``--no-store`` skips it) and a summary goes to stdout.
+
+The public entry point is :func:`run_command`; :func:`add_run_arguments` declares its options
+on an argparse parser (``simdist run`` uses both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from executor.checks import run_problems
+from executor.faults import (
+    diagnose,
+    heartbeat_path,
+    parse_fault,
+    pid_path,
+    read_json,
+    result_path,
+    write_json_atomic,
+)
+from simdist.errors import ScenarioError
+from simdist.spec.scenario import load_scenario
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+DEFAULTS: dict[str, Any] = {
+    "nproc": None,
+    "steps": 10,
+    "warmup": 2,
+    "out": None,
+    "fault": None,
+    "pg_timeout": 30.0,
+    "stall_timeout": 300.0,
+    "seed": 1234,
+    "device": "auto",
+    "verbose": False,
+    "db": None,
+    "no_store": False,
+}
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of ``simdist run`` (FILE, --nproc, --steps, --out, --warmup, ...)."""
+    p.add_argument("file", help="scenario YAML file")
+    p.add_argument("--nproc", type=int, required=True, help="local processes (the plan's degrees must multiply to it)")
+    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="measured steps (default 10)")
+    p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="warm-up steps before them (default 2)")
+    p.add_argument("--out", default=None, help="measurement JSON to write (default: none, summary only)")
+    p.add_argument("--pg-timeout", type=float, default=DEFAULTS["pg_timeout"],
+                   help="process-group timeout in seconds: a hung rank fails its peers after this (default 30)")
+    p.add_argument("--stall-timeout", type=float, default=DEFAULTS["stall_timeout"],
+                   help="kill the run when no rank shows progress for this many seconds (default 300)")
+    p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="model and data seed (default 1234)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=DEFAULTS["device"],
+                   help="auto: CUDA with nccl when there are enough GPUs, else CPU with gloo")
+    p.add_argument("--verbose", action="store_true", help="echo all torchrun output, not only progress")
+    p.add_argument("--db", default=None, help="run store (SQLite) to record the measurement in "
+                   "(default: $SIMDIST_DB or the user's data directory)")
+    p.add_argument("--no-store", action="store_true", help="do not record the measurement in the run store")
+    p.add_argument("--fault", default=None, help=argparse.SUPPRESS)  # RANK:STEP:crash|hang (contract v1.1)
+    return p
+
+
+def _options(args: argparse.Namespace | Mapping[str, Any] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    given = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
+    opts = {**DEFAULTS, **given, **kwargs}
+    if "file" not in opts:
+        raise TypeError("run_command needs the scenario file (file=...)")
+    return opts
+
+
+def _err(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run_command(args: argparse.Namespace | Mapping[str, Any] | None = None, /, **kwargs: Any) -> int:
+    """Run a scenario with torchrun and write its measurement; returns the exit code.
+
+    ``args`` is the argparse namespace of :func:`add_run_arguments` (or a mapping); keyword
+    arguments override it: ``run_command(file="s.yaml", nproc=2, steps=3, out="m.json")``.
+    Exit codes: 0 done, 1 the run failed (a rank crashed, hung or timed out), 2 bad input.
+    """
+    o = _options(args, kwargs)
+    try:
+        scenario = load_scenario(o["file"])
+    except ScenarioError as exc:
+        for problem in exc.problems:
+            _err(str(problem))
+        return 2
+    problems = [str(p) for p in run_problems(scenario, int(o["nproc"]))]
+    if int(o["steps"]) < 1:
+        problems.append(f"--steps: must be at least 1, got {o['steps']}")
+    if int(o["warmup"]) < 0:
+        problems.append(f"--warmup: must be 0 or more, got {o['warmup']}")
+    if float(o["pg_timeout"]) <= 0:
+        problems.append(f"--pg-timeout: must be positive, got {o['pg_timeout']}")
+    if o["fault"]:
+        try:
+            fault = parse_fault(str(o["fault"]))
+            if fault.rank >= int(o["nproc"]):
+                problems.append(f"--fault: rank {fault.rank} does not exist with --nproc {o['nproc']}")
+        except ValueError as exc:
+            problems.append(f"--fault: {exc}")
+    if o["out"] and not Path(o["out"]).resolve().parent.is_dir():
+        problems.append(f"--out: the directory {Path(o['out']).resolve().parent} does not exist")
+    if problems:
+        for line in problems:
+            _err(line)
+        return 2
+    return _launch(scenario.source_path or o["file"], int(o["nproc"]), o, scenario.world_size)
+
+
+# --- torchrun ---------------------------------------------------------------------------------
+
+
+def torchrun_command(file: str, nproc: int, run_dir: str, o: Mapping[str, Any]) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        "--max-restarts=0", "--monitor-interval=0.2",
+        "-m", "executor.worker",
+        "--scenario", str(Path(file).resolve()), "--run-dir", run_dir,
+        "--steps", str(o["steps"]), "--warmup", str(o["warmup"]), "--seed", str(o["seed"]),
+        "--pg-timeout", str(o["pg_timeout"]), "--device", str(o["device"]),
+    ]
+    if o["fault"]:
+        cmd += ["--fault", str(o["fault"])]
+    return cmd
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # torchrun otherwise shares its rendezvous store with the workers; see TORCH-CPU.md (restarts)
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+class _Pump(threading.Thread):
+    """Copies torchrun's output to the log file; echoes progress lines (or all, verbose)."""
+
+    def __init__(self, stream: Any, log_path: Path, verbose: bool):
+        super().__init__(daemon=True)
+        self.stream, self.log_path, self.verbose = stream, log_path, verbose
+
+    def run(self) -> None:
+        with open(self.log_path, "w", encoding="utf-8", errors="replace") as log:
+            for raw in iter(self.stream.readline, b""):
+                line = raw.decode("utf-8", errors="replace")
+                log.write(line)
+                log.flush()
+                if self.verbose or line.startswith("[rank "):
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+
+
+STARTUP_GRACE_S = 120.0  # before every rank has reported once (imports, rendezvous)
+
+
+def _stalled_for(run_dir: Path, world: int, started: float) -> tuple[float, float]:
+    """(seconds since the last heartbeat of any rank, the stall limit that applies now): until
+    every rank has written a heartbeat, the clock runs from the launch and the limit is at least
+    STARTUP_GRACE_S, so a slow start on a loaded host is not taken for a stall."""
+    times = []
+    for r in range(world):
+        beat = read_json(heartbeat_path(run_dir, r))
+        if beat:
+            times.append(float(beat.get("time", started)))
+    if len(times) < world:
+        return time.time() - started, STARTUP_GRACE_S
+    return time.time() - max(times), 0.0
+
+
+def _is_our_worker(pid: int, run_dir: Path) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    return "executor.worker" in cmdline and str(run_dir) in cmdline
+
+
+def _kill_everything(proc: subprocess.Popen[bytes], run_dir: Path, world: int) -> None:
+    """SIGTERM torchrun's process group, then SIGKILL it and any recorded worker left behind."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    _reap_workers(run_dir, world)
+
+
+def _reap_workers(run_dir: Path, world: int) -> list[int]:
+    """SIGKILL recorded workers still alive (checked by their command line); returns their pids."""
+    killed = []
+    for r in range(world):
+        try:
+            pid = int(pid_path(run_dir, r).read_text())
+        except (OSError, ValueError):
+            continue
+        if _is_our_worker(pid, run_dir):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
+
+
+def _launch(file: str, nproc: int, o: Mapping[str, Any], world: int) -> int:
+    run_dir = Path(tempfile.mkdtemp(prefix="simdist-run-"))
+    log_path = run_dir / "torchrun.log"
+    cmd = torchrun_command(file, nproc, str(run_dir), o)
+    started = time.time()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=worker_env(), start_new_session=True)
+    pump = _Pump(proc.stdout, log_path, bool(o["verbose"]))
+    pump.start()
+    stalled = False
+    try:
+        while proc.poll() is None:
+            time.sleep(0.2)
+            idle, floor = _stalled_for(run_dir, world, started)
+            if idle > max(floor, float(o["stall_timeout"])):
+                stalled = True
+                _kill_everything(proc, run_dir, world)
+    except KeyboardInterrupt:
+        _kill_everything(proc, run_dir, world)
+        pump.join(timeout=5)
+        _err(f"simdist run: interrupted; torchrun and its workers were stopped (log: {log_path})")
+        return 130
+    pump.join(timeout=5)
+    leftovers = _reap_workers(run_dir, world)
+    result = read_json(result_path(run_dir))
+    if proc.returncode == 0 and result is not None and not stalled:
+        if o["out"]:
+            write_json_atomic(Path(o["out"]), result)
+        if not o["no_store"]:
+            _store_measurement(result, file, o["db"])
+        print(summary(result, o["out"]))
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return 0
+    _err(f"simdist run: the run failed (torchrun exit code {proc.returncode}); no measurement written")
+    if stalled:
+        _err(f"no rank made progress for {float(o['stall_timeout']):g} s; the run was killed")
+    for line in diagnose(run_dir, world, float(o["pg_timeout"])):
+        _err(line)
+    if leftovers:
+        _err(f"killed {len(leftovers)} worker process(es) left behind: {leftovers}")
+    _err(f"full log: {log_path}")
+    return 1
+
+
+def _store_measurement(result: dict[str, Any], file: str, db: str | None) -> None:
+    """Keep the measurement in the run store (as ``simdist predict`` keeps predictions); a store
+    problem never fails the run."""
+    import sqlite3
+
+    from simdist.calibrate.store import RunStore
+
+    try:
+        RunStore(db).add("measurement", result, Path(file).read_text(encoding="utf-8"))
+    except (OSError, sqlite3.Error) as exc:
+        _err(f"warning: measurement not stored ({exc})")
+
+
+def summary(m: Mapping[str, Any], out: str | None) -> str:
+    """A short human-readable summary of a measurement."""
+    ph = m["phases_s"]
+    fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+    lines = [
+        f"{m['name']}: {m['world_size']} ranks on {m['device']} ({m['backend']}, torch {m['torch_version']}), "
+        f"{m['steps']} measured steps",
+        f"  step time     {m['step_time_s']:.4f} s (median)",
+        f"  phases        forward {fmt(ph['forward'])}  backward {fmt(ph['backward'])}  "
+        f"optimizer {fmt(ph['optimizer'])}  comm {fmt(ph['comm'])} s",
+        f"  losses        {', '.join(f'{x:.4f}' for x in m['losses'])}",
+        f"  memory peak   {m['memory']['peak_gib'] * 1024:.2f} MiB",
+    ]
+    if out:
+        lines.append(f"  measurement   {out}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = add_run_arguments(argparse.ArgumentParser(prog="python -m executor", description=__doc__))
+    return run_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

@@ -1,0 +1,178 @@
+"""The executor's pieces on one process: model, batches, reference run, counters, plan checks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from executor.data import first_sample, replica_batch, sample_tokens, token_batch  # noqa: E402
+from executor.measure import SavedActivations, collective_kind  # noqa: E402
+from executor.model import Transformer, build_model, lm_loss, stage_module  # noqa: E402
+from executor.parallelize import chunk_layers  # noqa: E402
+from executor.train import reference_losses  # noqa: E402
+from simdist.analytic.params import stage_params, total_params  # noqa: E402
+from simdist.spec.scenario import scenario_from_dict  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tiny(preset: str = "tiny", n: int = 1, model: dict | None = None, **plan) -> object:
+    return scenario_from_dict({
+        "name": "t", "model": {"preset": preset, **(model or {})},
+        "cluster": {"preset": "local", "num_nodes": 1, "gpus_per_node": n},
+        "plan": {"global_batch_size": 4, "precision": "fp32", **plan},
+    })
+
+
+def n_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("preset,extra", [
+    ("tiny", {}),
+    ("tiny-llama", {}),
+    ("tiny", {"tie_embeddings": True}),
+    ("tiny", {"bias": False, "norm": "rmsnorm", "position_embedding": "rope"}),
+    ("tiny-llama", {"mlp": "gelu", "num_kv_heads": 1}),
+])
+def test_parameter_count_matches_the_analytic_model(preset, extra):
+    sc = tiny(preset, model=extra)
+    assert n_params(build_model(sc.model, seed=0)) == total_params(sc.model)
+
+
+def test_pipeline_chunks_follow_stage_layer_ranges_and_count_like_simdist():
+    sc = tiny(n=2, pp=2, virtual_pipeline_stages=2)
+    full = build_model(sc.model, seed=0)
+    assert [k for k, _ in chunk_layers(sc.model, sc.plan, 0)] == [0, 2]
+    assert [ids for _, ids in chunk_layers(sc.model, sc.plan, 0)] == [[0], [2]]
+    assert [ids for _, ids in chunk_layers(sc.model, sc.plan, 1)] == [[1], [3]]
+    for stage in range(2):
+        chunks = [stage_module(full, ids, first=k == 0, last=k == 3)
+                  for k, ids in chunk_layers(sc.model, sc.plan, stage)]
+        assert sum(n_params(c) for c in chunks) == stage_params(sc.model, sc.plan, stage).total
+
+
+def test_chunks_chained_equal_the_full_model():
+    sc = tiny(n=2, pp=2)
+    full = build_model(sc.model, seed=3)
+    x, _ = token_batch(3, 0, 2, sc.model.seq_length, sc.model.vocab_size)
+    first = stage_module(full, [0, 1], first=True, last=False)
+    last = stage_module(full, [2, 3], first=False, last=True)
+    torch.testing.assert_close(last(first(x)), full(x), rtol=0, atol=0)
+    assert next(iter(dict(last.named_parameters()))).startswith("layers.2.")
+
+
+def test_initialisation_depends_only_on_the_seed():
+    sc = tiny("tiny-llama")
+    a, b = build_model(sc.model, seed=7), build_model(sc.model, seed=7)
+    c = build_model(sc.model, seed=8)
+    for (na, pa), (_, pb), (_, pc) in zip(a.named_parameters(), b.named_parameters(), c.named_parameters(), strict=True):
+        assert torch.equal(pa, pb), na
+        if "norm" not in na and not na.endswith("bias"):
+            assert not torch.equal(pa, pc), na
+
+
+def test_samples_are_a_function_of_the_global_index_only():
+    assert torch.equal(sample_tokens(1, 5, 32, 256), sample_tokens(1, 5, 32, 256))
+    assert not torch.equal(sample_tokens(1, 5, 32, 256), sample_tokens(1, 6, 32, 256))
+    assert not torch.equal(sample_tokens(1, 5, 32, 256), sample_tokens(2, 5, 32, 256))
+    whole_x, whole_y = replica_batch(1, step=3, global_batch_size=8, dp=1, dp_rank=0, seq_length=32, vocab_size=256)
+    parts = [replica_batch(1, 3, 8, 4, d, 32, 256) for d in range(4)]
+    assert torch.equal(torch.cat([x for x, _ in parts]), whole_x)
+    assert torch.equal(torch.cat([y for _, y in parts]), whole_y)
+    assert torch.equal(whole_x[:, 1:], whole_y[:, :-1])  # targets are the next tokens
+    assert first_sample(3, 8, 4, 2) == 28
+
+
+def test_loss_starts_near_uniform_and_training_lowers_it():
+    sc = tiny("tiny", global_batch_size=8, micro_batch_size=8)
+    losses = reference_losses(sc.model, replace(sc.plan, global_batch_size=8), steps=20)
+    assert abs(losses[0] - torch.log(torch.tensor(256.0)).item()) < 0.1
+    assert losses[-1] < losses[0] - 0.3
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_recompute_changes_no_gradient(recompute):
+    sc = tiny("tiny-llama")
+    x, y = token_batch(0, 0, 2, sc.model.seq_length, sc.model.vocab_size)
+    grads = []
+    for mode in ("none", recompute):
+        model = build_model(sc.model, seed=0, recompute=mode)
+        lm_loss(model(x), y).backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_micro_batch_split_does_not_change_the_losses():
+    sc = tiny(global_batch_size=4)
+    one = reference_losses(sc.model, replace(sc.plan, micro_batch_size=4), steps=3)
+    four = reference_losses(sc.model, replace(sc.plan, micro_batch_size=1), steps=3)
+    assert one == pytest.approx(four, rel=1e-5)
+
+
+def test_saved_activations_skip_parameters_and_follow_backward():
+    lin = torch.nn.Linear(64, 64, bias=False)
+    counter = SavedActivations()
+    x = torch.randn(8, 64, requires_grad=True)
+    with counter.counting():
+        h = torch.relu(lin(x))  # saves x (8*64*4 B) for the weight grad, and relu's output
+        loss = (h * h).sum()  # saves h twice (one storage)
+    assert counter.current == 2 * 8 * 64 * 4
+    loss.backward()
+    del loss, h
+    assert counter.current == 0
+    assert counter.peak == 2 * 8 * 64 * 4
+
+
+def test_full_recompute_keeps_only_layer_inputs():
+    sc = tiny()
+    x, y = token_batch(0, 0, 1, sc.model.seq_length, sc.model.vocab_size)
+    peaks = {}
+    for mode in ("none", "full"):
+        model = build_model(sc.model, seed=0, recompute=mode)
+        counter = SavedActivations()
+        with counter.counting():
+            loss = lm_loss(model(x), y)
+        loss.backward()
+        peaks[mode] = counter.peak
+    layer_input = sc.model.seq_length * sc.model.hidden_size * 4
+    assert peaks["full"] < peaks["none"] / 3
+    assert peaks["full"] >= sc.model.num_layers * layer_input
+
+
+@pytest.mark.parametrize("op,kind", [
+    ("c10d.allreduce_.default", "all_reduce"),
+    ("c10d._allgather_base_.default", "all_gather"),
+    ("c10d._reduce_scatter_base_.default", "reduce_scatter"),
+    ("_c10d_functional.all_gather_into_tensor.default", "all_gather"),
+    ("_c10d_functional.reduce_scatter_tensor.default", "reduce_scatter"),
+    ("_c10d_functional.all_reduce.default", "all_reduce"),
+    ("c10d.broadcast_.default", "broadcast"),
+    ("c10d.send.default", "send"),
+    ("c10d.recv_.default", "recv"),
+    ("_c10d_functional.wait_tensor.default", None),
+    ("aten.mm.default", None),
+])
+def test_collective_kinds(op, kind):
+    assert collective_kind(op) == kind
+
+
+def test_launcher_and_checks_import_no_torch():
+    code = ("import sys, executor.launch, executor.checks, executor.faults; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+def test_module_layout_is_what_parallelize_addresses():
+    names = {n for n, _ in Transformer(tiny("tiny-llama").model).named_modules()}
+    for name in ("embed.tok", "layers.0.attn.q", "layers.0.attn.k", "layers.0.attn.v", "layers.0.attn.o",
+                 "layers.0.mlp.gate", "layers.0.mlp.up", "layers.0.mlp.down", "layers.0.attn_norm",
+                 "layers.0.mlp_norm", "final_norm", "lm_head"):
+        assert name in names
