@@ -214,7 +214,10 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
         # backward re-runs one layer's forward: its full activations live for that layer
         total += layer_activation_bytes(m, plan, recompute="none")
     if stage == plan.pp - 1:
-        total += head_activation_bytes(m, plan)
+        # the LM head's inputs and logits stay alive for every micro-batch the last stage holds
+        # (one under 1F1B, where each forward is followed by its backward; all m under GPipe)
+        held = in_flight(plan, stage) if plan.virtual_pipeline_stages == 1 else 1
+        total += held * head_activation_bytes(m, plan)
     return total
 
 
