@@ -40,11 +40,11 @@ def predict(
     assumptions = _assumptions(scenario, profile)
 
     spans: tuple[Span, ...] = ()
-    extras: dict[str, Any] = {}
+    engine_extras: dict[str, Any] = {}  # what the engine measured: wins over the closed-form figures
     if engine == "analytic":
         step: StepResult = analytic_step(scenario, cost, net)
         step_time, breakdown, bubble = step.step_time, step.breakdown, step.bubble_fraction
-        extras.update(step.extras)
+        engine_extras.update(step.extras)
     else:
         from simdist.sim.engine import simulate  # simpy is imported only for this engine
 
@@ -52,7 +52,7 @@ def predict(
                           stragglers=stragglers or {})
         step_time, breakdown, bubble, spans = result.step_time, result.breakdown, result.bubble_fraction, result.spans
         assumptions += result.assumptions
-        extras.update(getattr(result, "extras", None) or {})
+        engine_extras.update(result.extras)
 
     flops = model_flops_per_step(model, plan)
     world = cluster.world_size
@@ -68,7 +68,12 @@ def predict(
     host_capacity = None
     if cluster.host is not None:
         host_capacity = to_gib(cluster.host.cpu_memory_bytes) / cluster.gpus_per_node
-    extras.update(_system_extras(scenario, stages, host_capacity, assumptions))
+    extras = _system_extras(scenario, stages, host_capacity, assumptions)
+    for key, value in engine_extras.items():  # e.g. simulated staleness, bottleneck link, host busy time
+        if isinstance(value, dict) and isinstance(extras.get(key), dict):
+            extras[key] = {**extras[key], **value}
+        else:
+            extras[key] = value
     tokens_per_s = plan.global_batch_size * model.seq_length / step_time
     if scenario.reliability is not None:
         from simdist.reliability import goodput

@@ -26,7 +26,7 @@ class UnitError(ValueError):
 
 
 def _split(text: object, kind: str) -> tuple[float, str]:
-    if isinstance(text, bool) or isinstance(text, int | float):
+    if isinstance(text, bool | int | float):
         raise UnitError(f"{text!r} has no unit; write the {kind} with its unit, e.g. {_EXAMPLES[kind]}")
     if not isinstance(text, str):
         raise UnitError(f"expected a {kind} such as {_EXAMPLES[kind]}, got {text!r}")

@@ -6,7 +6,11 @@ import pytest
 from conftest import DATA, base_scenario
 
 from simdist import catalog
-from simdist.analytic.flops import megatron_flops_per_step, model_flops_per_step, recompute_flops_per_step
+from simdist.analytic.flops import (
+    megatron_flops_per_step,
+    model_flops_per_step,
+    recompute_flops_per_step,
+)
 from simdist.analytic.memory import (
     in_flight,
     layer_activation_bytes,

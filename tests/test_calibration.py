@@ -61,7 +61,7 @@ def test_profile_roundtrip_and_version_check(tmp_path):
     data = json.loads(path.read_text())
     data["version"] = 99
     path.write_text(json.dumps(data))
-    with pytest.raises(ScenarioError, match="profile.version"):
+    with pytest.raises(ScenarioError, match=r"profile\.version"):
         load_profile(path)
 
 

@@ -13,8 +13,8 @@ def test_predict_json_follows_contract(engine):
     r = run_cli("predict", "scenarios/gpt3-175b-1024xa100.yaml", "--json", "--engine", engine)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    assert CONTRACT_KEYS <= d.keys()
-    assert BREAKDOWN <= d["breakdown_s"].keys()
+    assert d.keys() >= CONTRACT_KEYS
+    assert d["breakdown_s"].keys() >= BREAKDOWN
     assert sum(d["breakdown_s"].values()) == pytest.approx(d["step_time_s"], rel=0.01)
     assert d["world_size"] == 1024
     mem = d["memory"]

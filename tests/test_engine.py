@@ -175,11 +175,12 @@ def test_spans_and_assumptions() -> None:
     assert {s.rank for s in full.spans} == set(range(16))
 
 
-def test_closed_form_for_mechanisms_it_does_not_simulate() -> None:
+def test_offload_is_simulated_not_handed_to_the_closed_form() -> None:
     sc = make(model="llama2-7b", nodes=2, tp=1, zero_stage=2, global_batch_size=32, offload={"optimizer": "cpu"})
     des = predict(sc, keep_spans=False)
-    assert des.step_time_s == pytest.approx(predict(sc, engine="analytic").step_time_s)
-    assert any("closed-form step time used" in a for a in des.assumptions)
+    assert des.step_time_s == pytest.approx(predict(sc, engine="analytic").step_time_s, rel=0.05)
+    assert not any("closed-form step time used" in a for a in des.assumptions)
+    assert des.breakdown_s["offload"] > 0
 
 
 def test_rejects_unknown_fidelity() -> None:

@@ -9,7 +9,7 @@ from simdist.validation import run, summarize
 
 @pytest.fixture(scope="module")
 def report():
-    results, skipped = run(DATA / "validation", engine="analytic")
+    results, _ = run(DATA / "validation", engine="analytic")
     return results, summarize(results)
 
 

@@ -55,5 +55,5 @@ def recompute_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> float:
 
 def megatron_flops_per_step(m: ModelSpec, plan: ParallelPlan) -> float:
     """Narayanan et al. SC'21 eq. 3 (assumes full recompute, GELU 4h MLP, MHA)."""
-    B, s, l, h, V = plan.global_batch_size, m.seq_length, m.num_layers, m.hidden_size, m.vocab_size
-    return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    B, s, L, h, V = plan.global_batch_size, m.seq_length, m.num_layers, m.hidden_size, m.vocab_size
+    return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))

@@ -98,7 +98,7 @@ def stage_layer_ranges(num_layers: int, pp: int, v: int = 1) -> tuple[tuple[rang
     carry the embedding and the LM head)."""
     n = pp * v
     base, extra = divmod(num_layers, n)
-    order = list(range(1, n - 1)) + [0, n - 1] if n > 2 else list(range(n))
+    order = [*range(1, n - 1), 0, n - 1] if n > 2 else list(range(n))
     gets_extra = set(order[:extra])
     sizes = [base + (1 if k in gets_extra else 0) for k in range(n)]
     starts = [sum(sizes[:k]) for k in range(n)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import platform
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from simdist.calibrate.profile import CalibrationProfile, LinkFit
@@ -85,7 +85,7 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
         links=links,
         fitted_from=list(fitted_from or ["microbenchmarks"]),
         residuals=residuals,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
         torch_version=str(bench.get("torch_version", "")),
     )
 

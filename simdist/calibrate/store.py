@@ -10,7 +10,7 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,7 @@ class RunStore:
 
         row = (
             kind, payload.get("scenario_hash", ""), payload.get("name", ""),
-            datetime.now(timezone.utc).isoformat(timespec="seconds"), engine, profile, __version__,
+            datetime.now(UTC).isoformat(timespec="seconds"), engine, profile, __version__,
             payload.get("torch_version"), payload.get("world_size"), payload.get("step_time_s"),
             scenario_yaml, json.dumps(payload, default=str),
         )

@@ -20,16 +20,30 @@ NVLink rather than the NIC bounds the ring; the ranks on one NIC that do the sam
 pipeline stage: its TP/CP peers and, by symmetry, other DP replicas) add up. A leaf's uplink
 carries the part of its ranks' traffic that leaves the leaf (a ring over nodes in order leaves
 a leaf once per visit). Intra-node transfers load the GPUs' switch ports.
+
+Beyond the topology graph's links, three host resources are shared the same way: each GPU's
+PCIe link to its host (``gpu3~host0``, per direction, at the contract's per-GPU bandwidth), the
+node's NVMe (``nvme0``) and the node's CPU (``cpu0``: the ZeRO-Offload optimizer step and the
+parameter servers' updates). A host transfer is given as one GPU's solo seconds on the resource;
+the GPUs of the node that do the same at the same time add up on the node's NVMe and CPU.
+
+Parameter-server traffic (:meth:`LinkModel.ps`) is many-to-many: a worker's push is split evenly
+over the servers (Li et al. OSDI'14), so it loads the worker's NIC and the NICs of every server
+node (servers spread evenly over the nodes, :func:`server_nodes`), and, across leaves, the leaf
+uplinks; a server node's NIC carries every remote worker's share, which makes it the bottleneck
+when there are few servers.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
 
 import simpy
 
+from simdist.analytic.systems import ps_server_count
 from simdist.sim.collectives import (
     GroupLayout,
     Network,
@@ -53,7 +67,35 @@ class FlowTiming:
     loads: Loads  # fraction of each link's bandwidth the flow uses when alone
 
 
+HOST_DIRECTION = {"pcie_down": "up", "pcie_up": "down"}  # GPU -> host is "up" the PCIe link
+
+
 # --- which links, how much ----------------------------------------------------------------
+
+
+def host_link(cluster, rank: int) -> str:
+    """The GPU's PCIe link to its host memory (not the GPU-NIC path of the topology graph)."""
+    return f"{topo.gpu_name(rank)}~host{cluster.node_of(rank)}"
+
+
+def node_resource(resource: str, node: int) -> str:
+    """A node's shared NVMe (``nvme``) or CPU (``cpu``), as a link id of the fluid network."""
+    return f"{resource}{node}"
+
+
+def server_nodes(cluster, servers: int) -> tuple[int, ...]:
+    """Servers per node: server i sits on node i * nodes // servers, so they spread evenly (one
+    per node by default; as in systems.ps_traffic, ceil or floor of servers / nodes on each)."""
+    counts = [0] * cluster.num_nodes
+    for i in range(servers):
+        counts[i * cluster.num_nodes // servers] += 1
+    return tuple(counts)
+
+
+def node_nic_links(cluster, node: int) -> tuple[str, ...]:
+    """Every NIC cable of ``node`` (a server process's traffic is spread over them)."""
+    gpn = cluster.gpus_per_node
+    return tuple(dict.fromkeys(topo.nic_link(cluster, r) for r in range(node * gpn, (node + 1) * gpn)))
 
 
 class LinkModel:
@@ -123,6 +165,88 @@ class LinkModel:
         latency, work = self._split("sendrecv", nbytes, layout)
         loads = self._p2p_loads(src, dst, src_stage, dst_stage, replica)
         return FlowTiming(latency, work, loads)
+
+    def host(self, resource: str, seconds: float, stage: int, replica: int) -> FlowTiming:
+        """One GPU's share of a host resource (lowering.HostXfer): its PCIe link, alone; the
+        node's NVMe or CPU, with every member rank of the node that does the same (the replicas
+        of the stage under symmetry; the rest of the slice in full fidelity)."""
+        key = ("h", resource, stage, replica)
+        loads = self._loads.get(key)
+        if loads is None:
+            c = self.cluster
+            rep = self.rep(replica, stage)
+            if resource in HOST_DIRECTION:
+                loads = (((host_link(c, rep), HOST_DIRECTION[resource]), 1.0),)
+            else:
+                node = c.node_of(rep)
+                member = self._member(stage, (replica,))
+                gpn = c.gpus_per_node
+                images = sum(1 for r in range(node * gpn, (node + 1) * gpn) if member(rank_coord(r, self.plan)))
+                loads = (((node_resource(resource, node), "up"), float(max(1, images))),)
+            self._loads[key] = loads
+        return FlowTiming(0.0, seconds, loads)
+
+    def ps(self, kind: str, nbytes: float, stage: int, replicas: tuple[int, ...]) -> FlowTiming:
+        """A parameter-server push (``kind`` "push": workers to servers) or pull ("pull": back)
+        of ``nbytes`` per worker rank, for the worker ranks of ``stage`` in ``replicas`` (every
+        replica under symmetry). Each worker's bytes are split evenly over the servers; bytes to
+        a server on the worker's own node stay off the network. The flow's solo time is set by
+        its busiest link; every link it crosses is loaded in proportion."""
+        key = ("ps", kind, nbytes, stage, replicas)
+        got = self._flows.get(key)
+        if got is None:
+            got = self._flows[key] = self._ps(kind, nbytes, stage, replicas)
+        return got
+
+    def _ps(self, kind: str, nbytes: float, stage: int, replicas: tuple[int, ...]) -> FlowTiming:
+        c, plan, net = self.cluster, self.plan, self.net
+        k = ps_server_count(plan, c)
+        on_node = server_nodes(c, k)
+        member = self._member(stage, replicas)
+        workers = [r for r in range(c.world_size) if member(rank_coord(r, plan))]
+        out_dir, in_dir = ("up", "down") if kind == "push" else ("down", "up")
+        nic_bw = net.inter_bw_node / c.nics_per_node
+        seconds: dict[LinkKey, float] = {}
+
+        def add(link: str, direction: str, s: float) -> None:
+            if s > 0:
+                seconds[(link, direction)] = seconds.get((link, direction), 0.0) + s
+
+        per_node = [0] * c.num_nodes
+        for r in workers:
+            node = c.node_of(r)
+            per_node[node] += 1
+            add(topo.nic_link(c, r), out_dir, nbytes * (k - on_node[node]) / k / nic_bw)
+        for node, s in enumerate(on_node):
+            remote = len(workers) - per_node[node]
+            if s and remote:
+                nics = node_nic_links(c, node)
+                for link in nics:
+                    add(link, in_dir, s / k * nbytes * remote / len(nics) / nic_bw)
+        if topo.num_leaves(c) > 1:
+            up_bw = c.nodes_per_leaf * net.inter_bw_node / c.spine_oversubscription
+            for leaf in range(topo.num_leaves(c)):
+                nodes = range(leaf * c.nodes_per_leaf, min(c.num_nodes, (leaf + 1) * c.nodes_per_leaf))
+                here_servers = sum(on_node[n] for n in nodes)
+                here_workers = sum(per_node[n] for n in nodes)
+                add(topo.uplink(c, leaf), out_dir, here_workers * nbytes * (k - here_servers) / k / up_bw)
+                add(topo.uplink(c, leaf), in_dir,
+                    here_servers / k * nbytes * (len(workers) - here_workers) / up_bw)
+        work = max(seconds.values(), default=0.0)
+        loads = tuple((key, s / work) for key, s in seconds.items()) if work > 0 else ()
+        return FlowTiming(net.inter_latency, work, loads)
+
+    def ps_update(self, seconds: float) -> FlowTiming:
+        """The servers applying one bucket: ``seconds`` on the busiest server node's CPU alone,
+        every server node's CPU loaded by its number of servers."""
+        key = ("u",)
+        loads = self._loads.get(key)
+        if loads is None:
+            on_node = server_nodes(self.cluster, ps_server_count(self.plan, self.cluster))
+            most = max(on_node)
+            loads = self._loads[key] = tuple(((node_resource("cpu", n), "up"), s / most)
+                                             for n, s in enumerate(on_node) if s)
+        return FlowTiming(0.0, seconds, loads)
 
     # --- loads ---
 
@@ -226,22 +350,46 @@ class _Done(simpy.Event):
 
 
 class _Flow:
-    __slots__ = ("done", "loads", "rate", "remaining", "stamp", "tail", "token")
+    __slots__ = ("arg", "done", "loads", "over", "rate", "remaining", "stamp", "tail", "token")
 
     def __init__(self, work: float, loads: Loads, done: _Done, now: float, tail: float):
         self.remaining, self.loads, self.done, self.tail = work, loads, done, tail
         self.rate, self.stamp, self.token = 0.0, now, 0
+        self.over, self.arg = 0.0, loads[0][0]  # total load of its most loaded link, and which
 
 
 class FluidNetwork:
     """Flows on shared links: a link whose loads add up to L > 1 slows each of its flows by L;
-    a flow runs at the rate its most overloaded link allows (1 = its solo speed)."""
+    a flow runs at the rate its most overloaded link allows (1 = its solo speed).
 
-    def __init__(self, env: simpy.Environment):
+    Each flow keeps the total load of its most loaded link, so a change on one link re-rates
+    only the flows it concerns; finish times wait in one heap, woken by one simpy timeout at
+    a time (a rate change leaves a stale entry that its token voids), so a busy network costs
+    one simpy event per flow, not one per rate change.
+
+    With ``track`` it also adds up what each link carries, in seconds of full use (a flow's
+    load times its solo seconds: its bytes over the link's bandwidth), into ``busy``, from which
+    :meth:`busiest` names the bottleneck."""
+
+    def __init__(self, env: simpy.Environment, track: bool = False):
         self.env = env
         self._on: dict[LinkKey, dict[_Flow, float]] = {}  # link -> its flows and their loads
         self._total: dict[LinkKey, float] = {}
         self.peak_overload = 1.0  # largest slow-down any flow saw (reported in assumptions)
+        self.track = track
+        self.busy: dict[LinkKey, float] = {}  # seconds of full use, per link
+        self._heap: list[tuple[float, int, _Flow, int]] = []  # (finish time, order, flow, token)
+        self._order = 0
+        self._armed: set[float] = set()  # times of pending wake-ups
+
+    def busiest(self, prefix: str = "") -> tuple[LinkKey, float] | None:
+        """The link (whose id starts with ``prefix``) that carried the most, in seconds of full
+        use; ties go to the first in sorted order, so the answer is deterministic."""
+        cands = [(-v, k) for k, v in self.busy.items() if k[0].startswith(prefix) and v > 0]
+        if not cands:
+            return None
+        v, k = min(cands)
+        return k, -v
 
     def transfer(self, work: float, loads: Loads, tail: float = 0.0) -> simpy.Event:
         """Start a flow of ``work`` solo seconds; the event fires ``tail`` seconds (latency,
@@ -251,57 +399,101 @@ class FluidNetwork:
         if work <= 0.0:
             done.succeed_in(tail)
             return done
-        flow = _Flow(work, loads, done, env.now, tail)
-        on, total = self._on, self._total
-        touched: dict[_Flow, None] = {}
+        now = env.now
+        flow = _Flow(work, loads, done, now, tail)
+        on, total, track = self._on, self._total, self.track
+        busy = self.busy
         for key, load in loads:
+            if track:
+                busy[key] = busy.get(key, 0.0) + load * work
             flows = on.get(key)
             if flows is None:
                 flows = on[key] = {}
-            else:
-                touched.update(dict.fromkeys(flows))
             flows[flow] = load
             total[key] = total.get(key, 0.0) + load
-        if touched:
-            self._advance(touched)
-            self._rerate(touched)
+        # the other flows on these links: a total only grew, so it is their new maximum or nothing
+        grown: dict[_Flow, None] = {}
+        for key, _ in loads:
+            t = total[key]
+            for f in on[key]:
+                if t > f.over and f is not flow:
+                    f.over, f.arg = t, key
+                    grown[f] = None
+        if grown:
+            self._rerate(grown)
+        self._rescan(flow)
         self._rerate((flow,))
+        self._arm()
         return done
 
-    def _advance(self, flows: Iterable[_Flow]) -> None:
-        now = self.env.now
-        for f in flows:
-            f.remaining -= f.rate * (now - f.stamp)
-            f.stamp = now
+    def _rescan(self, f: _Flow) -> None:
+        total = self._total
+        over, arg = 0.0, f.arg
+        for key, _ in f.loads:
+            t = total[key]
+            if t > over:
+                over, arg = t, key
+        f.over, f.arg = over, arg
 
     def _rerate(self, flows: Iterable[_Flow]) -> None:
-        total = self._total
+        """New rates from the flows' ``over``; a flow whose rate changes is advanced to now at its
+        old rate and queued with its new finish time (its old entry is voided by the token)."""
+        now = self.env.now
+        heap = self._heap
         for f in flows:
-            over = max(total[key] for key, _ in f.loads)
+            over = f.over
             rate = 1.0 / over if over > 1.0 + 1e-9 else 1.0
             if rate == f.rate:
-                continue  # its pending finish time still holds
-            if rate < 1.0:
-                self.peak_overload = max(self.peak_overload, over)
+                continue  # its queued finish time still holds
+            if rate < 1.0 and over > self.peak_overload:
+                self.peak_overload = over
+            f.remaining -= f.rate * (now - f.stamp)
+            f.stamp = now
             f.rate = rate
             f.token += 1
-            timer = self.env.timeout(max(0.0, f.remaining) / rate)
-            timer.callbacks.append(partial(self._finish, f, f.token))
+            self._order += 1
+            heapq.heappush(heap, (now + max(0.0, f.remaining) / rate, self._order, f, f.token))
 
-    def _finish(self, flow: _Flow, token: int, _event: simpy.Event) -> None:
-        if token != flow.token:
-            return  # superseded by a later rate change
+    def _arm(self) -> None:
+        """Make sure a wake-up is pending for the earliest valid finish time."""
+        heap = self._heap
+        while heap and heap[0][3] != heap[0][2].token:
+            heapq.heappop(heap)
+        if not heap:
+            return
+        at = heap[0][0]
+        if self._armed and min(self._armed) <= at:
+            return  # an earlier wake-up is pending; it arms the next one
+        self._armed.add(at)
+        timer = self.env.timeout(max(0.0, at - self.env.now))
+        timer.callbacks.append(partial(self._wake, at))
+
+    def _wake(self, at: float, _event: simpy.Event) -> None:
+        """Finish every flow due by ``at`` (in finish-time, then queueing order)."""
+        self._armed.discard(at)
+        heap = self._heap
+        while heap and heap[0][0] <= at:
+            _, _, flow, token = heapq.heappop(heap)
+            if token == flow.token:
+                self._finish(flow)
+        self._arm()
+
+    def _finish(self, flow: _Flow) -> None:
         on, total = self._on, self._total
-        touched: dict[_Flow, None] = {}
+        flow.token += 1  # no entry of it is valid any more
+        shrunk: dict[_Flow, None] = {}  # flows whose most loaded link got lighter
         for key, load in flow.loads:
             flows = on[key]
             del flows[flow]
             if flows:
                 total[key] -= load
-                touched.update(dict.fromkeys(flows))
+                for f in flows:
+                    if f.arg == key:
+                        shrunk[f] = None
             else:
                 total[key] = 0.0  # no drift accumulates on an idle link
-        if touched:
-            self._advance(touched)
-            self._rerate(touched)
+        for f in shrunk:
+            self._rescan(f)
+        if shrunk:
+            self._rerate(shrunk)
         flow.done.succeed_in(flow.tail)
