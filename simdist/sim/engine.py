@@ -41,6 +41,24 @@ the optimizer (GPU, host CPU or the servers' update), offload copies, compressio
 everything else (gradient sync, pushes and pulls, parameter all-gathers) as data-parallel
 communication. In the asynchronous mode the same parts are the mean over the measured cycles,
 scaled to the step time.
+
+Where this engine and the closed form (:mod:`simdist.analytic.steptime`) differ by mechanism,
+not only by link contention the closed form does not see:
+
+- asynchronous parameter servers: the closed form takes the larger of a worker's own cycle (its
+  push and pull at its share of the NIC) and the busiest NIC's traffic per cycle; here a worker's
+  push shares its node's NIC with the replies its node's server sends to the other workers at
+  the same time, so the two partly add (4 workers on 25 GbE: +14%, 16: +23%);
+- parameter servers with coarse buckets: the last bucket is pulled only after its push and its
+  update, a drain the closed form's bucket formula leaves out (ps1 on 25 GbE: +0.5% with 25 MiB
+  buckets, +5% with 256 MiB);
+- ZeRO-3/FSDP parameter offload with the optimizer on the GPU: the updated shard goes back to the
+  host after the optimizer (exposed here; the closed form overlaps it with backward);
+- offload with several pipeline stages on one node: the node's CPU is shared by stages whose
+  shards differ and whose last backward ends at different times; the closed form charges every
+  GPU of the node the busiest stage's shard at once (this engine is lower);
+- ZeRO-0/1 optimizer offload with dp > 1: each bucket's copy to the host follows its reduction
+  and overlaps the next one; the closed form adds the two.
 """
 
 from __future__ import annotations
@@ -734,8 +752,10 @@ def straggler_summary(sc: Scenario, sim: _Simulation, result: SimResult, uniform
     }
     line = (f"stragglers ({who}, up to x{factor:g}): step {t:.4g} s vs {t0:.4g} s uniform "
             f"({t / t0:.3f}x); {critical:.0%} of their extra GPU work ({extra:.3g} s) on the critical path")
-    if mode == "sync-dp" or mode == "sync-ps":
+    if mode in ("sync-dp", "sync-ps"):
         line += ": every gradient sync waits for the slowest replica"
+        if critical < 0.9:
+            line += f"; communication that outlasts backward hides {1 - critical:.0%} of it"
     elif mode == "pipeline" and critical > 0.95:
         line += ": the slow stage sets the pipeline's pace, nothing is absorbed"
     elif mode == "pipeline":

@@ -53,6 +53,7 @@ from simdist.sim.collectives import (
     layout_for_axis,
 )
 from simdist.spec import topology as topo
+from simdist.spec.cluster import ClusterSpec
 from simdist.spec.plan import RankCoord, rank_coord, rank_of
 from simdist.spec.scenario import Scenario
 
@@ -73,7 +74,7 @@ HOST_DIRECTION = {"pcie_down": "up", "pcie_up": "down"}  # GPU -> host is "up" t
 # --- which links, how much ----------------------------------------------------------------
 
 
-def host_link(cluster, rank: int) -> str:
+def host_link(cluster: ClusterSpec, rank: int) -> str:
     """The GPU's PCIe link to its host memory (not the GPU-NIC path of the topology graph)."""
     return f"{topo.gpu_name(rank)}~host{cluster.node_of(rank)}"
 
@@ -83,7 +84,7 @@ def node_resource(resource: str, node: int) -> str:
     return f"{resource}{node}"
 
 
-def server_nodes(cluster, servers: int) -> tuple[int, ...]:
+def server_nodes(cluster: ClusterSpec, servers: int) -> tuple[int, ...]:
     """Servers per node: server i sits on node i * nodes // servers, so they spread evenly (one
     per node by default; as in systems.ps_traffic, ceil or floor of servers / nodes on each)."""
     counts = [0] * cluster.num_nodes
@@ -92,7 +93,7 @@ def server_nodes(cluster, servers: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def node_nic_links(cluster, node: int) -> tuple[str, ...]:
+def node_nic_links(cluster: ClusterSpec, node: int) -> tuple[str, ...]:
     """Every NIC cable of ``node`` (a server process's traffic is spread over them)."""
     gpn = cluster.gpus_per_node
     return tuple(dict.fromkeys(topo.nic_link(cluster, r) for r in range(node * gpn, (node + 1) * gpn)))
@@ -457,16 +458,19 @@ class FluidNetwork:
     def _arm(self) -> None:
         """Make sure a wake-up is pending for the earliest valid finish time."""
         heap = self._heap
-        while heap and heap[0][3] != heap[0][2].token:
+        while heap:
+            at, _, f, token = heap[0]
+            if token == f.token:
+                break
             heapq.heappop(heap)
-        if not heap:
+        else:
             return
-        at = heap[0][0]
-        if self._armed and min(self._armed) <= at:
+        armed = self._armed
+        if armed and min(armed) <= at:
             return  # an earlier wake-up is pending; it arms the next one
-        self._armed.add(at)
-        timer = self.env.timeout(max(0.0, at - self.env.now))
-        timer.callbacks.append(partial(self._wake, at))
+        armed.add(at)
+        env = self.env
+        env.timeout(at - env.now if at > env.now else 0.0).callbacks.append(partial(self._wake, at))
 
     def _wake(self, at: float, _event: simpy.Event) -> None:
         """Finish every flow due by ``at`` (in finish-time, then queueing order)."""
