@@ -116,8 +116,8 @@ def parse_stragglers(items: list[str]) -> dict[int, float]:
     return out
 
 
-def _cmd_predict(args: argparse.Namespace) -> int:
-    from simdist.predict import predict
+def load_inputs(args: argparse.Namespace):
+    """The scenario, profile, stragglers and fidelity that `predict` and `trace` share."""
     from simdist.spec.scenario import load_scenario
 
     scenario = load_scenario(args.file)
@@ -128,6 +128,13 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         profile = load_profile(args.profile)
     stragglers = parse_stragglers(args.straggler)
     fidelity = "full" if stragglers else args.fidelity
+    return scenario, profile, stragglers, fidelity
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from simdist.predict import predict
+
+    scenario, profile, stragglers, fidelity = load_inputs(args)
     pred = predict(scenario, profile=profile, engine=args.engine, fidelity=fidelity,
                    keep_spans=False, stragglers=stragglers)
     if args.json:

@@ -16,20 +16,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from simdist.cli import parse_stragglers
+    from simdist.cli import load_inputs
     from simdist.predict import predict
     from simdist.spec.plan import rank_coord
-    from simdist.spec.scenario import load_scenario
     from simdist.trace.perfetto import write_trace
 
-    scenario = load_scenario(args.file)
-    profile = None
-    if args.profile:
-        from simdist.calibrate.profile import load_profile
-
-        profile = load_profile(args.profile)
-    stragglers = parse_stragglers(args.straggler)
-    fidelity = "full" if stragglers else args.fidelity
+    scenario, profile, stragglers, fidelity = load_inputs(args)
     pred = predict(scenario, profile=profile, engine="des", fidelity=fidelity, keep_spans=True,
                    stragglers=stragglers)
     plan = scenario.plan
