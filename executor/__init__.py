@@ -12,5 +12,14 @@ This is the only package in the project that imports ``torch.distributed``. Impo
   pipeline schedules;
 - :mod:`executor.measure`: model-state bytes, saved-activation bytes, collective census, timers;
 - :mod:`executor.train`: one training step for every plan kind (also the one-process reference);
+- :mod:`executor.optim`: Adam, AdamW, SGD from torch; LAMB and LARS written here, with the norm
+  all-reduces that sharded tensors need;
+- :mod:`executor.compression`: gradient compression as DDP communication hooks, and their bytes;
+- :mod:`executor.ps`: the parameter server (synchronous and asynchronous) on point-to-point gloo;
+- :mod:`executor.checkpoint`: torch.distributed.checkpoint saves (atomic) and resume;
+- :mod:`executor.report`: rank 0's measurement, restart times included;
 - :mod:`executor.worker`: the torchrun worker entry (``python -m executor.worker``).
+
+Torch-free too: :mod:`executor.faults` (run-directory files: heartbeats, failures, events, the
+checkpoint directory's layout) and :mod:`executor.multinode` (``--print-launch``).
 """

@@ -11,8 +11,9 @@ from __future__ import annotations
 from simdist.errors import Problem
 from simdist.spec.scenario import Scenario
 
-SUPPORTED_OPTIMIZERS = ("adam", "adamw", "sgd")
+SUPPORTED_OPTIMIZERS = ("adam", "adamw", "sgd", "lamb", "lars")  # executor.optim
 SUPPORTED_PRECISIONS = ("fp32", "bf16")
+SUPPORTED_COMPRESSION = ("fp16", "bf16", "topk", "powersgd")  # executor.compression
 
 
 def split_backward_pipeline(pp: int, virtual_pipeline_stages: int, schedule: str) -> bool:
@@ -62,14 +63,19 @@ def run_problems(scenario: Scenario, nproc: int) -> list[Problem]:
     if plan.optimizer not in SUPPORTED_OPTIMIZERS:
         add("plan.optimizer", f"{plan.optimizer} is not supported by the executor "
             f"({', '.join(SUPPORTED_OPTIMIZERS)})")
-    if plan.dp_shard != plan.dp:
-        add("plan.dp_shard", "hybrid sharding (dp_shard < dp) is not implemented by the executor")
     if plan.offload.any:
         add("plan.offload", "offloading is not implemented by the executor")
     if plan.gradient_sync != "allreduce":
-        add("plan.gradient_sync", f"{plan.gradient_sync} is not implemented by the executor (allreduce)")
+        out.extend(_parameter_server_problems(scenario))
     if plan.grad_compression.enabled:
-        add("plan.grad_compression", "gradient compression is not implemented by the executor")
+        method = plan.grad_compression.method
+        if method not in SUPPORTED_COMPRESSION:
+            add("plan.grad_compression.method", f"{method} is not implemented by the executor "
+                f"({', '.join(SUPPORTED_COMPRESSION)})")
+        if plan.gradient_sync == "allreduce" and plan.dp > 1 and (
+                plan.zero_stage != 0 or split_backward_pipeline(plan.pp, plan.virtual_pipeline_stages, plan.schedule)):
+            add("plan.grad_compression", "the executor compresses with DDP communication hooks: it needs "
+                "zero_stage 0 and a schedule with one backward per step (not interleaved or zero-bubble)")
     if plan.zero_quantized_weights:
         add("plan.zero_quantized_weights", "quantized weight gathers are not implemented by the executor")
     if plan.tp > 1 and m.vocab_size % plan.tp:
@@ -92,4 +98,26 @@ def run_problems(scenario: Scenario, nproc: int) -> list[Problem]:
             if n % rounds:
                 add("plan.global_batch_size", f"{plan.schedule} needs the micro-batches per pipeline "
                     f"({n}) to be a multiple of {rounds} (rounds of pp micro-batches)")
+    return out
+
+
+def _parameter_server_problems(scenario: Scenario) -> list[Problem]:
+    """What the executor's parameter server (executor.ps) does not run."""
+    plan, cluster = scenario.plan, scenario.cluster
+    out: list[Problem] = []
+    if plan.tp > 1 or plan.pp > 1:
+        out.append(Problem("plan.gradient_sync", f"{plan.gradient_sync} runs data parallelism only in the "
+                           "executor (tp 1, pp 1): each worker holds the whole model"))
+    if plan.grad_compression.enabled:
+        out.append(Problem("plan.grad_compression", "the executor's parameter server sends uncompressed "
+                           "fp32 gradients and parameters; use method none"))
+    servers = plan.parameter_servers or cluster.num_nodes
+    if servers % cluster.num_nodes:
+        out.append(Problem("plan.parameter_servers", f"{servers} servers do not spread evenly over "
+                           f"{cluster.num_nodes} nodes (torchrun starts as many processes on every node)"))
+    if (plan.gradient_sync == "async-parameter-server" and servers > 1
+            and plan.optimizer in ("lamb", "lars")):
+        out.append(Problem("plan.optimizer", f"{plan.optimizer} needs whole-tensor norms, which "
+                           f"{servers} asynchronous servers (each updating on its own) cannot agree on; "
+                           "use one server or another optimizer"))
     return out

@@ -3,7 +3,11 @@ failure reports and worker pids, as small JSON files in the run directory (no to
 
 A worker writes ``heartbeat-<rank>.json`` (its step and phase) at every phase change it makes,
 ``pid-<rank>`` at start, and ``failure-<rank>.json`` when it stops on an exception. The launcher
-reads them to say which rank failed and why, and to kill any worker left behind.
+reads them to say which rank failed and why, and to kill any worker left behind. Every rank also
+appends its start, resume, failure and hang, with the attempt (torchrun restart) number, to
+``events.jsonl``, from which rank 0 measures restart times. The checkpoint directory's layout
+(``step-<n>`` complete, ``.tmp-step-<n>`` being written) is here too, so that the launcher can
+clean up after a failed run without importing torch.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,3 +138,70 @@ def _where(report: dict[str, Any]) -> str:
     if step is None or step < 0:
         return f"in {phase}"
     return f"at step {step}" if phase in (None, "step") else f"at step {step} ({phase})"
+
+
+# --- events (restarts) ------------------------------------------------------------------------
+
+
+def events_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "events.jsonl"
+
+
+def append_event(run_dir: str | Path, event: dict[str, Any]) -> None:
+    """One JSON line, appended with one write (O_APPEND: lines of different ranks do not mix)."""
+    data = (json.dumps(event) + "\n").encode()
+    fd = os.open(events_path(run_dir), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def read_events(run_dir: str | Path) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    try:
+        lines = events_path(run_dir).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by a crash
+    return out
+
+
+# --- checkpoint directory layout ---------------------------------------------------------------
+
+CHECKPOINT_PREFIX, CHECKPOINT_TMP_PREFIX = "step-", ".tmp-step-"
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{CHECKPOINT_PREFIX}{step:08d}"
+
+
+def latest_checkpoint(directory: str | Path) -> tuple[int, Path] | None:
+    """(next step, path) of the newest complete checkpoint in ``directory``, or None."""
+    directory = Path(directory)
+    best: tuple[int, Path] | None = None
+    if not directory.is_dir():
+        return None
+    for entry in directory.iterdir():
+        digits = entry.name[len(CHECKPOINT_PREFIX):]
+        if entry.name.startswith(CHECKPOINT_PREFIX) and digits.isdigit() and (entry / ".metadata").exists():
+            step = int(digits)
+            if best is None or step > best[0]:
+                best = (step, entry)
+    return best
+
+
+def remove_partial_checkpoints(directory: str | Path) -> list[Path]:
+    """Remove ``.tmp-step-*`` directories (saves a crash interrupted); returns what it removed."""
+    directory = Path(directory)
+    gone = []
+    if directory.is_dir():
+        for entry in directory.iterdir():
+            if entry.name.startswith(CHECKPOINT_TMP_PREFIX):
+                shutil.rmtree(entry, ignore_errors=True)
+                gone.append(entry)
+    return gone

@@ -17,6 +17,14 @@ naming its field) before anything starts. Then
   same directory, then ``os.replace``), recorded in the run store (``--db``, as ``simdist
   predict`` does; ``--no-store`` skips it) and a summary goes to stdout.
 
+v1.1: ``--checkpoint-every C [--checkpoint-dir D]`` saves every C steps (executor.checkpoint);
+``--max-restarts R`` lets torchrun restart the whole group up to R times after a failure, and
+the restarted workers resume from the newest checkpoint; ``--fault RANK:STEP:crash|hang`` (may
+be repeated: the i-th fires on attempt i) injects the failure. In the parameter-server modes the
+servers run as extra processes beside the ``--nproc`` workers. After a failed run the launcher
+removes unfinished checkpoint directories (complete ones stay) and names the restarts it took.
+``--print-launch --nnodes M`` prints the multi-node commands instead (executor.multinode).
+
 The public entry point is :func:`run_command`; :func:`add_run_arguments` declares its options
 on an argparse parser (``simdist run`` uses both).
 """
@@ -43,7 +51,9 @@ from executor.faults import (
     heartbeat_path,
     parse_fault,
     pid_path,
+    read_events,
     read_json,
+    remove_partial_checkpoints,
     result_path,
     write_json_atomic,
 )
@@ -65,13 +75,21 @@ DEFAULTS: dict[str, Any] = {
     "verbose": False,
     "db": None,
     "no_store": False,
+    "checkpoint_every": None,
+    "checkpoint_dir": None,
+    "max_restarts": 0,
+    "print_launch": False,
+    "nnodes": 1,
+    "rdzv_endpoint": None,
+    "run_dir": None,
 }
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of ``simdist run`` (FILE, --nproc, --steps, --out, --warmup, ...)."""
     p.add_argument("file", help="scenario YAML file")
-    p.add_argument("--nproc", type=int, required=True, help="local processes (the plan's degrees must multiply to it)")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="local processes (the plan's degrees must multiply to it; required unless --print-launch)")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="measured steps (default 10)")
     p.add_argument("--warmup", type=int, default=DEFAULTS["warmup"], help="warm-up steps before them (default 2)")
     p.add_argument("--out", default=None, help="measurement JSON to write (default: none, summary only)")
@@ -86,7 +104,22 @@ def add_run_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--db", default=None, help="run store (SQLite) to record the measurement in "
                    "(default: $SIMDIST_DB or the user's data directory)")
     p.add_argument("--no-store", action="store_true", help="do not record the measurement in the run store")
-    p.add_argument("--fault", default=None, help=argparse.SUPPRESS)  # RANK:STEP:crash|hang (contract v1.1)
+    p.add_argument("--fault", action="append", default=None,
+                   help="RANK:STEP:crash|hang: make RANK crash or hang at STEP (0-based, warm-up included); "
+                        "given several times, the i-th fires on attempt i (to test restarts)")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="save model and optimizer with torch.distributed.checkpoint every C steps")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="where checkpoints go (default: the run's temporary directory); a run resumes "
+                        "from the newest one there")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="torchrun restarts the group up to R times after a rank fails (default 0)")
+    p.add_argument("--print-launch", action="store_true",
+                   help="print the per-node torchrun commands (c10d rendezvous) and a SLURM script instead of running")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes for --print-launch (default 1)")
+    p.add_argument("--rdzv-endpoint", default=None,
+                   help="HOST:PORT of the c10d rendezvous for --print-launch (default: this host, port 29500)")
+    p.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)  # --print-launch: the nodes' run directory
     return p
 
 
@@ -110,50 +143,106 @@ def run_command(args: argparse.Namespace | Mapping[str, Any] | None = None, /, *
     Exit codes: 0 done, 1 the run failed (a rank crashed, hung or timed out), 2 bad input.
     """
     o = _options(args, kwargs)
+    o["faults"] = _fault_list(o.get("fault"))
     try:
         scenario = load_scenario(o["file"])
     except ScenarioError as exc:
         for problem in exc.problems:
             _err(str(problem))
         return 2
+    if o["print_launch"]:
+        return _print_launch(scenario, o)
+    if o["nproc"] is None:
+        _err("--nproc: required (the number of local processes), unless --print-launch")
+        return 2
     problems = [str(p) for p in run_problems(scenario, int(o["nproc"]))]
+    problems += option_problems(scenario, o, total_processes(scenario))
+    if problems:
+        for line in problems:
+            _err(line)
+        return 2
+    return _launch(scenario.source_path or o["file"], total_processes(scenario), o)
+
+
+def _fault_list(fault: Any) -> list[str]:
+    if not fault:
+        return []
+    return [fault] if isinstance(fault, str) else [str(f) for f in fault]
+
+
+def total_processes(scenario: Any) -> int:
+    """The plan's ranks, plus the parameter servers in the parameter-server modes."""
+    plan = scenario.plan
+    if plan.gradient_sync == "allreduce":
+        return plan.world_size
+    return plan.world_size + (plan.parameter_servers or scenario.cluster.num_nodes)
+
+
+def option_problems(scenario: Any, o: Mapping[str, Any], processes: int) -> list[str]:
+    """Problems with the run options (steps, faults, checkpoints, restarts), one line each."""
+    problems = []
+    plan = scenario.plan
     if int(o["steps"]) < 1:
         problems.append(f"--steps: must be at least 1, got {o['steps']}")
     if int(o["warmup"]) < 0:
         problems.append(f"--warmup: must be 0 or more, got {o['warmup']}")
     if float(o["pg_timeout"]) <= 0:
         problems.append(f"--pg-timeout: must be positive, got {o['pg_timeout']}")
-    if o["fault"]:
+    for spec in o["faults"]:
         try:
-            fault = parse_fault(str(o["fault"]))
-            if fault.rank >= int(o["nproc"]):
-                problems.append(f"--fault: rank {fault.rank} does not exist with --nproc {o['nproc']}")
+            fault = parse_fault(spec)
+            if fault.rank >= processes:
+                problems.append(f"--fault: rank {fault.rank} does not exist with {processes} processes")
         except ValueError as exc:
             problems.append(f"--fault: {exc}")
+    if int(o["max_restarts"] or 0) < 0:
+        problems.append(f"--max-restarts: must be 0 or more, got {o['max_restarts']}")
+    every = o.get("checkpoint_every")
+    if every is not None:
+        if int(every) < 1:
+            problems.append(f"--checkpoint-every: must be at least 1, got {every}")
+        if plan.gradient_sync == "async-parameter-server":
+            problems.append("--checkpoint-every: an asynchronous parameter server has no step at which "
+                            "workers and servers agree, so it cannot be checkpointed consistently")
+        if plan.zero_stage == 1 and plan.dp > 1:
+            problems.append("--checkpoint-every: checkpointing ZeroRedundancyOptimizer (zero_stage 1) is "
+                            "not implemented (torch.distributed.checkpoint.state_dict does not handle it); "
+                            "use zero_stage 0, 2 or 3")
+    elif o.get("checkpoint_dir"):
+        problems.append("--checkpoint-dir: needs --checkpoint-every")
+    if o.get("checkpoint_dir") and Path(o["checkpoint_dir"]).exists() and not Path(o["checkpoint_dir"]).is_dir():
+        problems.append(f"--checkpoint-dir: {o['checkpoint_dir']} is not a directory")
     if o["out"] and not Path(o["out"]).resolve().parent.is_dir():
         problems.append(f"--out: the directory {Path(o['out']).resolve().parent} does not exist")
+    return problems
+
+
+def _print_launch(scenario: Any, o: dict[str, Any]) -> int:
+    from executor.multinode import launch_problems, launch_text
+
+    nnodes = int(o["nnodes"])
+    problems = [str(p) for p in launch_problems(scenario, nnodes)]
+    problems += [str(p) for p in run_problems(scenario, scenario.plan.world_size) if not str(p).startswith("--nproc")]
+    problems += option_problems(scenario, o, total_processes(scenario))
     if problems:
         for line in problems:
             _err(line)
         return 2
-    return _launch(scenario.source_path or o["file"], int(o["nproc"]), o, scenario.world_size)
+    print(launch_text(scenario, scenario.source_path or o["file"], nnodes, o))
+    return 0
 
 
 # --- torchrun ---------------------------------------------------------------------------------
 
 
 def torchrun_command(file: str, nproc: int, run_dir: str, o: Mapping[str, Any]) -> list[str]:
-    cmd = [
+    from executor.multinode import worker_args
+
+    return [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        "--max-restarts=0", "--monitor-interval=0.2",
-        "-m", "executor.worker",
-        "--scenario", str(Path(file).resolve()), "--run-dir", run_dir,
-        "--steps", str(o["steps"]), "--warmup", str(o["warmup"]), "--seed", str(o["seed"]),
-        "--pg-timeout", str(o["pg_timeout"]), "--device", str(o["device"]),
+        f"--max-restarts={int(o.get('max_restarts') or 0)}", "--monitor-interval=0.2",
+        *worker_args(file, run_dir, o),
     ]
-    if o["fault"]:
-        cmd += ["--fault", str(o["fault"])]
-    return cmd
 
 
 def worker_env() -> dict[str, str]:
@@ -236,10 +325,13 @@ def _reap_workers(run_dir: Path, world: int) -> list[int]:
     return killed
 
 
-def _launch(file: str, nproc: int, o: Mapping[str, Any], world: int) -> int:
+def _launch(file: str, world: int, o: dict[str, Any]) -> int:
+    """Start torchrun with ``world`` local processes, watch it, and report (module docstring)."""
     run_dir = Path(tempfile.mkdtemp(prefix="simdist-run-"))
     log_path = run_dir / "torchrun.log"
-    cmd = torchrun_command(file, nproc, str(run_dir), o)
+    if o.get("checkpoint_every") and not o.get("checkpoint_dir"):
+        o = {**o, "checkpoint_dir": str(run_dir / "checkpoints")}
+    cmd = torchrun_command(file, world, str(run_dir), o)
     started = time.time()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=worker_env(), start_new_session=True)
@@ -256,6 +348,7 @@ def _launch(file: str, nproc: int, o: Mapping[str, Any], world: int) -> int:
     except KeyboardInterrupt:
         _kill_everything(proc, run_dir, world)
         pump.join(timeout=5)
+        _remove_partial_checkpoints(o)
         _err(f"simdist run: interrupted; torchrun and its workers were stopped (log: {log_path})")
         return 130
     pump.join(timeout=5)
@@ -269,7 +362,11 @@ def _launch(file: str, nproc: int, o: Mapping[str, Any], world: int) -> int:
         print(summary(result, o["out"]))
         shutil.rmtree(run_dir, ignore_errors=True)
         return 0
-    _err(f"simdist run: the run failed (torchrun exit code {proc.returncode}); no measurement written")
+    _remove_partial_checkpoints(o)
+    restarts = _attempts(run_dir)
+    tried = (f" after {restarts} restart(s) (--max-restarts {int(o.get('max_restarts') or 0)})"
+             if int(o.get("max_restarts") or 0) > 0 else "")
+    _err(f"simdist run: the run failed{tried} (torchrun exit code {proc.returncode}); no measurement written")
     if stalled:
         _err(f"no rank made progress for {float(o['stall_timeout']):g} s; the run was killed")
     for line in diagnose(run_dir, world, float(o["pg_timeout"])):
@@ -278,6 +375,18 @@ def _launch(file: str, nproc: int, o: Mapping[str, Any], world: int) -> int:
         _err(f"killed {len(leftovers)} worker process(es) left behind: {leftovers}")
     _err(f"full log: {log_path}")
     return 1
+
+
+def _attempts(run_dir: Path) -> int:
+    """Restarts torchrun made (the highest attempt number a worker logged)."""
+    return max((int(e.get("attempt", 0)) for e in read_events(run_dir)), default=0)
+
+
+def _remove_partial_checkpoints(o: Mapping[str, Any]) -> None:
+    """A failed or interrupted run leaves no half-written checkpoint (complete ones stay)."""
+    if o.get("checkpoint_dir"):
+        for path in remove_partial_checkpoints(Path(o["checkpoint_dir"])):
+            _err(f"removed the unfinished checkpoint {path}")
 
 
 def _store_measurement(result: dict[str, Any], file: str, db: str | None) -> None:
@@ -306,6 +415,17 @@ def summary(m: Mapping[str, Any], out: str | None) -> str:
         f"  losses        {', '.join(f'{x:.4f}' for x in m['losses'])}",
         f"  memory peak   {m['memory']['peak_gib'] * 1024:.2f} MiB",
     ]
+    if m.get("compression"):
+        c = m["compression"]
+        lines.append(f"  compression   {c['method']}: {c['dp_bytes_per_step'] / 2**20:.3f} MiB per rank and step")
+    if m.get("ps"):
+        p = m["ps"]
+        lines.append(f"  param server  {p['mode']}, {p['workers']} workers, {p['servers']} servers: "
+                     f"{p['bytes_per_server_per_step'] / 2**20:.3f} MiB per server and step, "
+                     f"staleness mean {p['staleness']['mean']:.2f} max {p['staleness']['max']}")
+    if m.get("restarts"):
+        shown = "-" if m.get("restart_s") is None else f"{m['restart_s']:.2f} s"
+        lines.append(f"  restarts      {m['restarts']} (restart time {shown}, {m.get('lost_steps', 0)} steps redone)")
     if out:
         lines.append(f"  measurement   {out}")
     return "\n".join(lines)

@@ -15,6 +15,10 @@ zero_stage 2  FSDP2 ``fully_shard(reshard_after_forward=False)``
 zero_stage 3  FSDP2 ``fully_shard(reshard_after_forward=True)``
 ============  =======================================================================
 
+With ``dp_shard`` < dp (hybrid sharding) FSDP2 runs on the 2-D (dp_replicate, dp_shard) mesh
+(HSDP) and ZeRO-1 partitions over dp_shard; gradient compression registers a DDP communication
+hook (:mod:`executor.compression`); the optimizer comes from :mod:`executor.optim`.
+
 torch.distributed.tensor (DTensor, ~0.5 s to import), FSDP2 and pipelining are imported only by
 the plans that use them: every torchrun start pays its imports on every rank.
 
@@ -29,7 +33,7 @@ with cp = 1, the grid the simulator uses.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -39,8 +43,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
+from executor import optim
 from executor.checks import split_backward_pipeline
 from executor.model import Transformer, build_model, lm_loss, stage_module
+from executor.optim import NormSync, sharded_groups
 from simdist.analytic.params import stage_layer_ranges
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan, RankCoord, rank_coord
@@ -71,6 +77,10 @@ class ParallelModel:
     holds_input: bool  # runs the embedding (first virtual stage)
     holds_loss: bool  # runs the LM head and the loss (last virtual stage)
     mesh: DeviceMesh | None = None
+    # tensor-parallel shards that DDP sees as plain tensors: id(param) -> (tp mesh, placements)
+    local_shards: dict[int, tuple[DeviceMesh, tuple[Any, ...]]] = field(default_factory=dict)
+    compression: Any | None = None  # executor.compression.Compression when the plan compresses
+    param_names: dict[int, str] = field(default_factory=dict)  # id(param) -> name, DDP x TP only
 
     def parameters(self) -> list[torch.Tensor]:
         """The parameters this rank updates, as its optimizer holds them. (Not the modules'
@@ -84,6 +94,7 @@ class ParallelModel:
 
 
 MESH_DIMS = ("dp", "pp", "tp")
+HSDP_DIMS = ("dp_replicate", "dp_shard", "pp", "tp")
 
 
 def _group_options(backend: str, timeout: timedelta) -> tuple[str, Any]:
@@ -103,10 +114,34 @@ def build_mesh(plan: ParallelPlan, device_type: str, backend: str, timeout: time
     2.13 on gloo: a peer that never joins an all-reduce on a 2-rank sub-group of a 4-rank mesh
     blocked the other for the whole 12 s it slept, against 3 s with the override), so a hung
     rank would stall the run for half an hour.
+
+    Hybrid sharding (``dp_shard`` < dp) splits dp into (dp_replicate, dp_shard), dp_shard inner:
+    data-parallel index d = replica * dp_shard + shard, so a shard group is dp_shard consecutive
+    dp ranks (inside a node, as the simulator places it) and the rank order stays that of
+    simdist.spec.plan.rank_of. ``mesh["dp"]`` is the two flattened back into one dimension
+    (torchtitan does the same), for DDP, the data and the loss.
     """
-    override = {dim: _group_options(backend, timeout) for dim in MESH_DIMS}
-    return init_device_mesh(device_type, (plan.dp, plan.pp, plan.tp), mesh_dim_names=MESH_DIMS,
-                            backend_override=override)
+    if plan.dp_shard >= plan.dp:
+        override = {dim: _group_options(backend, timeout) for dim in MESH_DIMS}
+        return init_device_mesh(device_type, (plan.dp, plan.pp, plan.tp), mesh_dim_names=MESH_DIMS,
+                                backend_override=override)
+    override = {dim: _group_options(backend, timeout) for dim in HSDP_DIMS}
+    mesh = init_device_mesh(device_type, (plan.dp // plan.dp_shard, plan.dp_shard, plan.pp, plan.tp),
+                            mesh_dim_names=HSDP_DIMS, backend_override=override)
+    mesh["dp_replicate", "dp_shard"]._flatten("dp", backend_override=_group_options(backend, timeout))
+    return mesh
+
+
+def shard_mesh(plan: ParallelPlan, mesh: DeviceMesh) -> DeviceMesh:
+    """The mesh FSDP2 shards over: dp, or (dp_replicate, dp_shard) for HSDP (FSDP2 replicates
+    over the first dimension and shards over the second, Zhao et al. VLDB 2023 sec 3.2.2)."""
+    return mesh["dp_replicate", "dp_shard"] if plan.dp_shard < plan.dp else mesh["dp"]
+
+
+def zero1_group(plan: ParallelPlan, mesh: DeviceMesh) -> dist.ProcessGroup:
+    """ZeRO-1 partitions the optimizer over the shard group (all of dp without hybrid sharding):
+    DDP has already averaged the gradients over every dp rank."""
+    return mesh["dp_shard"].get_group() if plan.dp_shard < plan.dp else mesh["dp"].get_group()
 
 
 def data_parallel_kind(plan: ParallelPlan) -> str:
@@ -227,17 +262,23 @@ def apply_replicate(chunk: Transformer, dp_mesh: DeviceMesh) -> nn.Module:
     return chunk
 
 
-def localize_tensor_parallel_params(chunk: nn.Module) -> None:
+def localize_tensor_parallel_params(chunk: nn.Module) -> dict[int, tuple[DeviceMesh, tuple[Any, ...]]]:
     """Let DDP (and ZeroRedundancyOptimizer) see DTensor parameters as plain local tensors.
 
     ``torch.distributed.tensor.parallel.ddp._pre_dp_module_transform`` is PyTorch's own TP x DDP
     bridge: it swaps each DTensor parameter for its local shard and rebuilds the DTensors in a
     forward pre-hook, so DDP all-reduces the local gradients over dp. Without it DDP fails
     (``aten.cat.default got mixed torch.Tensor and DTensor``).
+
+    Returns id(local parameter) -> (mesh, placements) of the DTensor it stands for: LAMB/LARS need
+    it to sum norms over the tensor-parallel shards, and the checkpoint to save them as shards.
     """
     from torch.distributed.tensor.parallel.ddp import _pre_dp_module_transform
 
+    specs = {name: (p.device_mesh, tuple(p.placements)) for name, p in chunk.named_parameters()
+             if hasattr(p, "placements")}
     _pre_dp_module_transform(chunk)
+    return {id(p): specs[name] for name, p in chunk.named_parameters() if name in specs}
 
 
 def apply_ddp(chunk: Transformer, dp_group: dist.ProcessGroup, bucket_bytes: float,
@@ -252,29 +293,11 @@ def apply_ddp(chunk: Transformer, dp_group: dist.ProcessGroup, bucket_bytes: flo
 
 # --- optimizer ------------------------------------------------------------------------------
 
-LEARNING_RATE = {"adam": 1e-3, "adamw": 1e-3, "sgd": 0.05}
 
-
-def optimizer_factory(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
-    """torch.optim class and arguments for ``plan.optimizer``. SGD uses momentum 0.9 (Megatron-LM's
-    default ``--sgd-momentum``), so it keeps one fp32 state per parameter; Adam/AdamW two."""
-    if name == "adam":
-        return torch.optim.Adam, {"lr": LEARNING_RATE[name]}
-    if name == "adamw":
-        return torch.optim.AdamW, {"lr": LEARNING_RATE[name], "weight_decay": 0.1}
-    if name == "sgd":
-        return torch.optim.SGD, {"lr": LEARNING_RATE[name], "momentum": 0.9}
-    raise ValueError(f"optimizer {name!r} is not supported by the executor (adam, adamw, sgd)")
-
-
-def make_optimizer(params: list[nn.Parameter], plan: ParallelPlan, zero1_group: dist.ProcessGroup | None
-                   ) -> torch.optim.Optimizer:
-    cls, kwargs = optimizer_factory(plan.optimizer)
-    if zero1_group is not None:
-        from torch.distributed.optim import ZeroRedundancyOptimizer  # imported only when used
-
-        return ZeroRedundancyOptimizer(params, optimizer_class=cls, process_group=zero1_group, **kwargs)
-    return cls(params, **kwargs)
+def make_optimizer(params: list[nn.Parameter], plan: ParallelPlan, zero1_group: dist.ProcessGroup | None,
+                   norm_sync: NormSync | None = None) -> torch.optim.Optimizer:
+    """The plan's optimizer (:mod:`executor.optim`), wrapped in ZeroRedundancyOptimizer for ZeRO-1."""
+    return optim.make_optimizer(params, plan.optimizer, zero1_group, norm_sync)
 
 
 # --- the whole plan -------------------------------------------------------------------------
@@ -298,26 +321,35 @@ def build_parallel_model(m: ModelSpec, plan: ParallelPlan, rank: int, mesh: Devi
     del full
     kind = data_parallel_kind(plan)
     chunks: list[nn.Module] = []
+    local_shards: dict[int, tuple[DeviceMesh, tuple[Any, ...]]] = {}
     for _, chunk in parts:
         chunk.to(device)
         if plan.tp > 1:
             apply_tensor_parallel(chunk, mesh["tp"], plan.sequence_parallel)
         if kind == "fsdp":
-            chunks.append(apply_fsdp(chunk, mesh["dp"], reshard_after_forward=plan.zero_stage == 3))
+            chunks.append(apply_fsdp(chunk, shard_mesh(plan, mesh), reshard_after_forward=plan.zero_stage == 3))
         elif kind == "replicate":
             chunks.append(apply_replicate(chunk, mesh["dp"]))
         elif kind in ("ddp", "zero1"):
             if plan.tp > 1:
-                localize_tensor_parallel_params(chunk)
+                local_shards.update(localize_tensor_parallel_params(chunk))
             chunks.append(apply_ddp(chunk, mesh["dp"].get_group(), plan.ddp_bucket_size_bytes, device))
         else:
             chunks.append(chunk)
+    compression = None
+    if plan.grad_compression.enabled:
+        from executor.compression import Compression
+
+        compression = Compression(plan, mesh["dp"].get_group(), seed)
+        for chunk in chunks:
+            compression.register(chunk)
     params: dict[int, nn.Parameter] = {}
     for chunk in chunks:
         for p in chunk.parameters():
             params.setdefault(id(p), p)
+    explicit = {pid: sharded_groups(m, pls) for pid, (m, pls) in local_shards.items()}
     optimizer = make_optimizer(list(params.values()), plan,
-                               mesh["dp"].get_group() if kind == "zero1" else None)
+                               zero1_group(plan, mesh) if kind == "zero1" else None, NormSync(explicit))
     schedule = None
     if plan.pp > 1:
         schedule = build_schedule(plan, [k for k, _ in parts], chunks, n_virtual, device,
@@ -331,6 +363,10 @@ def build_parallel_model(m: ModelSpec, plan: ParallelPlan, rank: int, mesh: Devi
         holds_input=any(k == 0 for k, _ in parts),
         holds_loss=any(k == n_virtual - 1 for k, _ in parts),
         mesh=mesh,
+        local_shards=local_shards,
+        compression=compression,
+        param_names={id(p): name for chunk in chunks for name, p in getattr(chunk, "module", chunk).named_parameters()}
+        if local_shards else {},
     )
 
 

@@ -1,10 +1,23 @@
 """The torchrun worker: ``python -m executor.worker --scenario FILE --run-dir DIR ...``.
 
-Every rank builds the full model from the seed, keeps and parallelises its part, runs
-``warmup`` + ``steps`` timed steps and one more instrumented step (collective census, saved-
-activation and gathered-parameter peaks, model-state bytes), then sends what it saw to rank 0
-(``gather_object``), which writes ``result.json`` in the run directory atomically. The launcher
-(:mod:`executor.launch`) turns that into the measurement file.
+Every training rank builds the full model from the seed, keeps and parallelises its part
+(:mod:`executor.parallelize`, or a parameter-server worker, :mod:`executor.ps`), resumes from
+the newest checkpoint if there is one (:mod:`executor.checkpoint`), runs ``warmup`` + ``steps``
+timed steps and one more instrumented step (collective census, saved-activation and gathered-
+parameter peaks, model-state bytes, compression wire bytes), saving a checkpoint every
+``--checkpoint-every`` steps, then sends what it saw to rank 0 (``gather_object``), which writes
+``result.json`` in the run directory atomically (and ``--out`` when given: a multi-node run has
+no launcher to do it). Parameter servers (the extra ranks of the parameter-server modes) serve
+the workers instead of training.
+
+Rendezvous comes from the environment torchrun sets (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_RESTART_COUNT``), one node
+(``--standalone``) or several (c10d rendezvous, :mod:`executor.multinode`).
+
+Restarts: torchrun restarts the whole group after a failure (``--max-restarts``); the attempt
+number is ``TORCHELASTIC_RESTART_COUNT``. The i-th ``--fault`` fires on attempt i only. Every rank
+appends its start, resume, failure and hang to ``events.jsonl`` in the run directory, from which
+rank 0 measures the restart time (:func:`executor.report.restart_history`).
 
 Process life follows /work/shared/TORCH-CPU.md: the process group gets a small timeout (its
 sub-groups too, see :func:`executor.parallelize.build_mesh`), and every worker ends with
@@ -16,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import resource
-import statistics
 import sys
 import time
 import traceback
@@ -29,8 +40,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from executor.checkpoint import Checkpointer, TrainState
 from executor.faults import (
     Fault,
+    append_event,
     classify_error,
     failure_path,
     heartbeat_path,
@@ -40,12 +53,10 @@ from executor.faults import (
     write_json_atomic,
 )
 from executor.measure import CollectiveCensus, StepProbe
-from executor.parallelize import build_mesh, build_parallel_model
+from executor.report import assemble
 from executor.train import DEFAULT_SEED, train_step
 from simdist.spec.plan import rank_coord
 from simdist.spec.scenario import Scenario, load_scenario
-
-GIB = 2**30
 
 
 class Worker:
@@ -56,37 +67,52 @@ class Worker:
         self.rank = int(os.environ["RANK"])
         self.world = int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.world)))
+        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.run_dir = Path(args.run_dir)
-        self.fault: Fault | None = parse_fault(args.fault) if args.fault else None
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        faults = [parse_fault(f) for f in args.fault or []]
+        self.fault: Fault | None = faults[self.attempt] if self.attempt < len(faults) else None
         self.step = -1
         self.phase = "start"
+        self.reports_progress = False
+        if self.attempt > 0:  # a report of the previous attempt would confuse the diagnosis
+            failure_path(self.run_dir, self.rank).unlink(missing_ok=True)
         pid_path(self.run_dir, self.rank).write_text(str(os.getpid()))
         self.beat("start")
+        self.event("start")
 
     def beat(self, phase: str, step: int | None = None) -> None:
         self.phase = phase
         if step is not None:
             self.step = step
         write_json_atomic(heartbeat_path(self.run_dir, self.rank),
-                          {"rank": self.rank, "step": self.step, "phase": phase, "time": time.time()})
+                          {"rank": self.rank, "step": self.step, "phase": phase, "time": time.time(),
+                           "attempt": self.attempt})
+
+    def event(self, name: str, **extra: Any) -> None:
+        append_event(self.run_dir, {"event": name, "rank": self.rank, "attempt": self.attempt,
+                                    "time": time.time(), "step": self.step, **extra})
 
     def log(self, msg: str) -> None:
         print(f"[rank {self.rank}] {msg}", file=sys.stderr, flush=True)
 
     # --- setup ----------------------------------------------------------------------------
 
-    def device_and_backend(self) -> tuple[torch.device, str]:
+    def device_and_backend(self, cpu_only: bool = False) -> tuple[torch.device, str]:
         want = self.args.device
-        if want == "cuda" or (want == "auto" and torch.cuda.is_available()
-                              and torch.cuda.device_count() > self.local_rank):
+        if not cpu_only and (want == "cuda" or (want == "auto" and torch.cuda.is_available()
+                                                and torch.cuda.device_count() > self.local_rank)):
             torch.cuda.set_device(self.local_rank)
             return torch.device("cuda", self.local_rank), "nccl"
         return torch.device("cpu"), "gloo"
 
     def run(self) -> None:
         scenario = load_scenario(self.args.scenario)
-        plan, m = scenario.plan, scenario.model
-        device, backend = self.device_and_backend()
+        plan = scenario.plan
+        ps_mode = plan.gradient_sync != "allreduce"
+        # parameter servers talk point-to-point on gloo (CPU processes, as servers usually are)
+        device, backend = self.device_and_backend(cpu_only=ps_mode)
         timeout = timedelta(seconds=self.args.pg_timeout)
         self.beat("init_process_group")
         if device.type == "cuda":
@@ -94,61 +120,170 @@ class Worker:
         else:
             dist.init_process_group(backend, timeout=timeout)
         self.beat("build")
-        mesh = build_mesh(plan, device.type, backend, timeout)
-        pm = build_parallel_model(m, plan, self.rank, mesh, device, self.args.seed)
+        if ps_mode:
+            self.run_parameter_server_mode(scenario, device, backend, timeout)
+        else:
+            from executor.parallelize import build_mesh, build_parallel_model
+
+            mesh = build_mesh(plan, device.type, backend, timeout)
+            pm = build_parallel_model(scenario.model, plan, self.rank, mesh, device, self.args.seed)
+            self.train(scenario, pm, self.rank, device, backend, group=None, servers=0)
+
+    def run_parameter_server_mode(self, scenario: Scenario, device: torch.device, backend: str,
+                                  timeout: timedelta) -> None:
+        from executor import ps
+
+        plan = scenario.plan
+        nodes = max(1, self.world // self.local_world)
+        layout = ps.make_layout(plan, scenario.cluster.num_nodes, nodes)
+        if layout.world != self.world:
+            raise RuntimeError(f"the parameter-server layout needs {layout.world} processes "
+                               f"({layout.workers} workers + {layout.servers} servers), torchrun started {self.world}")
+        role, index = layout.role(self.rank)
+        # every rank creates every group, in the same order
+        workers = dist.new_group([layout.worker_rank(w) for w in range(layout.workers)], timeout=timeout)
+        server_group = (dist.new_group([layout.server_rank(k) for k in range(layout.servers)], timeout=timeout)
+                        if layout.servers > 1 else None)
+        if role == "worker":
+            pm = ps.build_worker(scenario.model, plan, index, layout, device, self.args.seed)
+            self.train(scenario, pm, index, device, backend, group=workers, servers=layout.servers)
+        else:
+            server = ps.build_server(scenario.model, plan, index, layout, self.args.seed, server_group)
+            self.serve(scenario, server, index, device, backend)
+
+    # --- training ---------------------------------------------------------------------------
+
+    def total_steps(self) -> int:
+        return self.args.warmup + self.args.steps + 1
+
+    def checkpointer(self) -> Checkpointer | None:
+        if not self.args.checkpoint_dir:
+            return None
+        return Checkpointer(self.args.checkpoint_dir, self.args.checkpoint_every or 0, self.rank)
+
+    def resume(self, ckpt: Checkpointer | None, state: TrainState) -> tuple[int, dict[str, Any]]:
+        start, records = 0, {}
+        if ckpt is not None:
+            self.beat("resume")
+            found = ckpt.resume(state)
+            if found is not None:
+                start, progress = found
+                records = progress.get("records", {})
+                ckpt.saves, ckpt.save_s = int(progress.get("saves", 0)), float(progress.get("save_s", 0.0))
+                self.log(f"resumed from {ckpt.directory} at step {start}")
+        return start, records
+
+    def train(self, scenario: Scenario, pm: Any, plan_rank: int, device: torch.device, backend: str,
+              group: dist.ProcessGroup | None, servers: int) -> None:
+        m, plan = scenario.model, scenario.plan
+        self.reports_progress = plan_rank == plan.world_size - 1
         probe = StepProbe(pm, cuda=device.type == "cuda")
-        warmup, steps = self.args.warmup, self.args.steps
-        losses: list[float | None] = []
-        step_walls: list[float] = []
-        phases: list[dict[str, float | None]] = []
+        warmup, steps, total = self.args.warmup, self.args.steps, self.total_steps()
+        ckpt = self.checkpointer()
+        if servers:
+            state = TrainState(self.rank)
+        else:
+            model = pm.chunks[0] if len(pm.chunks) == 1 else torch.nn.ModuleList(pm.chunks)
+            state = TrainState(self.rank, model, pm.optimizer, local_shards=pm.local_shards,
+                               param_names=pm.param_names)
+        start, records = self.resume(ckpt, state)
+        if servers:
+            pm.optimizer.pull_initial()
+        self.step = start
+        self.event("resumed")
         census = CollectiveCensus()
-        total = warmup + steps + 1
-        for step in range(total):
+        wire: dict[str, int] | None = None
+        for step in range(start, total):
             measured = warmup <= step < warmup + steps
             instrumented = step == total - 1
             self.beat("step", step)
             self.maybe_inject_fault(step)
             if measured:
-                self.barrier(device)  # every rank starts a measured step together
+                self.barrier(device, group)  # every rank starts a measured step together
+            before = pm.compression.counter.snapshot() if pm.compression is not None else None
             with probe.step(instrument=instrumented):
                 if instrumented:
                     with census:
                         loss = train_step(pm, m, plan, step, self.args.seed, device, probe)
                 else:
                     loss = train_step(pm, m, plan, step, self.args.seed, device, probe)
+            if instrumented and before is not None:
+                after = pm.compression.counter.snapshot()
+                wire = {k: after[k] - before.get(k, 0) for k in after}
             if measured:
-                losses.append(loss)
-                step_walls.append(probe.times.wall)
-                phases.append(probe.phases())
+                records[str(step)] = {"loss": loss, "wall": probe.times.wall, "phases": probe.phases()}
             self.progress(step, warmup, steps, loss, probe.times.wall)
+            if ckpt is not None and ckpt.due(step + 1, total):
+                self.beat("checkpoint", step)
+                ckpt.save(step + 1, state, {"records": records, "saves": ckpt.saves + 1,
+                                            "save_s": ckpt.save_s})
         self.beat("report")
         saved = probe.saved.peak if probe.saved else 0
         gathered = probe.gathered.peak if probe.gathered else 0
+        measured_steps = [str(s) for s in range(warmup, warmup + steps)]
         mine = {
-            "rank": self.rank,
-            "coord": list(rank_coord(self.rank, plan)),
-            "losses": losses if pm.holds_loss else None,
-            "step_walls": step_walls,
-            "phases": phases,
+            "role": "worker",
+            "rank": plan_rank,
+            "global_rank": self.rank,
+            "coord": list(rank_coord(plan_rank, plan)),
+            "losses": [records[s]["loss"] for s in measured_steps] if pm.holds_loss else None,
+            "step_walls": [records[s]["wall"] for s in measured_steps],
+            "phases": [records[s]["phases"] for s in measured_steps],
             "model_state": {**(probe.model_state or {}), "params_gathered": gathered},
             "activation_bytes": saved,
             "collectives": census.result(),
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "cuda_peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             "data_parallel": pm.data_parallel,
+            "dp_wire_bytes": wire,
+            "checkpoint": {"saves": ckpt.saves, "save_s": ckpt.save_s} if ckpt is not None else None,
         }
-        gathered_all: list[Any] = [None] * self.world if self.rank == 0 else []
-        dist.gather_object(mine, gathered_all if self.rank == 0 else None, dst=0)
+        if servers:
+            client = pm.optimizer
+            mine["ps_worker"] = {"bytes_sent": client.traffic.sent, "bytes_received": client.traffic.received,
+                                 "steps": client.step_index}
+        self.finish(scenario, mine, device, backend)
+
+    def serve(self, scenario: Scenario, server: Any, index: int, device: torch.device, backend: str) -> None:
+        total = self.total_steps()
+        ckpt = self.checkpointer()
+        state = TrainState(self.rank, server.shard, server.optimizer, key=f"server{index}")
+        start, _ = self.resume(ckpt, state)
+        server.send_initial()
+        self.step = start
+        self.event("resumed")
+        if server.asynchronous:
+            self.beat("serve", start)
+            self.maybe_inject_fault(start)
+            server.serve_async(server.layout.workers * (total - start))
+        else:
+            for step in range(start, total):
+                self.beat("serve", step)
+                self.maybe_inject_fault(step)
+                server.serve_step()
+                if ckpt is not None and ckpt.due(step + 1, total):
+                    self.beat("checkpoint", step)
+                    ckpt.save(step + 1, state, {})
+        self.beat("report")
+        self.finish(scenario, {"role": "server", "global_rank": self.rank, **server.report()}, device, backend)
+
+    def finish(self, scenario: Scenario, mine: dict[str, Any], device: torch.device, backend: str) -> None:
+        everyone: list[Any] = [None] * self.world if self.rank == 0 else []
+        dist.gather_object(mine, everyone if self.rank == 0 else None, dst=0)
         if self.rank == 0:
-            result = assemble(scenario, gathered_all, device, backend, self.args)
+            ranks = [r for r in everyone if r["role"] == "worker"]
+            servers = [r for r in everyone if r["role"] == "server"]
+            result = assemble(scenario, ranks, servers, device, backend, self.args, self.attempt, self.run_dir)
             write_json_atomic(result_path(self.run_dir), result)
+            if self.args.out:
+                write_json_atomic(Path(self.args.out), result)
         self.beat("done")
 
-    def barrier(self, device: torch.device) -> None:
+    def barrier(self, device: torch.device, group: dist.ProcessGroup | None) -> None:
         if device.type == "cuda":
-            dist.barrier(device_ids=[device.index])
+            dist.barrier(group=group, device_ids=[device.index])
         else:
-            dist.barrier()
+            dist.barrier(group=group)
 
     def maybe_inject_fault(self, step: int) -> None:
         f = self.fault
@@ -157,12 +292,13 @@ class Worker:
         if f.kind == "crash":
             raise RuntimeError(f"injected crash (--fault {f})")
         self.beat("hang")
+        self.event("hang")
         self.log(f"hanging at step {step} (--fault {f})")
         while True:
             time.sleep(3600)
 
     def progress(self, step: int, warmup: int, steps: int, loss: float | None, wall: float) -> None:
-        if self.rank != self.world - 1:  # the last rank always holds a loss (last stage)
+        if not self.reports_progress:  # the last training rank always holds a loss (last stage)
             return
         if step < warmup:
             label = f"warm-up {step + 1}/{warmup}"
@@ -175,100 +311,12 @@ class Worker:
 
     def report_failure(self, exc: BaseException) -> None:
         message = f"{exc}".strip().splitlines()[0][:500] if str(exc).strip() else ""
+        kind = classify_error(str(exc))
         write_json_atomic(failure_path(self.run_dir, self.rank), {
-            "rank": self.rank, "step": self.step, "phase": self.phase,
-            "error": type(exc).__name__, "message": message, "kind": classify_error(str(exc)),
+            "rank": self.rank, "step": self.step, "phase": self.phase, "attempt": self.attempt,
+            "error": type(exc).__name__, "message": message, "kind": kind, "time": time.time(),
         })
-
-
-# --- rank 0: the measurement ----------------------------------------------------------------
-
-
-def _median_index(values: list[float]) -> int:
-    """Index of the median (the lower middle one for an even count)."""
-    order = sorted(range(len(values)), key=values.__getitem__)
-    return order[(len(order) - 1) // 2]
-
-
-def assemble(scenario: Scenario, ranks: list[dict[str, Any]], device: torch.device, backend: str,
-             args: argparse.Namespace) -> dict[str, Any]:
-    """The contract's measurement (plus extras) from every rank's report."""
-    plan = scenario.plan
-    ranks = sorted(ranks, key=lambda r: r["rank"])
-    steps = args.steps
-    # a step lasts until its slowest rank finishes (all start together after a barrier)
-    step_times = [max(r["step_walls"][i] for r in ranks) for i in range(steps)]
-    # one loss per data-parallel replica: the last stage's tp-rank 0 (tp ranks hold the same)
-    replicas = [r for r in ranks if r["losses"] is not None and r["coord"][3] == 0]
-    losses = [sum(r["losses"][i] for r in replicas) / len(replicas) for i in range(steps)]
-    mid = _median_index(step_times)
-    phases: dict[str, float | None] = {}
-    for key in ("forward", "backward", "optimizer", "comm", "other"):
-        vals = [r["phases"][mid][key] for r in ranks]
-        phases[key] = None if any(v is None for v in vals) else sum(vals) / len(vals)
-    per_rank = []
-    for r in ranks:
-        ms = r["model_state"]
-        state = ms.get("total", 0)
-        if r["cuda_peak_bytes"] is not None:
-            peak = r["cuda_peak_bytes"]
-        else:  # CPU: states + gathered parameters + saved activations at their peak
-            peak = state + ms.get("params_gathered", 0) + r["activation_bytes"]
-        per_rank.append({"rank": r["rank"], "model_state_gib": state / GIB,
-                         "activations_gib": r["activation_bytes"] / GIB, "peak_gib": peak / GIB})
-    collectives: dict[str, dict[str, int]] = {}
-    for r in ranks:
-        for kind, c in r["collectives"].items():
-            entry = collectives.setdefault(kind, {"count": 0, "bytes": 0})
-            entry["count"] += c["count"]
-            entry["bytes"] += c["bytes"]
-    return {
-        "name": scenario.name,
-        "scenario_hash": scenario.hash(),
-        "world_size": len(ranks),
-        "device": device.type,
-        "backend": backend,
-        "torch_version": torch.__version__.split("+")[0],
-        "steps": steps,
-        "step_time_s": statistics.median(step_times),
-        "step_times_s": step_times,
-        "losses": losses,
-        "phases_s": phases,
-        "memory": {"peak_gib": max(p["peak_gib"] for p in per_rank), "per_rank": per_rank},
-        # extras
-        "warmup_steps": args.warmup,
-        "seed": args.seed,
-        "plan": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp,
-                 "virtual_pipeline_stages": plan.virtual_pipeline_stages, "schedule": plan.schedule,
-                 "zero_stage": plan.zero_stage, "sequence_parallel": plan.sequence_parallel,
-                 "recompute": plan.recompute, "precision": plan.precision,
-                 "micro_batch_size": plan.micro_batch_size, "global_batch_size": plan.global_batch_size,
-                 "num_microbatches": plan.num_microbatches, "data_parallel": ranks[0]["data_parallel"]},
-        "model_state_bytes": [{"rank": r["rank"], **r["model_state"]} for r in ranks],
-        "activation_bytes": [r["activation_bytes"] for r in ranks],
-        "collectives": collectives,
-        "collectives_per_rank": [{"rank": r["rank"], **r["collectives"]} for r in ranks],
-        "phases_per_rank_s": [{"rank": r["rank"], **r["phases"][mid]} for r in ranks],
-        "max_rss_gib_per_rank": [r["max_rss_bytes"] / GIB for r in ranks],
-        "environment": environment(device),
-    }
-
-
-def environment(device: torch.device) -> dict[str, Any]:
-    env: dict[str, Any] = {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "hostname": platform.node(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "torch_num_threads": torch.get_num_threads(),
-    }
-    if device.type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
-        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    return env
+        self.event("failed", kind=kind)
 
 
 # --- entry ----------------------------------------------------------------------------------
@@ -283,7 +331,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
     p.add_argument("--pg-timeout", type=float, default=30.0)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    p.add_argument("--fault", default=None)
+    p.add_argument("--fault", action="append", default=[], help="RANK:STEP:crash|hang; the i-th fires on attempt i")
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--out", default=None, help="rank 0 also writes the measurement here")
     return p.parse_args(argv)
 
 

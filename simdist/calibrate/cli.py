@@ -158,7 +158,8 @@ def compare_main(args: argparse.Namespace) -> int:
     elif not comps:
         print(f"no measurements in {store.path}: run `simdist run FILE --nproc N` first")
     else:
-        keys = ["step_time_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "model_state_gib", "activations_gib"]
+        keys = ["step_time_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "model_state_gib", "activations_gib",
+                "dp_bytes_per_step", "ps_bytes_per_server", "restarts", "restart_s"]
         rows = []
         for c in comps:
             for k in keys:

@@ -51,7 +51,23 @@ def predicted_quantities(scenario, profile: CalibrationProfile | None) -> dict[s
         "comm_s": b["tp_comm"] + b["pp_comm"] + b["dp_comm"],
         "model_state_gib": max(s["params"] + s["grads"] + s["optimizer"] for s in states) / GiB,
         "activations_gib": max(activation_bytes(model, plan, s) for s in range(plan.pp)) / GiB,
+        **predicted_traffic(scenario),
     }
+
+
+def predicted_traffic(scenario) -> dict[str, float]:
+    """Bytes the executor counts (gradient-sync bytes per rank and step with compression, bytes
+    per parameter server and step) and the restart time, as the model has them."""
+    from simdist.analytic.systems import dp_traffic, ps_traffic
+
+    plan, out = scenario.plan, {}
+    if plan.gradient_sync != "allreduce":
+        out["ps_bytes_per_server"] = ps_traffic(scenario.model, plan, scenario.cluster).per_server_bytes
+    elif plan.grad_compression.enabled:
+        out["dp_bytes_per_step"] = dp_traffic(scenario.model, plan, 0).step_bytes(plan.num_microbatches)
+    if scenario.reliability is not None:
+        out["restart_s"] = scenario.reliability.restart_time_s
+    return out
 
 
 def measured_quantities(meas: dict[str, Any]) -> dict[str, float]:
@@ -64,6 +80,14 @@ def measured_quantities(meas: dict[str, Any]) -> dict[str, float]:
     if ranks:
         out["model_state_gib"] = max(float(r.get("model_state_gib", 0)) for r in ranks)
         out["activations_gib"] = max(float(r.get("activations_gib", 0)) for r in ranks)
+    if (meas.get("compression") or {}).get("dp_bytes_per_step") is not None:
+        out["dp_bytes_per_step"] = float(meas["compression"]["dp_bytes_per_step"])
+    if meas.get("ps"):
+        out["ps_bytes_per_server"] = float(meas["ps"]["bytes_per_server_per_step"])
+    if meas.get("restarts"):
+        out["restarts"] = float(meas["restarts"])
+        if meas.get("restart_s") is not None:
+            out["restart_s"] = float(meas["restart_s"])
     return out
 
 

@@ -41,7 +41,7 @@ def refused(capsys: pytest.CaptureFixture[str], path: Path, nproc: int = 2, **op
     ({}, 4, "--nproc"),  # degrees multiply to 2, not 4
     ({"plan": {"cp": 2, "dp": 1}}, 2, "plan.cp"),
     ({"plan": {"precision": "fp16"}}, 2, "plan.precision"),
-    ({"plan": {"optimizer": "lamb"}}, 2, "plan.optimizer"),
+    ({"plan": {"optimizer": "adafactor"}}, 2, "plan.optimizer"),
     ({"model": {"tie_embeddings": True}, "plan": {"pp": 2}}, 2, "model.tie_embeddings"),
     ({"model": {"tie_embeddings": True}, "plan": {"tp": 2}, "cluster": {"gpus_per_node": 4}}, 4,
      "model.tie_embeddings"),
@@ -56,7 +56,7 @@ def test_impossible_plans_are_refused_before_launch(tmp_path, capsys, changes, n
 
 
 def test_every_problem_is_reported_at_once(tmp_path, capsys):
-    path = scenario_file(tmp_path, precision="fp16", optimizer="lars")
+    path = scenario_file(tmp_path, precision="fp16", optimizer="adafactor")
     lines = refused(capsys, path, nproc=4, steps=0, fault="9:1:explode")
     fields = {line.split(":")[0] for line in lines}
     assert {"--nproc", "plan.precision", "plan.optimizer", "--steps", "--fault"} <= fields

@@ -1,0 +1,192 @@
+"""Rank 0's measurement: the contract's keys from every rank's report, plus the v1.1 extras.
+
+Each training rank reports its per-step records (loss, wall time, phases) of the measured
+steps, its model-state and activation bytes and its collectives of the instrumented step; with
+gradient compression the bytes its hooks put on the wire; in the parameter-server modes each
+server reports its traffic, memory and the staleness it saw. The restart history comes from the
+run directory's ``events.jsonl`` (:func:`restart_history`).
+
+Extra keys (beyond the contract's v1 measurement):
+
+- ``comm_bytes_per_step``: per kind, the mean over ranks of the bytes (buffer sizes, the S of
+  nccl-tests) of the collectives of one step, as simdist.analytic.systems counts them;
+- ``compression``: method and ``dp_bytes_per_step`` (mean over ranks, per kind and in total) of
+  the gradient sync the hooks did (executor.compression);
+- ``ps``: workers, servers, ``bytes_per_server_per_step`` (in + out, mean over servers, the
+  ``per_server_bytes`` of simdist.analytic.systems.ps_traffic), ``worker_bytes_per_step`` (one
+  push), the staleness histogram (async) and each server's report;
+- ``restarts``, ``restart_s`` (mean seconds from a failure to the restarted group being ready
+  to train again: detection, restart, re-initialisation and checkpoint load, the goodput model's
+  ``restart_time``), ``restart_s_each``, ``lost_steps`` (steps computed again after a restart) and
+  ``checkpoint`` (saves and their seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from executor.faults import read_events
+from simdist.spec.scenario import Scenario
+
+GIB = 2**30
+
+
+def _median_index(values: list[float]) -> int:
+    """Index of the median (the lower middle one for an even count)."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    return order[(len(order) - 1) // 2]
+
+
+def restart_history(events: list[dict[str, Any]], attempts: int) -> dict[str, Any]:
+    """restart_s of each restart: from the first failure (a rank's exception, or the moment a
+    rank hung) of attempt a-1 to the last rank of attempt a being ready to train (resumed)."""
+    each: list[float] = []
+    lost = 0
+    for a in range(1, attempts + 1):
+        failed = [e for e in events if e.get("attempt") == a - 1 and e.get("event") in ("failed", "hang")]
+        resumed = [e for e in events if e.get("attempt") == a and e.get("event") == "resumed"]
+        started = [e for e in events if e.get("attempt") == a and e.get("event") == "start"]
+        if not resumed:
+            continue
+        t_fail = min(e["time"] for e in failed) if failed else min((e["time"] for e in started), default=None)
+        if t_fail is None:
+            continue
+        each.append(max(e["time"] for e in resumed) - t_fail)
+        if failed:
+            lost += max(0, max(int(e.get("step", 0)) for e in failed) - min(int(e.get("step", 0)) for e in resumed))
+    return {"restarts": attempts, "restart_s": statistics.mean(each) if each else (0.0 if attempts == 0 else None),
+            "restart_s_each": each, "lost_steps": lost}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def assemble(scenario: Scenario, ranks: list[dict[str, Any]], servers: list[dict[str, Any]],
+             device: torch.device, backend: str, args: argparse.Namespace, attempt: int,
+             run_dir: Path) -> dict[str, Any]:
+    """The contract's measurement (plus extras) from every training rank's and server's report."""
+    plan = scenario.plan
+    ranks = sorted(ranks, key=lambda r: r["rank"])
+    steps = args.steps
+    # a step lasts until its slowest rank finishes (all start together after a barrier)
+    step_times = [max(r["step_walls"][i] for r in ranks) for i in range(steps)]
+    # one loss per data-parallel replica: the last stage's tp-rank 0 (tp ranks hold the same)
+    replicas = [r for r in ranks if r["losses"] is not None and r["coord"][3] == 0]
+    losses = [sum(r["losses"][i] for r in replicas) / len(replicas) for i in range(steps)]
+    mid = _median_index(step_times)
+    phases: dict[str, float | None] = {}
+    for key in ("forward", "backward", "optimizer", "comm", "other"):
+        vals = [r["phases"][mid][key] for r in ranks]
+        phases[key] = None if any(v is None for v in vals) else sum(vals) / len(vals)
+    per_rank = []
+    for r in ranks:
+        ms = r["model_state"]
+        state = ms.get("total", 0)
+        if r["cuda_peak_bytes"] is not None:
+            peak = r["cuda_peak_bytes"]
+        else:  # CPU: states + gathered parameters + saved activations at their peak
+            peak = state + ms.get("params_gathered", 0) + r["activation_bytes"]
+        per_rank.append({"rank": r["rank"], "model_state_gib": state / GIB,
+                         "activations_gib": r["activation_bytes"] / GIB, "peak_gib": peak / GIB})
+    collectives: dict[str, dict[str, int]] = {}
+    for r in ranks:
+        for kind, c in r["collectives"].items():
+            entry = collectives.setdefault(kind, {"count": 0, "bytes": 0})
+            entry["count"] += c["count"]
+            entry["bytes"] += c["bytes"]
+    out: dict[str, Any] = {
+        "name": scenario.name,
+        "scenario_hash": scenario.hash(),
+        "world_size": len(ranks),
+        "device": device.type,
+        "backend": backend,
+        "torch_version": torch.__version__.split("+")[0],
+        "steps": steps,
+        "step_time_s": statistics.median(step_times),
+        "step_times_s": step_times,
+        "losses": losses,
+        "phases_s": phases,
+        "memory": {"peak_gib": max(p["peak_gib"] for p in per_rank), "per_rank": per_rank},
+        # extras
+        "warmup_steps": args.warmup,
+        "seed": args.seed,
+        "plan": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "dp_shard": plan.dp_shard,
+                 "virtual_pipeline_stages": plan.virtual_pipeline_stages, "schedule": plan.schedule,
+                 "zero_stage": plan.zero_stage, "sequence_parallel": plan.sequence_parallel,
+                 "recompute": plan.recompute, "precision": plan.precision, "optimizer": plan.optimizer,
+                 "gradient_sync": plan.gradient_sync, "grad_compression": plan.grad_compression.method,
+                 "micro_batch_size": plan.micro_batch_size, "global_batch_size": plan.global_batch_size,
+                 "num_microbatches": plan.num_microbatches, "data_parallel": ranks[0]["data_parallel"]},
+        "model_state_bytes": [{"rank": r["rank"], **r["model_state"]} for r in ranks],
+        "activation_bytes": [r["activation_bytes"] for r in ranks],
+        "collectives": collectives,
+        "comm_bytes_per_step": {k: v["bytes"] / len(ranks) for k, v in collectives.items()},
+        "collectives_per_rank": [{"rank": r["rank"], **r["collectives"]} for r in ranks],
+        "phases_per_rank_s": [{"rank": r["rank"], **r["phases"][mid]} for r in ranks],
+        "max_rss_gib_per_rank": [r["max_rss_bytes"] / GIB for r in ranks],
+        "environment": environment(device),
+    }
+    wire = [r["dp_wire_bytes"] for r in ranks if r.get("dp_wire_bytes") is not None]
+    if wire:
+        kinds = sorted({k for w in wire for k in w})
+        by_kind = {k: _mean([w.get(k, 0) for w in wire]) for k in kinds}
+        c = plan.grad_compression
+        out["compression"] = {"method": c.method, "rank": c.rank, "ratio": c.ratio,
+                              "error_feedback": c.error_feedback, "dp_bytes_per_step": sum(by_kind.values()),
+                              "dp_bytes_per_step_by_kind": by_kind}
+    if servers:
+        out["ps"] = ps_summary(plan, ranks, servers)
+    events = read_events(run_dir)
+    out.update(restart_history(events, attempt))
+    saves = [r.get("checkpoint") for r in ranks if r.get("checkpoint")]
+    if saves:
+        out["checkpoint"] = {"every": args.checkpoint_every, "saves": saves[0]["saves"],
+                             "save_s": max(s["save_s"] for s in saves)}
+    return out
+
+
+def ps_summary(plan: Any, ranks: list[dict[str, Any]], servers: list[dict[str, Any]]) -> dict[str, Any]:
+    servers = sorted(servers, key=lambda s: s["server"])
+    per_step = [(s["bytes_sent"] + s["bytes_received"]) / max(1, s["steps_served"]) for s in servers]
+    staleness: Counter[int] = Counter()
+    for s in servers:
+        staleness.update({int(k): v for k, v in s["staleness"].items()})
+    pushes = sum(staleness.values())
+    pushed = [r["ps_worker"]["bytes_sent"] / max(1, r["ps_worker"]["steps"]) for r in ranks if r.get("ps_worker")]
+    return {
+        "mode": plan.gradient_sync,
+        "workers": plan.dp,
+        "servers": len(servers),
+        "bytes_per_server_per_step": _mean(per_step),
+        "worker_bytes_per_step": _mean(pushed),
+        "staleness": {"mean": sum(k * v for k, v in staleness.items()) / pushes if pushes else 0.0,
+                      "max": max(staleness) if staleness else 0,
+                      "histogram": {str(k): v for k, v in sorted(staleness.items())}},
+        "per_server": servers,
+    }
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "torch_num_threads": torch.get_num_threads(),
+    }
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["cuda"] = torch.version.cuda
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return env
