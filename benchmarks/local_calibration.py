@@ -1,5 +1,7 @@
-"""The calibration target on this machine (issue 5): fit on microbenchmarks and the DP run,
-then predict plans that were NOT used for fitting (TP, PP 1F1B, PP GPipe, ZeRO-3) at 2 ranks.
+"""The calibration target on this machine (issue 5): fit on microbenchmarks, the DP run and
+one TP and one ZeRO-3 run of another shape (micro-batch 2: the framework overheads of DTensor
+and FSDP2), then predict plans that were NOT used for fitting (TP, PP 1F1B, PP GPipe, ZeRO-3,
+all at micro-batch 4) at 2 ranks.
 
     python benchmarks/local_calibration.py [--out out/calibration] [--repeats 3] [--steps 5]
 
@@ -17,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-FIT = "scenarios/local-dp.yaml"
+FIT = ["scenarios/local-dp.yaml", "scenarios/local-tp-fit.yaml", "scenarios/local-zero3-fit.yaml"]
 HELD_OUT = ["scenarios/local-tp.yaml", "scenarios/local-pp-1f1b.yaml", "scenarios/local-pp-gpipe.yaml",
             "scenarios/local-zero3.yaml"]
 
@@ -36,11 +38,11 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     db, profile = str(out / "runs.db"), str(out / "profile.json")
 
-    print(simdist("calibrate", "--nproc", "2", "--out", profile, "--steps", str(args.steps), "--db", db, FIT).stdout)
+    print(simdist("calibrate", "--nproc", "2", "--out", profile, "--steps", str(args.steps), "--db", db, *FIT).stdout)
     medians = []
     for i in range(args.repeats):
         m = out / f"spread-{i}.json"
-        simdist("run", FIT, "--nproc", "2", "--steps", str(args.steps), "--out", str(m), "--no-store")
+        simdist("run", FIT[0], "--nproc", "2", "--steps", str(args.steps), "--out", str(m), "--no-store")
         medians.append(json.loads(m.read_text())["step_time_s"])
     mid = statistics.median(medians)
     print(f"executor run-to-run spread (local-dp, {args.repeats} runs of {args.steps} steps): "

@@ -61,6 +61,7 @@ class Timer:
                         for ax in ("tp", "cp", "pp", "dp", "dp_shard", "dp_replica")}
         self.ctx = systems.CommContext(sc.cluster, sc.plan, net)
         self._passes: dict[tuple[Op, ...], PassTime] = {}
+        self.op_extra = framework_overhead(sc, cost)
 
     def memory_time(self, nbytes: float, kernels: int = 1) -> float:
         """A memory-bound pass of ``nbytes`` of HBM traffic on one GPU."""
@@ -86,7 +87,7 @@ class Timer:
         prev: Compute | None = None
         for i, op in enumerate(ops):
             if isinstance(op, Compute):
-                t = self.cost.time(op)
+                t = self.cost.time(op) + self.op_extra
                 compute += t
                 if op.name.endswith("wgrad"):
                     w += t
@@ -109,6 +110,14 @@ class Timer:
             else:
                 tp += exposed
         return PassTime(compute, tp, cp, w)
+
+
+def framework_overhead(sc: Scenario, cost: CostModel) -> float:
+    """Extra framework seconds per compute op that a calibration profile measured for the
+    software layers this plan runs through (DTensor for TP, FSDP2 for ZeRO-3); 0 otherwise."""
+    over = cost.profile.framework_overheads_s if cost.profile else {}
+    extra = over.get("tp", 0.0) if sc.plan.tp > 1 else 0.0
+    return extra + (over.get("zero3", 0.0) if sc.plan.zero_stage == 3 else 0.0)
 
 
 @dataclass(frozen=True, slots=True)

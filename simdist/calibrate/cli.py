@@ -11,6 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 from simdist.errors import Problem, ScenarioError
 
 
@@ -76,17 +78,28 @@ def calibrate_main(args: argparse.Namespace) -> int:
         print(f"running {f} with the executor ...", file=sys.stderr)
         runs.append((Path(f).read_text(), run_executor(f, args.nproc, args.steps, args.db), str(Path(f).parent)))
     profile = fit_profile(bench, ["microbenchmarks"] + [r[1]["name"] for r in runs])
-    if runs:
-        def mean_log_error(p) -> float:
-            errs = [abs(math.log(compare_one(m, y, p, d).predicted["step_time_s"] / m["step_time_s"])) for y, m, d in runs]
+    # plain runs fix the per-kernel overhead; TP and ZeRO-3 runs then fit the extra overhead
+    # of DTensor and FSDP2 on top (each from its own runs only)
+    groups: dict[str | None, list] = {}
+    for y, m, d in runs:
+        plan = yaml.safe_load(y).get("plan", {})
+        key = "tp" if plan.get("tp", 1) > 1 else "zero3" if plan.get("zero_stage", 0) == 3 else None
+        groups.setdefault(key, []).append((y, m, d))
+    for key in sorted(groups, key=lambda k: k is not None):
+        subset = groups[key]
+
+        def mean_log_error(p, subset=subset) -> float:
+            errs = [abs(math.log(compare_one(m, y, p, d).predicted["step_time_s"] / m["step_time_s"]))
+                    for y, m, d in subset]
             return sum(errs) / len(errs)
 
-        profile = fit_overhead(profile, mean_log_error)
+        profile = fit_overhead(profile, mean_log_error, key)
     profile.save(args.out)
     rows = [[k, f"{v:.3g}"] for k, v in profile.residuals.items()]
     print(table(["fit", "residual (RMS relative error / count)"], rows, align="lr"))
     print(f"\npeak {profile.peak_flops / 1e9:.1f} GFLOP/s per rank, memory {profile.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s;"
-          f" kernel overhead {(profile.kernel_overhead_s or 0) * 1e6:.1f} us")
+          f" kernel overhead {(profile.kernel_overhead_s or 0) * 1e6:.1f} us"
+          + "".join(f"; {k} +{v * 1e6:.1f} us/op" for k, v in profile.framework_overheads_s.items()))
     for k, link in profile.links.items():
         print(f"link {k}: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
     print(f"wrote {args.out}")

@@ -90,13 +90,21 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
     )
 
 
-def fit_overhead(profile: CalibrationProfile, error_of: Callable[[CalibrationProfile], float]) -> CalibrationProfile:
-    """Choose the per-kernel overhead (framework dispatch on CPU) that minimises the mean
-    |log error| of step time over the executor runs given for fitting (golden-section search)."""
+def fit_overhead(profile: CalibrationProfile, error_of: Callable[[CalibrationProfile], float],
+                 key: str | None = None) -> CalibrationProfile:
+    """Choose the per-op overhead that minimises the mean |log error| of step time over the
+    executor runs given for fitting (golden-section search on a log scale): the plain
+    per-kernel overhead (framework dispatch on CPU) when ``key`` is None, else the extra
+    overhead of one software layer (``framework_overheads_s[key]``)."""
     from dataclasses import replace
 
-    lo, hi = math.log(1e-7), math.log(2e-3)
-    f = lambda x: error_of(replace(profile, kernel_overhead_s=math.exp(x)))  # noqa: E731
+    def with_value(v: float) -> CalibrationProfile:
+        if key is None:
+            return replace(profile, kernel_overhead_s=v)
+        return replace(profile, framework_overheads_s={**profile.framework_overheads_s, key: v})
+
+    lo, hi = math.log(1e-7), math.log(5e-3)
+    f = lambda x: error_of(with_value(math.exp(x)))  # noqa: E731
     g = (math.sqrt(5) - 1) / 2
     a, b = lo, hi
     c, d = b - g * (b - a), a + g * (b - a)
@@ -110,6 +118,6 @@ def fit_overhead(profile: CalibrationProfile, error_of: Callable[[CalibrationPro
             a, c, fc = c, d, fd
             d = a + g * (b - a)
             fd = f(d)
-    best = math.exp((a + b) / 2)
-    return replace(profile, kernel_overhead_s=best,
-                   residuals={**profile.residuals, "executor runs mean |log error|": f((a + b) / 2)})
+    best = with_value(math.exp((a + b) / 2))
+    label = "executor runs mean |log error|" + (f" ({key} runs)" if key else "")
+    return replace(best, residuals={**best.residuals, label: f((a + b) / 2)})

@@ -38,6 +38,10 @@ class CalibrationProfile:
     # op kind -> sorted [(size, efficiency)] points; size = FLOPs (gemm, attention) or bytes
     compute_curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     kernel_overhead_s: float | None = None
+    # extra framework time per compute op for plans that run through a software layer the
+    # plain run does not ("tp": DTensor dispatch of tensor-parallel plans, "zero3": FSDP2's
+    # sharded-parameter hooks), fitted from executor runs of such plans
+    framework_overheads_s: dict[str, float] = field(default_factory=dict)
     links: dict[str, LinkFit] = field(default_factory=dict)  # "intra" / "inter" / link kind
     fitted_from: list[str] = field(default_factory=list)
     residuals: dict[str, float] = field(default_factory=dict)  # e.g. rms relative error per fit
