@@ -135,3 +135,16 @@ def test_calibrate_from_saved_benchmarks(tmp_path):
     assert r.returncode == 0, r.stderr
     prof = CalibrationProfile.from_dict(json.loads((tmp_path / "p.json").read_text()))
     assert prof.links["intra.sendrecv"].latency_s == pytest.approx(50e-6, rel=1e-6)
+
+
+def test_framework_overhead_applies_only_to_its_software_layer():
+    from dataclasses import replace
+
+    prof = fit_profile(synthetic_bench())
+    slow_tp = replace(prof, framework_overheads_s={"tp": 1e-3})
+    dp = scenario_from_dict(local_scenario())
+    tp = scenario_from_dict(local_scenario(tp=2))
+    assert predict(dp, profile=slow_tp, engine="analytic").step_time_s == pytest.approx(
+        predict(dp, profile=prof, engine="analytic").step_time_s)
+    assert predict(tp, profile=slow_tp, engine="analytic").step_time_s > 1.5 * predict(
+        tp, profile=prof, engine="analytic").step_time_s
