@@ -142,10 +142,7 @@ def scenario_from_dict(data: dict[str, Any], base_dir: str | Path = ".") -> Scen
     if data.get("reliability") is not None:
         reliability = _build_reliability(data["reliability"], Collector("reliability"), c)
     if model and cluster and plan:
-        world_known = any(p.field == "plan.tp" and "cluster's" in p.message for p in c.problems)
-        for problem in check_consistency(model, cluster, plan):
-            if not (world_known and problem.field == "plan.dp"):
-                c.problems.append(problem)
+        c.problems.extend(check_consistency(model, cluster, plan, dp_given="dp" in plan_data))
     c.raise_if_any()
     assert model and cluster and plan
     return Scenario(
@@ -431,15 +428,10 @@ def _build_plan(raw: dict[str, Any], model: ModelSpec | None, cluster: ClusterSp
     elif sched == "interleaved-1f1b" and v == 1:
         c.add("schedule", "interleaved-1f1b needs virtual_pipeline_stages >= 2")
 
-    # dp derived from the world size when absent; checked against it when given (world-size
-    # problems go straight to ``outer`` so the plan is still built and cross-checked)
-    if cluster is not None:
-        world = cluster.world_size
+    # dp derived from the world size when absent (check_consistency reports a mismatch)
+    if cluster is not None and "dp" not in values:
         mp = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
-        if "dp" not in values:
-            if world % mp:
-                outer.add("plan.tp", f"tp*pp*cp = {mp} does not divide the cluster's {world} GPUs")
-            values["dp"] = max(1, world // mp)
+        values["dp"] = max(1, cluster.world_size // mp)
     _merge_into(outer, c)
     if c.problems or cluster is None:
         return None
@@ -549,8 +541,10 @@ def _build_reliability(raw: Any, c: Collector, outer: Collector) -> Reliability 
 # --- cross-object checks ------------------------------------------------------------------
 
 
-def check_consistency(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan) -> list[Problem]:
-    """Every problem that needs model, cluster and plan together, each naming its field."""
+def check_consistency(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                      dp_given: bool = True) -> list[Problem]:
+    """Every problem that needs model, cluster and plan together, each naming its field.
+    ``dp_given``: the file wrote plan.dp (else it was derived from the world size)."""
     out: list[Problem] = []
 
     def add(f: str, msg: str) -> None:
@@ -571,7 +565,10 @@ def check_consistency(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
         add("plan.cp", f"{plan.cp} does not divide model.seq_length ({model.seq_length})")
     world = cluster.world_size
     if plan.world_size != world:
-        add("plan.dp", f"tp*pp*cp*dp = {plan.world_size} but the cluster has {world} GPUs")
+        if dp_given:
+            add("plan.dp", f"tp*pp*cp*dp = {plan.world_size} but the cluster has {world} GPUs")
+        else:
+            add("plan.tp", f"tp*pp*cp = {plan.model_parallel_size} does not divide the cluster's {world} GPUs")
     per_step = plan.micro_batch_size * plan.dp
     if plan.global_batch_size % per_step:
         add("plan.global_batch_size", f"{plan.global_batch_size} is not a multiple of micro_batch_size*dp "
