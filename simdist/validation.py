@@ -142,7 +142,8 @@ def _candidates(row: dict[str, str], base: dict[str, Any]) -> list[dict[str, Any
     mbs = [None] if row["micro_batch"].strip() else [1, 2, 4, 8]
     pp, layers = base["plan"]["pp"], base["model"]["num_layers"]
     # Megatron-LM's interleaved schedule needs the layers to split evenly into pp*v chunks
-    vs = [1] if pp == 1 else [v for v in (1, 2, 3, 4) if v == 1 or layers % (pp * v) == 0]
+    # (chunks per stage: the divisors of the layers per stage, up to 24)
+    vs = [1] if pp == 1 or layers % pp else [v for v in range(1, 25) if (layers // pp) % v == 0]
     out = []
     for mb in mbs:
         for v in vs:
