@@ -126,8 +126,17 @@ class _LayerwiseOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.norm_sync = NormSync()
 
-    def _with_grads(self, group: dict[str, Any]) -> list[torch.Tensor]:
-        return [p for p in group["params"] if p.grad is not None]
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._update(group, params)
+        return loss
+
+    def _update(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+        raise NotImplementedError
 
 
 class Lamb(_LayerwiseOptimizer):
@@ -142,36 +151,29 @@ class Lamb(_LayerwiseOptimizer):
                  eps: float = 1e-6, weight_decay: float = 0.01):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            params = self._with_grads(group)
-            if not params:
-                continue
-            b1, b2 = group["betas"]
-            updates = []
-            for p in params:
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["step"] += 1
-                t = float(state["step"])
-                g, m, v = local(p.grad), local(state["exp_avg"]), local(state["exp_avg_sq"])
-                m.mul_(b1).add_(g, alpha=1 - b1)
-                v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                r = (m / (1 - b1**t)) / (v / (1 - b2**t)).sqrt().add_(group["eps"])
-                if group["weight_decay"]:
-                    r.add_(local(p), alpha=group["weight_decay"])
-                updates.append(r)
-            sq = self.norm_sync.complete(params, _squared_norms((local(p), u) for p, u in zip(params, updates, strict=True)))
-            norms = sq.sqrt()
-            ratios = _trust_ratios((norms[:, 0] > 0) & (norms[:, 1] > 0), norms[:, 0], norms[:, 1])
-            for p, u, ratio in zip(params, updates, ratios, strict=True):
-                local(p).add_(u, alpha=-group["lr"] * ratio)
-        return loss
+    def _update(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+        b1, b2 = group["betas"]
+        updates = []
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["step"] += 1
+            t = float(state["step"])
+            g, m, v = local(p.grad), local(state["exp_avg"]), local(state["exp_avg_sq"])
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            r = (m / (1 - b1**t)) / (v / (1 - b2**t)).sqrt().add_(group["eps"])
+            if group["weight_decay"]:
+                r.add_(local(p), alpha=group["weight_decay"])
+            updates.append(r)
+        sq = self.norm_sync.complete(params, _squared_norms((local(p), u) for p, u in zip(params, updates, strict=True)))
+        norms = sq.sqrt()
+        ratios = _trust_ratios((norms[:, 0] > 0) & (norms[:, 1] > 0), norms[:, 0], norms[:, 1])
+        for p, u, ratio in zip(params, updates, ratios, strict=True):
+            local(p).add_(u, alpha=-group["lr"] * ratio)
 
 
 class Lars(_LayerwiseOptimizer):
@@ -192,27 +194,20 @@ class Lars(_LayerwiseOptimizer):
         super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay,
                                   "trust_coefficient": trust_coefficient})
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            params = self._with_grads(group)
-            if not params:
-                continue
-            wd, eta = group["weight_decay"], group["trust_coefficient"]
-            sq = self.norm_sync.complete(params, _squared_norms((local(p), local(p.grad)) for p in params))
-            norms = sq.sqrt()
-            ok = (norms[:, 0] > 0) & (norms[:, 1] > 0)
-            ratios = _trust_ratios(ok, eta * norms[:, 0], norms[:, 1] + wd * norms[:, 0], otherwise=eta)
-            for p, ratio in zip(params, ratios, strict=True):
-                state = self.state[p]
-                if not state:
-                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                w, g, buf = local(p), local(p.grad), local(state["momentum_buffer"])
-                d = g.add(w, alpha=wd) if wd else g.clone()
-                buf.mul_(group["momentum"]).add_(d, alpha=group["lr"] * ratio)
-                w.sub_(buf)
-        return loss
+    def _update(self, group: dict[str, Any], params: list[torch.Tensor]) -> None:
+        wd, eta = group["weight_decay"], group["trust_coefficient"]
+        sq = self.norm_sync.complete(params, _squared_norms((local(p), local(p.grad)) for p in params))
+        norms = sq.sqrt()
+        ok = (norms[:, 0] > 0) & (norms[:, 1] > 0)
+        ratios = _trust_ratios(ok, eta * norms[:, 0], norms[:, 1] + wd * norms[:, 0], otherwise=eta)
+        for p, ratio in zip(params, ratios, strict=True):
+            state = self.state[p]
+            if not state:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            w, g, buf = local(p), local(p.grad), local(state["momentum_buffer"])
+            d = g.add(w, alpha=wd) if wd else g.clone()
+            buf.mul_(group["momentum"]).add_(d, alpha=group["lr"] * ratio)
+            w.sub_(buf)
 
 
 def optimizer_factory(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:

@@ -104,14 +104,6 @@ def _positive(value: float, text: object, kind: str, allow_zero: bool = False) -
 # --- formatting (for tables and messages) -------------------------------------------------
 
 GiB = 2.0**30
-MiB = 2.0**20
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, size in (("TiB", 2.0**40), ("GiB", GiB), ("MiB", MiB), ("KiB", 1024.0)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
 
 
 def fmt_seconds(t: float) -> str:

@@ -54,6 +54,7 @@ def test_zero_paper_model_states(row, zero):
     psi = 7.5e9
     per_param = {k: v / total_params(sc.model) for k, v in model_state_bytes(sc.model, sc.plan).items()}
     total_gb = sum(per_param[k] for k in ("params", "grads", "optimizer")) * psi / 1e9
+    # the paper prints 1 decimal: 16P/64 = 1.875 GB appears as 1.9 (1.3% rounding), hence 3%
     assert total_gb == pytest.approx(published_gb, rel=0.01 if zero != 3 else 0.03)
     # the formulas themselves: 16P, 4P + 12P/N, 2P + 14P/N, 16P/N
     expected = {0: 16, 1: 4 + 12 / 64, 2: 2 + 14 / 64, 3: 16 / 64}[zero]

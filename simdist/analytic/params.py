@@ -84,12 +84,6 @@ def total_params(m: ModelSpec) -> int:
     return (layer_params(m) * m.num_layers + embedding_params(m) + head_params(m, False)).total
 
 
-def active_params(m: ModelSpec) -> int:
-    """Parameters touched per token (MoE: only experts_per_token experts)."""
-    inactive = mlp_params(m).total * (m.num_experts - m.experts_per_token)
-    return total_params(m) - inactive
-
-
 @cache
 def stage_layer_ranges(num_layers: int, pp: int, v: int = 1) -> tuple[tuple[range, ...], ...]:
     """Layer indices of each (stage, chunk). Virtual stage k = chunk*pp + stage holds the k-th

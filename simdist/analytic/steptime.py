@@ -187,20 +187,6 @@ def data_parallel_times(timer: Timer, stage: int, t_fwd: float, t_bwd: float,
     return systems.dp_times(timer.ctx, tr, sc.plan, t_fwd, t_bwd, last_bwd=last_bwd)
 
 
-def dp_per_microbatch(timer: Timer, stage: int, t_fwd: float, t_bwd: float) -> float:
-    """ZeRO-2 reduce-scatters every micro-batch's gradients; ZeRO-3/FSDP also all-gathers the
-    parameters before forward and backward. Prefetching hides them behind compute, except
-    the first layer's gather and the last layer's reduce-scatter."""
-    return data_parallel_times(timer, stage, t_fwd, t_bwd).per_microbatch
-
-
-def dp_end_of_step(timer: Timer, stage: int, last_bwd: float, first_fwd: float | None = None) -> float:
-    """Gradient sync once per step (DDP, ZeRO-1: buckets during the last backward) and the
-    parameter all-gather after the optimizer (ZeRO-1/2)."""
-    dp = data_parallel_times(timer, stage, first_fwd or 0.0, last_bwd, last_bwd=last_bwd)
-    return dp.step_sync + dp.post_step
-
-
 def offload_per_microbatch(timer: Timer, stage: int, t_fwd: float, t_bwd: float,
                            dp: systems.DataParallelTimes) -> float:
     """Exposed PCIe/NVMe time per micro-batch beyond what the DP traffic already exposes.
@@ -247,11 +233,6 @@ def optimizer_time(timer: Timer, stage: int) -> float:
     b = state_bytes(sc.model, plan)
     traffic = n * optimizer_bytes_per_param(plan.optimizer, plan.precision, b.grads)
     return traffic / (timer.cost.memory_bandwidth * timer.cost.memory_efficiency(traffic)) + 20 * timer.cost.kernel_overhead
-
-
-def zero3_modules_per_layer(m) -> int:
-    """Submodules with parameters in a layer (kept here for callers of the old name)."""
-    return systems.zero3_modules_per_layer(m)
 
 
 # --- the step -----------------------------------------------------------------------------

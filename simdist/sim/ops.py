@@ -33,7 +33,6 @@ class Compute:
     n: int = 0
     k: int = 0
     batch: int = 1  # batched GEMM / attention heads x micro-batch
-    causal: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +111,7 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
     if plan.flash_attention:
         flops = 4.0 * tokens * s * cp * h / t * (2.5 if bwd else 1.0)
         ops.append(Compute("flash attention" + (" bwd" if bwd else ""), "attention", flops,
-                           m=s, n=s * cp, k=m.head_dim, batch=b * heads, causal=True))
+                           m=s, n=s * cp, k=m.head_dim, batch=b * heads))
     else:
         # explicit attention: QK^T and AV batched GEMMs plus the fused scale-mask-softmax,
         # its dropout, all over the s x s scores (Megatron-LM 2021)

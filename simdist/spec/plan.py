@@ -124,10 +124,3 @@ def rank_coord(rank: int, plan: ParallelPlan) -> RankCoord:
 
 def rank_of(coord: RankCoord, plan: ParallelPlan) -> int:
     return ((coord.dp * plan.pp + coord.pp) * plan.cp + coord.cp) * plan.tp + coord.tp
-
-
-def group_ranks(rank: int, plan: ParallelPlan, axis: str) -> list[int]:
-    """All ranks that share every coordinate of ``rank`` except ``axis`` ("dp", "pp", "cp", "tp")."""
-    c = rank_coord(rank, plan)
-    size = getattr(plan, axis)
-    return [rank_of(c._replace(**{axis: i}), plan) for i in range(size)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,8 +79,6 @@ class Scenario:
 
     def with_plan(self, **changes: Any) -> Scenario:
         """A copy with some plan fields changed (validated again)."""
-        from dataclasses import replace
-
         plan = replace(self.plan, **changes)
         if "dp" in changes and "dp_shard" not in changes and self.plan.dp_shard == self.plan.dp:
             plan = replace(plan, dp_shard=plan.dp)
@@ -105,8 +103,6 @@ def load_scenario(path: str | Path) -> Scenario:
     if not isinstance(data, dict):
         raise ScenarioError(Problem("file", f"{p} must hold a mapping with name, model, cluster, plan"))
     scenario = scenario_from_dict(data, base_dir=p.parent)
-    from dataclasses import replace
-
     return replace(scenario, source_path=str(p))
 
 
@@ -598,7 +594,3 @@ def check_consistency(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     if plan.gradient_sync != "allreduce" and (plan.parameter_servers or 0) > world:
         add("plan.parameter_servers", f"{plan.parameter_servers} servers is more than the {world} GPUs")
     return out
-
-
-def field_names(cls: type) -> list[str]:
-    return [f.name for f in fields(cls)]
