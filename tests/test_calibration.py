@@ -148,3 +148,34 @@ def test_framework_overhead_applies_only_to_its_software_layer():
         predict(dp, profile=prof, engine="analytic").step_time_s)
     assert predict(tp, profile=slow_tp, engine="analytic").step_time_s > 1.5 * predict(
         tp, profile=prof, engine="analytic").step_time_s
+
+
+def test_sync_wait_fraction_is_the_unexplained_comm_over_compute():
+    from simdist.calibrate.fit import fit_sync_wait
+
+    prof = fit_profile(synthetic_bench())
+    runs = [({"forward_s": 0.1, "backward_s": 0.3, "comm_s": 0.25}, {"comm_s": 0.05}),  # 0.2 / 0.4
+            ({"forward_s": 0.2, "backward_s": 0.2, "comm_s": 0.12}, {"comm_s": 0.04})]  # 0.08 / 0.4
+    fitted = fit_sync_wait(prof, "zero3", runs)
+    assert fitted.sync_wait_fractions == {"zero3": pytest.approx((0.5 + 0.2) / 2)}
+    assert fit_sync_wait(prof, "tp", [({"forward_s": 0.1, "backward_s": 0.1}, {"comm_s": 0.0})]) is prof
+
+
+@pytest.mark.parametrize("plan, part", [({"tp": 2}, "tp_comm"), ({"zero_stage": 3}, "dp_comm")])
+def test_sync_waits_add_a_fraction_of_compute_in_both_engines(plan, part):
+    from dataclasses import replace
+
+    prof = fit_profile(synthetic_bench())
+    key = "tp" if "tp" in plan else "zero3"
+    waits = replace(prof, sync_wait_fractions={key: 0.5})
+    sc = scenario_from_dict(local_scenario(**plan))
+    dp = scenario_from_dict(local_scenario())
+    for engine in ("analytic", "des"):
+        base, slow = (predict(sc, profile=p, engine=engine) for p in (prof, waits))
+        added = slow.step_time_s - base.step_time_s
+        compute = base.breakdown_s["compute"] + base.breakdown_s["recompute"]
+        assert added == pytest.approx(0.5 * compute, rel=0.05), engine
+        assert slow.breakdown_s[part] - base.breakdown_s[part] == pytest.approx(added, rel=0.05), engine
+        # plans without the software layer have no such sync points
+        assert predict(dp, profile=waits, engine=engine).step_time_s == pytest.approx(
+            predict(dp, profile=prof, engine=engine).step_time_s)

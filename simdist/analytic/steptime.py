@@ -27,6 +27,7 @@ from simdist.analytic.params import params_per_rank, stage_num_layers
 from simdist.cost import CostModel, optimizer_bytes_per_param
 from simdist.sim.collectives import Network, collective_time, layout_for_axis
 from simdist.sim.ops import Comm, Compute, Op, embedding_ops, head_ops, layer_ops
+from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
 
 
@@ -36,17 +37,25 @@ class PassTime:
     tp_exposed: float = 0.0
     cp_exposed: float = 0.0
     weight_grad: float = 0.0  # the W part of backward (zero-bubble)
+    sync_wait: float = 0.0  # waits at per-layer sync points for the slowest rank (sync_wait_fraction)
 
     def __add__(self, o: PassTime) -> PassTime:
         return PassTime(self.compute + o.compute, self.tp_exposed + o.tp_exposed,
-                        self.cp_exposed + o.cp_exposed, self.weight_grad + o.weight_grad)
+                        self.cp_exposed + o.cp_exposed, self.weight_grad + o.weight_grad,
+                        self.sync_wait + o.sync_wait)
 
     def __mul__(self, k: float) -> PassTime:
-        return PassTime(self.compute * k, self.tp_exposed * k, self.cp_exposed * k, self.weight_grad * k)
+        return PassTime(self.compute * k, self.tp_exposed * k, self.cp_exposed * k, self.weight_grad * k,
+                        self.sync_wait * k)
 
     @property
     def total(self) -> float:
-        return self.compute + self.tp_exposed + self.cp_exposed
+        return self.compute + self.tp_exposed + self.cp_exposed + self.sync_wait
+
+    @property
+    def comm_exposed(self) -> float:
+        """Exposed TP/CP communication, with the waits at the sync points."""
+        return self.tp_exposed + self.cp_exposed + self.sync_wait
 
 
 ZERO_PASS = PassTime()
@@ -62,6 +71,7 @@ class Timer:
         self.ctx = systems.CommContext(sc.cluster, sc.plan, net)
         self._passes: dict[tuple[Op, ...], PassTime] = {}
         self.op_extra = framework_overhead(sc, cost)
+        self.sync_wait = sync_wait_fraction(sc, cost)
 
     def memory_time(self, nbytes: float, kernels: int = 1) -> float:
         """A memory-bound pass of ``nbytes`` of HBM traffic on one GPU."""
@@ -109,15 +119,33 @@ class Timer:
                 cp += exposed
             else:
                 tp += exposed
-        return PassTime(compute, tp, cp, w)
+        return PassTime(compute, tp, cp, w, compute * self.sync_wait)
+
+
+def software_layers(sc: Scenario) -> tuple[str, ...]:
+    """The software layers a calibration profile fits separately that this plan runs through:
+    "tp" (DTensor tensor parallelism) and "zero3" (FSDP2 sharded parameters)."""
+    return (("tp",) if sc.plan.tp > 1 else ()) + (("zero3",) if sc.plan.zero_stage == 3 else ())
 
 
 def framework_overhead(sc: Scenario, cost: CostModel) -> float:
     """Extra framework seconds per compute op that a calibration profile measured for the
-    software layers this plan runs through (DTensor for TP, FSDP2 for ZeRO-3); 0 otherwise."""
+    software layers this plan runs through; 0 otherwise."""
     over = cost.profile.framework_overheads_s if cost.profile else {}
-    extra = over.get("tp", 0.0) if sc.plan.tp > 1 else 0.0
-    return extra + (over.get("zero3", 0.0) if sc.plan.zero_stage == 3 else 0.0)
+    return sum(over.get(k, 0.0) for k in software_layers(sc))
+
+
+def sync_wait_part(plan: ParallelPlan) -> str:
+    """The breakdown part the sync-point waits belong to: the TP/CP collectives that are the
+    sync points, or (ZeRO-3 without them) the parameter gathers."""
+    return "tp_comm" if plan.tp * plan.cp > 1 else "dp_comm"
+
+
+def sync_wait_fraction(sc: Scenario, cost: CostModel) -> float:
+    """Wait at the per-layer sync points of this plan per second of compute (profile's
+    ``sync_wait_fractions`` of its software layers); 0 otherwise."""
+    fr = cost.profile.sync_wait_fractions if cost.profile else {}
+    return sum(fr.get(k, 0.0) for k in software_layers(sc))
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +391,10 @@ def analytic_step(sc: Scenario, cost: CostModel, net: Network) -> StepResult:
                         + st.fwd.cp_exposed + st.bwd.cp_exposed + st.recompute.cp_exposed),
         "pp_comm": m * st.p2p,
         "dp_comm": m * st.dp_per_microbatch + dp_end,
+    }
+    # waits at the per-layer sync points: TP/CP collectives, else the ZeRO-3 gathers
+    breakdown[sync_wait_part(plan)] += m * (st.fwd.sync_wait + st.bwd.sync_wait + st.recompute.sync_wait)
+    breakdown |= {
         "bubble": t_pipe - m * totals[busiest],
         "optimizer": opt,
     }

@@ -56,7 +56,7 @@ def run_executor(file: str, nproc: int, steps: int, db: str | None) -> dict:
 
 def calibrate_main(args: argparse.Namespace) -> int:
     from simdist.calibrate.compare import compare_one
-    from simdist.calibrate.fit import fit_overhead, fit_profile
+    from simdist.calibrate.fit import fit_overhead, fit_profile, fit_sync_wait
     from simdist.table import table
 
     if args.nproc < 1:
@@ -93,13 +93,17 @@ def calibrate_main(args: argparse.Namespace) -> int:
                     for y, m, d in subset]
             return sum(errs) / len(errs)
 
+        if key is not None:  # the sync-point waits first: they come from the measured phases
+            pairs = [compare_one(m, y, profile, d) for y, m, d in subset]
+            profile = fit_sync_wait(profile, key, [(c.measured, c.predicted) for c in pairs])
         profile = fit_overhead(profile, mean_log_error, key)
     profile.save(args.out)
     rows = [[k, f"{v:.3g}"] for k, v in profile.residuals.items()]
     print(table(["fit", "residual (RMS relative error / count)"], rows, align="lr"))
     print(f"\npeak {profile.peak_flops / 1e9:.1f} GFLOP/s per rank, memory {profile.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s;"
           f" kernel overhead {(profile.kernel_overhead_s or 0) * 1e6:.1f} us"
-          + "".join(f"; {k} +{v * 1e6:.1f} us/op" for k, v in profile.framework_overheads_s.items()))
+          + "".join(f"; {k} +{v * 1e6:.1f} us/op" for k, v in profile.framework_overheads_s.items())
+          + "".join(f"; {k} sync waits {v:.0%} of compute" for k, v in profile.sync_wait_fractions.items()))
     for k, link in profile.links.items():
         print(f"link {k}: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
     print(f"wrote {args.out}")

@@ -90,6 +90,25 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
     )
 
 
+def fit_sync_wait(profile: CalibrationProfile, key: str,
+                  runs: list[tuple[dict[str, float], dict[str, float]]]) -> CalibrationProfile:
+    """The wait at the per-layer sync points of ``key``'s plans per second of compute, from
+    executor runs given as (measured phases, predicted phases without such waits): the exposed
+    communication the runs measured beyond what the collectives cost (their microbenchmark
+    times), over the compute they measured (forward + backward), averaged over the runs."""
+    from dataclasses import replace
+
+    fractions = [max(0.0, m["comm_s"] - p["comm_s"]) / (m.get("forward_s", 0.0) + m.get("backward_s", 0.0))
+                 for m, p in runs
+                 if m.get("comm_s") is not None and m.get("forward_s", 0.0) + m.get("backward_s", 0.0) > 0]
+    if not fractions:
+        return profile
+    k = sum(fractions) / len(fractions)
+    return replace(profile, sync_wait_fractions={**profile.sync_wait_fractions, key: k},
+                   residuals={**profile.residuals, f"sync wait fraction spread ({key} runs)":
+                              max(fractions) - min(fractions)})
+
+
 def fit_overhead(profile: CalibrationProfile, error_of: Callable[[CalibrationProfile], float],
                  key: str | None = None) -> CalibrationProfile:
     """Choose the per-op overhead that minimises the mean |log error| of step time over the

@@ -42,6 +42,12 @@ class CalibrationProfile:
     # plain run does not ("tp": DTensor dispatch of tensor-parallel plans, "zero3": FSDP2's
     # sharded-parameter hooks), fitted from executor runs of such plans
     framework_overheads_s: dict[str, float] = field(default_factory=dict)
+    # the same layers' waits at their per-layer synchronisation points (each TP collective, each
+    # FSDP parameter gather), as a fraction of the compute since the previous one: the ranks'
+    # compute jitters independently, and a collective starts when the last rank arrives
+    # (Hoefler et al. SC'10, "Characterizing the influence of system noise"). Fitted from the
+    # exposed-communication phase of executor runs; 0 (none) on profiles without such runs
+    sync_wait_fractions: dict[str, float] = field(default_factory=dict)
     links: dict[str, LinkFit] = field(default_factory=dict)  # "intra" / "inter" / link kind
     fitted_from: list[str] = field(default_factory=list)
     residuals: dict[str, float] = field(default_factory=dict)  # e.g. rms relative error per fit

@@ -71,6 +71,7 @@ from typing import Any
 import simpy
 
 from simdist.analytic import systems
+from simdist.analytic.steptime import sync_wait_part
 from simdist.cost import CostModel
 from simdist.results import Span
 from simdist.sim.collectives import Network
@@ -214,6 +215,7 @@ class _Simulation:
     def __init__(self, sc: Scenario, lowered: Lowered, net: Network, fidelity: str,
                  keep_spans: bool, stragglers: dict[int, float], notes: list[str], stagger: float = 0.0):
         self.sc, self.plan, self.lowered = sc, sc.plan, lowered
+        self.sync_on_tp = sync_wait_part(sc.plan) == "tp_comm"
         self.full = fidelity == "full"
         self.keep_spans, self.notes = keep_spans, notes
         self.env = simpy.Environment()
@@ -421,6 +423,10 @@ class _Simulation:
             t.recompute += seg.recompute * sl.factor
             t.compression += seg.compression * sl.factor
             t.tp += seg.tp
+            if self.sync_on_tp:
+                t.tp += seg.sync
+            else:
+                t.dp += seg.sync
         end = env.now
         if self.keep_spans:
             self._task_spans(sl, action, task, start, end)
@@ -465,7 +471,10 @@ class _Simulation:
             self._span(sl, "compute", f"R mb{action.microbatch} chunk{action.chunk}", start, start + rec, "recompute")
         self._span(sl, "compute", name, start + rec, end, CATEGORY[action.kind])
         if w.tp > 0:
-            self._span(sl, "tp", task.tp_name or "tp", end - w.tp, end, "tp_comm")
+            self._span(sl, "tp", task.tp_name or "tp", end - w.tp - w.sync, end - w.sync, "tp_comm")
+        if w.sync > 0:
+            stream, part = ("tp", "tp_comm") if self.sync_on_tp else ("dp", "dp_comm")
+            self._span(sl, stream, "wait for the slowest rank", end - w.sync, end, part)
         if w.compression > 0:
             self._span(sl, "compute", "compress gradients", end - w.compression * sl.factor, end, "compression")
 

@@ -81,14 +81,15 @@ class Work:
     recompute: float = 0.0
     tp: float = 0.0  # exposed TP/CP communication inside the task
     compression: float = 0.0  # gradient compression kernels (memory-bound GPU work)
+    sync: float = 0.0  # waits at per-layer sync points (PassTime.sync_wait)
 
     def total(self, factor: float = 1.0) -> float:
         """Length on a GPU whose compute is ``factor`` times slower."""
-        return (self.compute + self.recompute + self.compression) * factor + self.tp
+        return (self.compute + self.recompute + self.compression) * factor + self.tp + self.sync
 
     def __add__(self, o: Work) -> Work:
         return Work(self.compute + o.compute, self.recompute + o.recompute, self.tp + o.tp,
-                    self.compression + o.compression)
+                    self.compression + o.compression, self.sync + o.sync)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +263,8 @@ def tp_label(ops: tuple[Op, ...], times: int) -> str:
 
 def _work(p: PassTime, recompute: PassTime = ZERO_PASS, drop_weight_grad: bool = False) -> Work:
     compute = p.compute - (p.weight_grad if drop_weight_grad else 0.0)
-    return Work(compute, recompute.compute, p.tp_exposed + p.cp_exposed + recompute.tp_exposed + recompute.cp_exposed)
+    return Work(compute, recompute.compute, p.tp_exposed + p.cp_exposed + recompute.tp_exposed + recompute.cp_exposed,
+                sync=p.sync_wait + recompute.sync_wait)
 
 
 class _Passes:
