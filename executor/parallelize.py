@@ -163,7 +163,7 @@ def data_parallel_kind(plan: ParallelPlan) -> str:
 # --- tensor parallel ------------------------------------------------------------------------
 
 
-def tensor_parallel_plan(chunk: Transformer, sequence_parallel: bool) -> dict[str, Any]:
+def tensor_parallel_plan(chunk: Transformer, sequence_parallel: bool, vocab_parallel_loss: bool = False) -> dict[str, Any]:
     """Megatron-LM's layout (Shoeybi et al. 2019, sec 3) as DTensor parallel styles.
 
     q/k/v, fc1/gate/up column-parallel; o, fc2/down row-parallel; the token embedding
@@ -206,7 +206,10 @@ def tensor_parallel_plan(chunk: Transformer, sequence_parallel: bool) -> dict[st
     if chunk.lm_head is not None:
         if sequence_parallel:
             styles["final_norm"] = SequenceParallel()
-        styles["lm_head"] = ColwiseParallel(input_layouts=out, output_layouts=Replicate())
+        if vocab_parallel_loss:  # Megatron's vocab-parallel cross entropy: logits stay sharded
+            styles["lm_head"] = ColwiseParallel(input_layouts=out, output_layouts=Shard(-1), use_local_output=False)
+        else:
+            styles["lm_head"] = ColwiseParallel(input_layouts=out, output_layouts=Replicate())
     return styles
 
 
@@ -226,11 +229,12 @@ def _shard_replicated_grad(p: torch.Tensor) -> None:
         p.grad = grad.redistribute(p.device_mesh, p.placements)
 
 
-def apply_tensor_parallel(chunk: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+def apply_tensor_parallel(chunk: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool,
+                          vocab_parallel_loss: bool = False) -> None:
     from torch.distributed.tensor import DTensor, Shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    parallelize_module(chunk, tp_mesh, tensor_parallel_plan(chunk, sequence_parallel))
+    parallelize_module(chunk, tp_mesh, tensor_parallel_plan(chunk, sequence_parallel, vocab_parallel_loss))
     for p in chunk.parameters():
         if isinstance(p, DTensor) and any(isinstance(x, Shard) for x in p.placements):
             p.register_post_accumulate_grad_hook(_shard_replicated_grad)
@@ -325,7 +329,9 @@ def build_parallel_model(m: ModelSpec, plan: ParallelPlan, rank: int, mesh: Devi
     for _, chunk in parts:
         chunk.to(device)
         if plan.tp > 1:
-            apply_tensor_parallel(chunk, mesh["tp"], plan.sequence_parallel)
+            # without a pipeline the loss is computed here, on vocabulary-sharded logits
+            # (train.loss_context); pipeline schedules compute it on gathered logits
+            apply_tensor_parallel(chunk, mesh["tp"], plan.sequence_parallel, vocab_parallel_loss=plan.pp == 1)
         if kind == "fsdp":
             chunks.append(apply_fsdp(chunk, shard_mesh(plan, mesh), reshard_after_forward=plan.zero_stage == 3))
         elif kind == "replicate":

@@ -96,6 +96,17 @@ def _pipeline_step(pm: ParallelModel, inputs: torch.Tensor, targets: torch.Tenso
     return float(torch.stack([x.detach().float() for x in losses]).mean())
 
 
+def loss_context(plan: ParallelPlan):
+    """Under tensor parallelism without a pipeline the logits stay sharded over the vocabulary
+    and the cross entropy runs vocab-parallel (Megatron-LM's vocab_parallel_cross_entropy,
+    Shoeybi et al. 2019 sec 3; DTensor's loss_parallel), forward and backward."""
+    if plan.tp > 1 and plan.pp == 1:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
+
+
 def _accumulation_step(pm: ParallelModel, plan: ParallelPlan, inputs: torch.Tensor,
                        targets: torch.Tensor, probe: Probe) -> float:
     (model,) = pm.chunks
@@ -104,7 +115,7 @@ def _accumulation_step(pm: ParallelModel, plan: ParallelPlan, inputs: torch.Tens
     for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n), strict=True)):
         last = i == n - 1
         set_gradient_sync(pm, last)
-        with _no_sync(model, not last):
+        with _no_sync(model, not last), loss_context(plan):
             with probe.phase("forward"):
                 loss = lm_loss(model(x), y)
             with probe.phase("backward"):
