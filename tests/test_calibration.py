@@ -158,6 +158,7 @@ def test_sync_wait_fraction_is_the_unexplained_comm_over_compute():
             ({"forward_s": 0.2, "backward_s": 0.2, "comm_s": 0.12}, {"comm_s": 0.04})]  # 0.08 / 0.4
     fitted = fit_sync_wait(prof, "zero3", runs)
     assert fitted.sync_wait_fractions == {"zero3": pytest.approx((0.5 + 0.2) / 2)}
+    assert fitted.residuals["sync wait fraction spread (zero3 runs)"] == pytest.approx(0.3)
     assert fit_sync_wait(prof, "tp", [({"forward_s": 0.1, "backward_s": 0.1}, {"comm_s": 0.0})]) is prof
 
 

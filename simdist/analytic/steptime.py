@@ -52,11 +52,6 @@ class PassTime:
     def total(self) -> float:
         return self.compute + self.tp_exposed + self.cp_exposed + self.sync_wait
 
-    @property
-    def comm_exposed(self) -> float:
-        """Exposed TP/CP communication, with the waits at the sync points."""
-        return self.tp_exposed + self.cp_exposed + self.sync_wait
-
 
 ZERO_PASS = PassTime()
 

@@ -98,15 +98,18 @@ def fit_sync_wait(profile: CalibrationProfile, key: str,
     times), over the compute they measured (forward + backward), averaged over the runs."""
     from dataclasses import replace
 
-    fractions = [max(0.0, m["comm_s"] - p["comm_s"]) / (m.get("forward_s", 0.0) + m.get("backward_s", 0.0))
-                 for m, p in runs
-                 if m.get("comm_s") is not None and m.get("forward_s", 0.0) + m.get("backward_s", 0.0) > 0]
+    fractions = []
+    for m, p in runs:
+        compute = m.get("forward_s", 0.0) + m.get("backward_s", 0.0)
+        if m.get("comm_s") is not None and compute > 0:
+            fractions.append(max(0.0, m["comm_s"] - p["comm_s"]) / compute)
     if not fractions:
         return profile
-    k = sum(fractions) / len(fractions)
-    return replace(profile, sync_wait_fractions={**profile.sync_wait_fractions, key: k},
-                   residuals={**profile.residuals, f"sync wait fraction spread ({key} runs)":
-                              max(fractions) - min(fractions)})
+    residuals = dict(profile.residuals)
+    if len(fractions) > 1:
+        residuals[f"sync wait fraction spread ({key} runs)"] = max(fractions) - min(fractions)
+    return replace(profile, sync_wait_fractions={**profile.sync_wait_fractions, key: sum(fractions) / len(fractions)},
+                   residuals=residuals)
 
 
 def fit_overhead(profile: CalibrationProfile, error_of: Callable[[CalibrationProfile], float],

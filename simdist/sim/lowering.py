@@ -81,7 +81,7 @@ class Work:
     recompute: float = 0.0
     tp: float = 0.0  # exposed TP/CP communication inside the task
     compression: float = 0.0  # gradient compression kernels (memory-bound GPU work)
-    sync: float = 0.0  # waits at per-layer sync points (PassTime.sync_wait)
+    sync: float = 0.0  # waits at per-layer sync points (PassTime.sync_wait): already the slowest rank's
 
     def total(self, factor: float = 1.0) -> float:
         """Length on a GPU whose compute is ``factor`` times slower."""
