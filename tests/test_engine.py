@@ -9,13 +9,14 @@ from typing import Any
 import pytest
 import simpy
 
+from simdist.analytic.systems import DEEPSPEED_ZERO3_BUSBW
 from simdist.cost import CostModel
 from simdist.predict import predict
 from simdist.results import BREAKDOWN_KEYS
-from simdist.sim.collectives import Network
+from simdist.sim.collectives import Network, collective_time, layout_for_axis
 from simdist.sim.engine import simulate
 from simdist.sim.lowering import lower
-from simdist.sim.network import FluidNetwork, LinkModel
+from simdist.sim.network import FluidNetwork, LinkModel, software_resource
 from simdist.sim.schedules import schedule, simulate_unit_times
 from simdist.spec import topology as topo
 from simdist.spec.scenario import Scenario, scenario_from_dict
@@ -256,3 +257,27 @@ def test_intra_node_collective_loads_switch_ports_only() -> None:
     sc = make(model="gpt3-13b", nodes=1, tp=1, global_batch_size=16)  # dp 8 in one node
     sync = LinkModel(sc, Network.of(sc.cluster), replicas_alike=True).collective("allreduce", 2**26, "dp", 0, (0,))
     assert {link for (link, _), _ in sync.loads} == {topo.port_link(sc.cluster, 0)}
+
+
+def test_software_ceiling_paces_a_collective_and_shares_the_rank() -> None:
+    """A DeepSpeed ZeRO-3 collective (busbw ceiling, systems.dp_busbw_cap) takes
+    (n-1)/n S / ceiling alone and loads the NICs below their share; two at once on one rank
+    share its ceiling, so they take twice as long; an FSDP plan's (zero3_fetch: layer) is not
+    capped."""
+    sc = make(model="gpt3-13b", nodes=4, tp=1, zero_stage=3, zero3_fetch="module", global_batch_size=32)
+    net = Network.of(sc.cluster)
+    links = LinkModel(sc, net, replicas_alike=True)
+    nbytes, n = 2.0**30, sc.plan.dp
+    gather = links.collective("allgather", nbytes, "dp", 0, (0,))
+    assert gather.latency == 0.0
+    assert gather.work == pytest.approx((n - 1) / n * nbytes / DEEPSPEED_ZERO3_BUSBW)
+    loads = dict(gather.loads)
+    assert loads[(software_resource(0), "up")] == 1.0
+    uncapped = collective_time("allgather", nbytes, layout_for_axis(sc.cluster, sc.plan, "dp"), net)
+    assert uncapped < gather.work
+    assert 0 < loads[(topo.nic_link(sc.cluster, 0), "up")] < 1.0
+    ends = run_flows([(0.0, gather.work, gather.loads), (0.0, gather.work, gather.loads)])
+    assert ends == pytest.approx([2 * gather.work] * 2)
+    fsdp = make(model="gpt3-13b", nodes=4, tp=1, zero_stage=3, global_batch_size=32)
+    plain = LinkModel(fsdp, net, replicas_alike=True).collective("allgather", nbytes, "dp", 0, (0,))
+    assert plain.latency + plain.work == pytest.approx(uncapped)

@@ -66,6 +66,21 @@ sec 4.1: block-based quantization with one scale per block)."""
 INDEX_BYTES = 4  # int32 index per kept value in top-k sparsification (Lin et al. 2018, DGC)
 TOPK_SELECT_PASSES = 4  # radix select over 32-bit keys: one pass per 8-bit digit
 PCIE_EFFICIENCY = LINK_EFFICIENCY["pcie"]  # achieved fraction of the PCIe line rate
+DEEPSPEED_ZERO3_BUSBW = 21e9
+"""Bus bandwidth (bytes/s per GPU) that DeepSpeed ZeRO-3's per-submodule parameter fetch
+reaches, whatever the links carry: one p4d node (8 A100, NVSwitch) spent 420 ms more per forward
+under ZeRO-3 than ZeRO-2 gathering a 5.1B-parameter model, 10.2 GB x 7/8 in 0.42 s = 21 GB/s
+(DeepSpeed issue #1174, 2021, v0.3.16). Each fetch is a list all_gather followed by copies
+and a host synchronisation (DeepSpeed PR #1188), so it is bound by the GPU's copies and the
+host, not the network: the same ceiling shows on Selene's 8 x HDR nodes, where ZeRO-3's step
+stops shrinking past 768 GPUs (Narayanan et al. SC'21 Table 2)."""
+
+
+def dp_busbw_cap(plan: ParallelPlan) -> float:
+    """Bus-bandwidth ceiling of the plan's data-parallel collectives (0 = the network's)."""
+    if plan.zero_stage == 3 and plan.zero3_fetch == "module":
+        return DEEPSPEED_ZERO3_BUSBW
+    return 0.0
 
 
 # --- timing context ---------------------------------------------------------------------------
@@ -101,7 +116,8 @@ class CommContext:
         return g
 
     def time(self, kind: str, nbytes: float, axis: str) -> float:
-        return collective_time(kind, nbytes, self.layout(axis), self.net)
+        cap = dp_busbw_cap(self.plan) if axis.startswith("dp") else 0.0
+        return collective_time(kind, nbytes, self.layout(axis), self.net, cap)
 
     def call_time(self, call: CollectiveCall) -> float:
         """All ``call.calls`` calls, back to back."""

@@ -113,12 +113,25 @@ class Network:
         return self.inter_bw_node * g.ranks_per_node / g.concurrent_per_node
 
 
-def collective_time(kind: str, nbytes: float, g: GroupLayout, net: Network) -> float:
+def collective_time(kind: str, nbytes: float, g: GroupLayout, net: Network, busbw_cap: float = 0.0) -> float:
     """Seconds for one collective of buffer size ``nbytes`` (nccl-tests' S) over group ``g``;
-    the fastest algorithm NCCL could pick (ring, tree, hierarchical, NVLS)."""
+    the fastest algorithm NCCL could pick (ring, tree, hierarchical, NVLS).
+
+    ``busbw_cap`` (bytes/s, 0 = none) is a ceiling on the bus bandwidth that the software issuing
+    the collective reaches, whatever the links could carry (see
+    :func:`simdist.analytic.systems.dp_busbw_cap`)."""
     n = g.size
     if n <= 1 or nbytes <= 0:
         return 0.0
+    t = _network_time(kind, nbytes, g, net)
+    if busbw_cap > 0:
+        steps = 2 * (n - 1) if kind == "allreduce" else n - 1
+        t = max(t, steps / n * nbytes / busbw_cap)
+    return t
+
+
+def _network_time(kind: str, nbytes: float, g: GroupLayout, net: Network) -> float:
+    n = g.size
     if kind == "sendrecv":
         lat, bw = net.intra("sendrecv") if g.intra_only else (net.inter_latency, net.inter_share(g))
         return lat + nbytes / bw

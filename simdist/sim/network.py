@@ -43,7 +43,7 @@ from functools import partial
 
 import simpy
 
-from simdist.analytic.systems import ps_server_count
+from simdist.analytic.systems import dp_busbw_cap, ps_server_count
 from simdist.sim.collectives import (
     GroupLayout,
     Network,
@@ -82,6 +82,12 @@ def host_link(cluster: ClusterSpec, rank: int) -> str:
 def node_resource(resource: str, node: int) -> str:
     """A node's shared NVMe (``nvme``) or CPU (``cpu``), as a link id of the fluid network."""
     return f"{resource}{node}"
+
+
+def software_resource(rank: int) -> str:
+    """The collective-issuing software of one rank (a ``busbw_cap`` ceiling), as a link id of
+    the fluid network, so that the rank's concurrent capped collectives share it."""
+    return f"dpsw{rank}"
 
 
 def server_nodes(cluster: ClusterSpec, servers: int) -> tuple[int, ...]:
@@ -147,6 +153,15 @@ class LinkModel:
         loads = self._loads.get(key)
         if loads is None:
             loads = self._loads[key] = self._collective_loads(axis, stage, replicas, layout)
+        cap = dp_busbw_cap(self.plan) if axis.startswith("dp") else 0.0
+        capped = collective_time(kind, nbytes, layout, self.net, cap) if cap > 0.0 else 0.0
+        if capped > latency + work:
+            # a software ceiling (each rank's copies and host waits) sets the pace, latency
+            # included: the rank's concurrent capped collectives share it, and the links run
+            # below their share
+            loads = tuple((k, v * work / capped) for k, v in loads) + tuple(
+                ((software_resource(self.rep(d, stage)), "up"), 1.0) for d in replicas)
+            latency, work = 0.0, capped
         return FlowTiming(latency, work, loads)
 
     def p2p(self, nbytes: float, src_stage: int, dst_stage: int, replica: int) -> FlowTiming:

@@ -70,7 +70,8 @@ class ParallelPlan:
     overlap_param_gather: bool = True  # ZeRO-3/FSDP prefetches the next layer's parameters
     tp_comm_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron-Core/TE)
     # ZeRO-3 gather unit: "layer" (FSDP wraps each block: one collective per layer and pass) or
-    # "module" (DeepSpeed ZeRO-3 fetches each submodule's parameters with its own collective)
+    # "module" (DeepSpeed ZeRO-3 fetches each submodule's parameters with its own collective,
+    # at a bus-bandwidth ceiling of its own: simdist.analytic.systems.DEEPSPEED_ZERO3_BUSBW)
     zero3_fetch: Literal["layer", "module"] = "layer"
     # v1.1
     dp_shard: int = 0  # 0 -> dp (shard over all DP ranks)
