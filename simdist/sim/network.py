@@ -122,6 +122,8 @@ class LinkModel:
         self._times: dict[tuple, tuple[float, float]] = {}
         self._flows: dict[tuple, FlowTiming] = {}
         self._layouts: dict[str, GroupLayout] = {}
+        self._dp_cap = dp_busbw_cap(self.plan)
+        self._capped: dict[tuple, float] = {}
 
     def _split(self, kind: str, nbytes: float, layout: GroupLayout) -> tuple[float, float]:
         """(latency, transfer) parts of the closed-form time."""
@@ -153,8 +155,12 @@ class LinkModel:
         loads = self._loads.get(key)
         if loads is None:
             loads = self._loads[key] = self._collective_loads(axis, stage, replicas, layout)
-        cap = dp_busbw_cap(self.plan) if axis.startswith("dp") else 0.0
-        capped = collective_time(kind, nbytes, layout, self.net, cap) if cap > 0.0 else 0.0
+        capped = 0.0
+        if self._dp_cap and axis.startswith("dp"):
+            capped = self._capped.get((kind, nbytes, layout), 0.0)
+            if not capped:
+                capped = self._capped[(kind, nbytes, layout)] = collective_time(
+                    kind, nbytes, layout, self.net, self._dp_cap)
         if capped > latency + work:
             # a software ceiling (each rank's copies and host waits) sets the pace, latency
             # included: the rank's concurrent capped collectives share it, and the links run
