@@ -8,7 +8,7 @@ from typing import Any, Literal
 from simdist.analytic.flops import model_flops_per_step, recompute_flops_per_step
 from simdist.analytic.memory import memory_per_stage
 from simdist.analytic.steptime import StepResult, analytic_step
-from simdist.analytic.systems import dp_busbw_cap
+from simdist.analytic.systems import busbw_cap
 from simdist.calibrate.profile import CalibrationProfile
 from simdist.cost import CostModel
 from simdist.errors import Problem, ScenarioError
@@ -183,7 +183,7 @@ def _system_assumptions(sc: Scenario) -> list[str]:
         out.append(f"hybrid sharding: model states sharded over groups of {plan.dp_shard} DP ranks ({where}), "
                    f"replicated across {plan.dp // plan.dp_shard}; gradients reduce-scattered in the group, "
                    "then all-reduced across replicas")
-    if cap := dp_busbw_cap(plan):
+    if cap := busbw_cap(plan):
         out.append(f"DeepSpeed ZeRO-3 (zero3_fetch: module): data-parallel collectives at most "
                    f"{cap / 1e9:.0f} GB/s of bus bandwidth per GPU (per-submodule fetch bound by copies "
                    "and host waits, DeepSpeed #1174), whatever the links carry")

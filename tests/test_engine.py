@@ -260,7 +260,7 @@ def test_intra_node_collective_loads_switch_ports_only() -> None:
 
 
 def test_software_ceiling_paces_a_collective_and_shares_the_rank() -> None:
-    """A DeepSpeed ZeRO-3 collective (busbw ceiling, systems.dp_busbw_cap) takes
+    """A DeepSpeed ZeRO-3 collective (busbw ceiling, systems.busbw_cap) takes
     (n-1)/n S / ceiling alone and loads the NICs below their share; two at once on one rank
     share its ceiling, so they take twice as long; an FSDP plan's (zero3_fetch: layer) is not
     capped."""

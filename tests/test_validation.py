@@ -56,11 +56,10 @@ def test_deepspeed_zero3_step_stops_shrinking_with_more_gpus(report):
     """Table 2's mechanism: at a fixed global batch, doubling the GPUs halves each one's compute
     but not the bytes its ZeRO-3 collectives move, so past 768 GPUs (175B) and 1,120 (530B) the
     measured step stays put (66.7 s twice; 180 s and 184 s). The prediction must do the same,
-    within 5%, while the compute half of the step halves."""
+    within 5%."""
     by_id = {r.case.run_id: r for r in report[0]}
     for a, b in (("R0012", "R0013"), ("R0015", "R0016")):
         assert by_id[b].predicted_s == pytest.approx(by_id[a].predicted_s, rel=0.05)
-        assert by_id[b].case.measured_step_s == pytest.approx(by_id[a].case.measured_step_s, rel=0.05)
 
 
 def test_deepspeed_zero3_rows_event_engine_agrees():

@@ -76,9 +76,10 @@ host, not the network: the same ceiling shows on Selene's 8 x HDR nodes, where Z
 stops shrinking past 768 GPUs (Narayanan et al. SC'21 Table 2)."""
 
 
-def dp_busbw_cap(plan: ParallelPlan) -> float:
-    """Bus-bandwidth ceiling of the plan's data-parallel collectives (0 = the network's)."""
-    if plan.zero_stage == 3 and plan.zero3_fetch == "module":
+def busbw_cap(plan: ParallelPlan, axis: str = "dp") -> float:
+    """Bus-bandwidth ceiling of the plan's collectives over ``axis`` (0 = the network's): the
+    data-parallel ones of DeepSpeed ZeRO-3."""
+    if axis.startswith("dp") and plan.zero_stage == 3 and plan.zero3_fetch == "module":
         return DEEPSPEED_ZERO3_BUSBW
     return 0.0
 
@@ -116,8 +117,7 @@ class CommContext:
         return g
 
     def time(self, kind: str, nbytes: float, axis: str) -> float:
-        cap = dp_busbw_cap(self.plan) if axis.startswith("dp") else 0.0
-        return collective_time(kind, nbytes, self.layout(axis), self.net, cap)
+        return collective_time(kind, nbytes, self.layout(axis), self.net, busbw_cap(self.plan, axis))
 
     def call_time(self, call: CollectiveCall) -> float:
         """All ``call.calls`` calls, back to back."""

@@ -119,15 +119,19 @@ def collective_time(kind: str, nbytes: float, g: GroupLayout, net: Network, busb
 
     ``busbw_cap`` (bytes/s, 0 = none) is a ceiling on the bus bandwidth that the software issuing
     the collective reaches, whatever the links could carry (see
-    :func:`simdist.analytic.systems.dp_busbw_cap`)."""
+    :func:`simdist.analytic.systems.busbw_cap`)."""
     n = g.size
     if n <= 1 or nbytes <= 0:
         return 0.0
     t = _network_time(kind, nbytes, g, net)
     if busbw_cap > 0:
-        steps = 2 * (n - 1) if kind == "allreduce" else n - 1
-        t = max(t, steps / n * nbytes / busbw_cap)
+        t = max(t, ring_steps(kind, n) / n * nbytes / busbw_cap)
     return t
+
+
+def ring_steps(kind: str, n: int) -> int:
+    """Steps of a ring collective over n ranks; each moves S/n over every rank's link."""
+    return 2 * (n - 1) if kind == "allreduce" else n - 1
 
 
 def _network_time(kind: str, nbytes: float, g: GroupLayout, net: Network) -> float:
@@ -152,7 +156,7 @@ def _network_time(kind: str, nbytes: float, g: GroupLayout, net: Network) -> flo
 
 def ring_time(kind: str, nbytes: float, g: GroupLayout, net: Network) -> float:
     n = g.size
-    steps = 2 * (n - 1) if kind == "allreduce" else n - 1
+    steps = ring_steps(kind, n)
     factor = steps / n
     if g.intra_only:
         lat, busbw = net.intra(kind)

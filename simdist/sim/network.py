@@ -43,7 +43,7 @@ from functools import partial
 
 import simpy
 
-from simdist.analytic.systems import dp_busbw_cap, ps_server_count
+from simdist.analytic.systems import busbw_cap, ps_server_count
 from simdist.sim.collectives import (
     GroupLayout,
     Network,
@@ -85,7 +85,7 @@ def node_resource(resource: str, node: int) -> str:
 
 
 def software_resource(rank: int) -> str:
-    """The collective-issuing software of one rank (a ``busbw_cap`` ceiling), as a link id of
+    """The collective-issuing software of one rank (a :func:`~simdist.analytic.systems.busbw_cap` ceiling), as a link id of
     the fluid network, so that the rank's concurrent capped collectives share it."""
     return f"dpsw{rank}"
 
@@ -119,20 +119,20 @@ class LinkModel:
         self.cluster, self.plan = sc.cluster, sc.plan
         self._net0 = replace(net, intra_latency=0.0, inter_latency=0.0)
         self._loads: dict[tuple, Loads] = {}
-        self._times: dict[tuple, tuple[float, float]] = {}
+        self._times: dict[tuple, tuple[float, float, float]] = {}
         self._flows: dict[tuple, FlowTiming] = {}
         self._layouts: dict[str, GroupLayout] = {}
-        self._dp_cap = dp_busbw_cap(self.plan)
-        self._capped: dict[tuple, float] = {}
 
-    def _split(self, kind: str, nbytes: float, layout: GroupLayout) -> tuple[float, float]:
-        """(latency, transfer) parts of the closed-form time."""
-        key = (kind, nbytes, layout)
+    def _split(self, kind: str, nbytes: float, layout: GroupLayout, cap: float = 0.0) -> tuple[float, float, float]:
+        """(latency, transfer) parts of the closed-form time, and the time under a software
+        ceiling ``cap`` (0 without one)."""
+        key = (kind, nbytes, layout, cap)
         got = self._times.get(key)
         if got is None:
             total = collective_time(kind, nbytes, layout, self.net)
             transfer = collective_time(kind, nbytes, layout, self._net0)
-            got = self._times[key] = (max(0.0, total - transfer), transfer)
+            capped = collective_time(kind, nbytes, layout, self.net, cap) if cap else 0.0
+            got = self._times[key] = (max(0.0, total - transfer), transfer, capped)
         return got
 
     def rep(self, replica: int, stage: int) -> int:
@@ -150,17 +150,11 @@ class LinkModel:
         layout = self._layouts.get(axis)
         if layout is None:
             layout = self._layouts[axis] = layout_for_axis(self.cluster, self.plan, axis)
-        latency, work = self._split(kind, nbytes, layout)
+        latency, work, capped = self._split(kind, nbytes, layout, busbw_cap(self.plan, axis))
         key = ("c", axis, stage, replicas, layout.intra_only)
         loads = self._loads.get(key)
         if loads is None:
             loads = self._loads[key] = self._collective_loads(axis, stage, replicas, layout)
-        capped = 0.0
-        if self._dp_cap and axis.startswith("dp"):
-            capped = self._capped.get((kind, nbytes, layout), 0.0)
-            if not capped:
-                capped = self._capped[(kind, nbytes, layout)] = collective_time(
-                    kind, nbytes, layout, self.net, self._dp_cap)
         if capped > latency + work:
             # a software ceiling (each rank's copies and host waits) sets the pace, latency
             # included: the rank's concurrent capped collectives share it, and the links run
@@ -184,7 +178,7 @@ class LinkModel:
         c = self.cluster
         same_node = c.node_of(src) == c.node_of(dst)
         layout = GroupLayout(2, 2, 1, c.gpus_per_node) if same_node else GroupLayout(2, 1, 2, c.gpus_per_node)
-        latency, work = self._split("sendrecv", nbytes, layout)
+        latency, work, _ = self._split("sendrecv", nbytes, layout)
         loads = self._p2p_loads(src, dst, src_stage, dst_stage, replica)
         return FlowTiming(latency, work, loads)
 
