@@ -50,7 +50,7 @@ def run_problems(scenario: Scenario, nproc: int) -> list[Problem]:
     if m.tie_embeddings and plan.pp > 1:
         add("model.tie_embeddings", "a tied LM head on another pipeline stage than the embedding "
             "needs a synchronised copy, which the executor does not implement; use pp 1 or untie")
-    if m.tie_embeddings and plan.tp > 1 and plan.dp > 1 and plan.zero_stage <= 1:
+    if m.tie_embeddings and plan.tp > 1 and plan.dp > 1 and not plan.shards_gradients:
         add("model.tie_embeddings", "a tied LM head under tensor parallelism does not run with DDP "
             "(torch's DDP x TP bridge handles each shared parameter under one name only); use "
             "zero_stage 2 or 3, or untie")
@@ -65,14 +65,14 @@ def run_problems(scenario: Scenario, nproc: int) -> list[Problem]:
             f"({', '.join(SUPPORTED_OPTIMIZERS)})")
     if plan.offload.any:
         add("plan.offload", "offloading is not implemented by the executor")
-    if plan.gradient_sync != "allreduce":
+    if plan.uses_parameter_servers:
         out.extend(_parameter_server_problems(scenario))
     if plan.grad_compression.enabled:
         method = plan.grad_compression.method
         if method not in SUPPORTED_COMPRESSION:
             add("plan.grad_compression.method", f"{method} is not implemented by the executor "
                 f"({', '.join(SUPPORTED_COMPRESSION)})")
-        if plan.gradient_sync == "allreduce" and plan.dp > 1 and (
+        if not plan.uses_parameter_servers and plan.dp > 1 and (
                 plan.zero_stage != 0 or split_backward_pipeline(plan.pp, plan.virtual_pipeline_stages, plan.schedule)):
             add("plan.grad_compression", "the executor compresses with DDP communication hooks: it needs "
                 "zero_stage 0 and a schedule with one backward per step (not interleaved or zero-bubble)")
@@ -115,7 +115,7 @@ def _parameter_server_problems(scenario: Scenario) -> list[Problem]:
     if servers % cluster.num_nodes:
         out.append(Problem("plan.parameter_servers", f"{servers} servers do not spread evenly over "
                            f"{cluster.num_nodes} nodes (torchrun starts as many processes on every node)"))
-    if (plan.gradient_sync == "async-parameter-server" and servers > 1
+    if (plan.async_parameter_servers and servers > 1
             and plan.optimizer in ("lamb", "lars")):
         out.append(Problem("plan.optimizer", f"{plan.optimizer} needs whole-tensor norms, which "
                            f"{servers} asynchronous servers (each updating on its own) cannot agree on; "

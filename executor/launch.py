@@ -173,7 +173,7 @@ def _fault_list(fault: Any) -> list[str]:
 def total_processes(scenario: Any) -> int:
     """The plan's ranks, plus the parameter servers in the parameter-server modes."""
     plan = scenario.plan
-    if plan.gradient_sync == "allreduce":
+    if not plan.uses_parameter_servers:
         return plan.world_size
     return plan.world_size + (plan.parameter_servers or scenario.cluster.num_nodes)
 
@@ -201,7 +201,7 @@ def option_problems(scenario: Any, o: Mapping[str, Any], processes: int) -> list
     if every is not None:
         if int(every) < 1:
             problems.append(f"--checkpoint-every: must be at least 1, got {every}")
-        if plan.gradient_sync == "async-parameter-server":
+        if plan.async_parameter_servers:
             problems.append("--checkpoint-every: an asynchronous parameter server has no step at which "
                             "workers and servers agree, so it cannot be checkpointed consistently")
         if plan.zero_stage == 1 and plan.dp > 1:

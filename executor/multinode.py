@@ -38,7 +38,7 @@ def processes_per_node(scenario: Scenario, nnodes: int) -> int:
     """Workers per node, plus the servers per node in the parameter-server modes."""
     plan = scenario.plan
     per_node = plan.world_size // nnodes
-    if plan.gradient_sync != "allreduce":
+    if plan.uses_parameter_servers:
         per_node += (plan.parameter_servers or scenario.cluster.num_nodes) // nnodes
     return per_node
 

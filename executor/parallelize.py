@@ -135,13 +135,13 @@ def build_mesh(plan: ParallelPlan, device_type: str, backend: str, timeout: time
 def shard_mesh(plan: ParallelPlan, mesh: DeviceMesh) -> DeviceMesh:
     """The mesh FSDP2 shards over: dp, or (dp_replicate, dp_shard) for HSDP (FSDP2 replicates
     over the first dimension and shards over the second, Zhao et al. VLDB 2023 sec 3.2.2)."""
-    return mesh["dp_replicate", "dp_shard"] if plan.dp_shard < plan.dp else mesh["dp"]
+    return mesh["dp_replicate", "dp_shard"] if plan.hybrid_sharding else mesh["dp"]
 
 
 def zero1_group(plan: ParallelPlan, mesh: DeviceMesh) -> dist.ProcessGroup:
     """ZeRO-1 partitions the optimizer over the shard group (all of dp without hybrid sharding):
     DDP has already averaged the gradients over every dp rank."""
-    return mesh["dp_shard"].get_group() if plan.dp_shard < plan.dp else mesh["dp"].get_group()
+    return mesh["dp_shard"].get_group() if plan.hybrid_sharding else mesh["dp"].get_group()
 
 
 def data_parallel_kind(plan: ParallelPlan) -> str:
@@ -149,7 +149,7 @@ def data_parallel_kind(plan: ParallelPlan) -> str:
     nothing to replicate or shard (every ZeRO stage holds the same states), so none."""
     if plan.dp == 1:
         return "none"
-    if plan.zero_stage >= 2:
+    if plan.shards_gradients:
         return "fsdp"
     if plan.zero_stage == 1:
         return "zero1"  # executor.checks refuses it with a split-backward pipeline
@@ -333,7 +333,7 @@ def build_parallel_model(m: ModelSpec, plan: ParallelPlan, rank: int, mesh: Devi
             # (train.loss_context); pipeline schedules compute it on gathered logits
             apply_tensor_parallel(chunk, mesh["tp"], plan.sequence_parallel, vocab_parallel_loss=plan.pp == 1)
         if kind == "fsdp":
-            chunks.append(apply_fsdp(chunk, shard_mesh(plan, mesh), reshard_after_forward=plan.zero_stage == 3))
+            chunks.append(apply_fsdp(chunk, shard_mesh(plan, mesh), reshard_after_forward=plan.shards_params))
         elif kind == "replicate":
             chunks.append(apply_replicate(chunk, mesh["dp"]))
         elif kind in ("ddp", "zero1"):

@@ -226,7 +226,7 @@ class Server:
     def __init__(self, index: int, layout: Layout, plan: ParallelPlan, params: list[torch.Tensor],
                  server_group: dist.ProcessGroup | None):
         self.index, self.layout, self.plan = index, layout, plan
-        self.asynchronous = plan.gradient_sync == "async-parameter-server"
+        self.asynchronous = plan.async_parameter_servers
         sizes = [p.numel() for p in params]
         flat = torch.cat([p.detach().reshape(-1) for p in params])
         lo, hi = slice_bounds(flat.numel(), layout.servers)[index]
@@ -315,7 +315,7 @@ def build_worker(m: Any, plan: ParallelPlan, index: int, layout: Layout, device:
     from simdist.spec.plan import rank_coord
 
     model = build_model(m, seed, recompute=plan.recompute).to(device)
-    client = PSClient(list(model.parameters()), layout, plan.gradient_sync == "async-parameter-server")
+    client = PSClient(list(model.parameters()), layout, plan.async_parameter_servers)
     return ParallelModel(coord=rank_coord(index, plan), chunks=[model], optimizer=client,  # type: ignore[arg-type]
                          schedule=None, data_parallel="parameter-server", holds_input=True, holds_loss=True)
 

@@ -110,7 +110,7 @@ class Worker:
     def run(self) -> None:
         scenario = load_scenario(self.args.scenario)
         plan = scenario.plan
-        ps_mode = plan.gradient_sync != "allreduce"
+        ps_mode = plan.uses_parameter_servers
         # parameter servers talk point-to-point on gloo (CPU processes, as servers usually are)
         device, backend = self.device_and_backend(cpu_only=ps_mode)
         timeout = timedelta(seconds=self.args.pg_timeout)

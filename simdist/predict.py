@@ -130,15 +130,15 @@ def _system_extras(sc: Scenario, stages: tuple[StageMemoryReport, ...], host_cap
             assumptions.append("offload: the cluster has no host spec (cluster.host), so PCIe, NVMe and "
                                "the CPU optimizer are not timed")
         out["offload"] = info
-    if plan.gradient_sync != "allreduce":
+    if plan.uses_parameter_servers:
         tr_ps = systems.ps_traffic(model, plan, cluster, plan.pp - 1)
         out["parameter_servers"] = {
             "servers": tr_ps.servers, "workers": tr_ps.workers,
             "gib_per_server_per_step": to_gib(tr_ps.per_server_bytes),
             "busiest_nic_gib_per_step": to_gib(tr_ps.node_nic_bytes),
-            "mode": "async" if plan.gradient_sync == "async-parameter-server" else "sync",
+            "mode": "async" if plan.async_parameter_servers else "sync",
         }
-        if plan.gradient_sync == "async-parameter-server":
+        if plan.async_parameter_servers:
             out["staleness_steps"] = systems.async_staleness_steps(plan)
     if plan.grad_compression.enabled:
         out["grad_compression_ratio"] = systems.compression_ratio(model, plan, 0)
@@ -177,7 +177,7 @@ def _system_assumptions(sc: Scenario) -> list[str]:
     """One line per v1.1 mechanism the plan uses, saying how it is modelled."""
     plan, cluster = sc.plan, sc.cluster
     out = []
-    if plan.dp_shard < plan.dp and plan.zero_stage >= 1:
+    if plan.hybrid_sharding and plan.shards_optimizer:
         where = "inside one node" if plan.dp_shard * plan.model_parallel_size <= cluster.gpus_per_node \
             else f"across {plan.dp_shard * plan.model_parallel_size // cluster.gpus_per_node} nodes"
         out.append(f"hybrid sharding: model states sharded over groups of {plan.dp_shard} DP ranks ({where}), "
@@ -196,9 +196,9 @@ def _system_assumptions(sc: Scenario) -> list[str]:
     if plan.gradient_sync == "parameter-server":
         out.append("synchronous parameter servers on the training nodes: push/pull through the NICs, "
                    "servers apply the optimizer on the CPU; no intra-node pre-aggregation")
-    elif plan.gradient_sync == "async-parameter-server":
+    elif plan.async_parameter_servers:
         out.append(f"asynchronous parameter servers: no barrier; mean staleness {max(0, plan.dp - 1)} updates")
-    if plan.grad_compression.enabled and (plan.dp > 1 or plan.gradient_sync != "allreduce"):
+    if plan.grad_compression.enabled and (plan.dp > 1 or plan.uses_parameter_servers):
         gc = plan.grad_compression
         detail = {"topk": f" (ratio {gc.ratio}, values + int32 indices all-gathered)",
                   "powersgd": f" (rank {gc.rank}, 1-D tensors uncompressed)"}.get(gc.method, "")

@@ -92,15 +92,15 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
     b = state_bytes(m, plan)
     shard = plan.dp_shard
     out = {
-        "params": n * b.params / (shard if plan.zero_stage >= 3 else 1),
-        "grads": n * b.grads / (shard if plan.zero_stage >= 2 else 1),
-        "optimizer": n * b.optimizer / (shard if plan.zero_stage >= 1 else 1),
+        "params": n * b.params / (shard if plan.shards_params else 1),
+        "grads": n * b.grads / (shard if plan.shards_gradients else 1),
+        "optimizer": n * b.optimizer / (shard if plan.shards_optimizer else 1),
         "host_params": 0.0,
         "host_optimizer": 0.0,
         "nvme": 0.0,
     }
     if plan.offload.optimizer != "none":
-        opt_params = n / shard if plan.zero_stage >= 1 else n
+        opt_params = n / shard if plan.shards_optimizer else n
         offloaded = out["optimizer"] + 4.0 * opt_params  # + fp32 gradients for the CPU step
         out["host_optimizer" if plan.offload.optimizer == "cpu" else "nvme"] = offloaded
         out["optimizer"] = 0.0
@@ -108,7 +108,7 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
     if plan.offload.params != "none":
         out["host_params" if plan.offload.params == "cpu" else "nvme"] += out["params"]
         out["params"] = 0.0
-    if plan.gradient_sync != "allreduce":
+    if plan.uses_parameter_servers:
         out["optimizer"] = 0.0
         if cluster is not None:
             servers = plan.parameter_servers or cluster.num_nodes
@@ -122,7 +122,7 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
 
 
 def act_bytes(plan: ParallelPlan) -> int:
-    return 4 if plan.precision == "fp32" else 2
+    return plan.element_bytes
 
 
 def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, recompute: str | None = None) -> float:
@@ -180,7 +180,7 @@ def in_flight(plan: ParallelPlan, stage: int) -> int:
         return 1
     if plan.schedule == "gpipe":
         return m
-    if plan.schedule == "interleaved-1f1b":
+    if plan.interleaved:
         return min(m * v, (p - stage - 1) * 2 + (v - 1) * p + 1)
     return min(p - stage, m)
 
@@ -227,8 +227,8 @@ def transient_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     from simdist.analytic.systems import error_feedback_bytes
 
     b = state_bytes(m, plan)
-    out = error_feedback_bytes(m, plan, stage) if plan.dp > 1 or plan.gradient_sync != "allreduce" else 0.0
-    if plan.zero_stage >= 3:
+    out = error_feedback_bytes(m, plan, stage) if plan.dp > 1 or plan.uses_parameter_servers else 0.0
+    if plan.shards_params:
         # the current and the prefetched layer's gathered parameters, and one layer's
         # unsharded gradients before their reduce-scatter
         layer = layer_params(m).per_tp_rank(plan.tp)

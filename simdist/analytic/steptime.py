@@ -120,7 +120,7 @@ class Timer:
 def software_layers(sc: Scenario) -> tuple[str, ...]:
     """The software layers a calibration profile fits separately that this plan runs through:
     "tp" (DTensor tensor parallelism) and "zero3" (FSDP2 sharded parameters)."""
-    return (("tp",) if sc.plan.tp > 1 else ()) + (("zero3",) if sc.plan.zero_stage == 3 else ())
+    return (("tp",) if sc.plan.tp > 1 else ()) + (("zero3",) if sc.plan.shards_params else ())
 
 
 def framework_overhead(sc: Scenario, cost: CostModel) -> float:
@@ -181,7 +181,7 @@ def stage_time(timer: Timer, stage: int) -> StageTime:
         recompute = timer.passes(core) * layers
     p2p = 0.0
     if plan.pp > 1:
-        e = 4 if plan.precision == "fp32" else 2
+        e = plan.element_bytes
         act = m.seq_length // plan.cp * plan.micro_batch_size * m.hidden_size * e
         # Megatron's scatter/gather: each TP rank sends 1/t of the activation, then all-gathers
         sent = act / plan.tp
@@ -193,7 +193,7 @@ def stage_time(timer: Timer, stage: int) -> StageTime:
     dp = data_parallel_times(timer, stage, t_fwd, t_bwd)
     off = offload_per_microbatch(timer, stage, t_fwd, t_bwd, dp)
     comp = 0.0
-    if plan.zero_stage >= 2 and plan.dp > 1:  # ZeRO-2/3 compress every micro-batch's reduce-scatter
+    if plan.shards_gradients and plan.dp > 1:  # ZeRO-2/3 compress every micro-batch's reduce-scatter
         comp = timer.memory_time(systems.compression_kernel_bytes(m, plan, stage), kernels=2 * layers)
     return StageTime(fwd, bwd, recompute, p2p, dp.per_microbatch, off, comp)
 
@@ -248,10 +248,10 @@ def optimizer_time(timer: Timer, stage: int) -> float:
     the optimizer runs on the CPU (ZeRO-Offload) or on parameter servers."""
     sc = timer.sc
     plan = sc.plan
-    if plan.offload.optimizer != "none" or plan.gradient_sync != "allreduce":
+    if plan.offload.optimizer != "none" or plan.uses_parameter_servers:
         return 0.0
     n = params_per_rank(sc.model, plan, stage)
-    if plan.zero_stage >= 1:
+    if plan.shards_optimizer:
         n /= plan.dp_shard
     b = state_bytes(sc.model, plan)
     traffic = n * optimizer_bytes_per_param(plan.optimizer, plan.precision, b.grads)
@@ -276,9 +276,9 @@ def pipeline_time(plan, times: list[float], weight_grads: list[float]) -> float:
     t_max = max(times)
     if plan.pp == 1:
         return m * t_max
-    if plan.schedule == "interleaved-1f1b":
+    if plan.interleaved:
         return m * t_max + (sum(times) - t_max) / v
-    if plan.schedule == "zero-bubble":
+    if plan.split_backward:
         i = times.index(t_max)
         fill = sum(t - 2 * w for j, (t, w) in enumerate(zip(times, weight_grads, strict=True)) if j != i)
         return m * t_max + max(0.0, fill)
@@ -304,7 +304,7 @@ def end_of_step(timer: Timer, stage: int, st: StageTime) -> EndOfStep:
     first_fwd = st.fwd.total
     dp = data_parallel_times(timer, stage, first_fwd, last_bwd, last_bwd=last_bwd)
     comp = 0.0
-    if plan.zero_stage <= 1 and plan.grad_compression.enabled and plan.dp > 1:
+    if not plan.shards_gradients and plan.grad_compression.enabled and plan.dp > 1:
         comp = timer.memory_time(systems.compression_kernel_bytes(m, plan, stage), kernels=4)
     tr = systems.offload_traffic(m, plan, cluster, stage)
     off_t = systems.offload_times(tr, cluster, plan)
@@ -371,13 +371,13 @@ def analytic_step(sc: Scenario, cost: CostModel, net: Network) -> StepResult:
     opt = max(e.optimizer for e in ends)
     st = stages[busiest]
     extras: dict[str, object] = {}
-    if plan.gradient_sync == "allreduce":
+    if not plan.uses_parameter_servers:
         step = t_pipe + dp_end + off_end + comp_end + opt
     else:  # the servers replace the all-reduce and run the optimizer on their CPUs
         t_ps, dp_end, server = parameter_server_step(timer, t_pipe, stages)
         step = t_ps + off_end + comp_end + opt
         opt += server
-        if plan.gradient_sync == "async-parameter-server":
+        if plan.async_parameter_servers:
             extras["staleness_steps"] = systems.async_staleness_steps(plan)
     breakdown = {
         "compute": m * (st.fwd.compute + st.bwd.compute),

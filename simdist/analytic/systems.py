@@ -52,7 +52,6 @@ from simdist.sim.collectives import (
     LINK_EFFICIENCY,
     GroupLayout,
     Network,
-    axis_size,
     collective_time,
     layout_for_axis,
 )
@@ -79,7 +78,7 @@ stops shrinking past 768 GPUs (Narayanan et al. SC'21 Table 2)."""
 def busbw_cap(plan: ParallelPlan, axis: str = "dp") -> float:
     """Bus-bandwidth ceiling of the plan's collectives over ``axis`` (0 = the network's): the
     data-parallel ones of DeepSpeed ZeRO-3."""
-    if axis.startswith("dp") and plan.zero_stage == 3 and plan.zero3_fetch == "module":
+    if axis.startswith("dp") and plan.shards_params and plan.zero3_fetch == "module":
         return DEEPSPEED_ZERO3_BUSBW
     return 0.0
 
@@ -170,17 +169,15 @@ def param_wire_bytes(plan: ParallelPlan) -> float:
     with one fp32 scale per block under ZeRO++ qwZ (Wang et al. 2023 sec 4.1)."""
     if plan.zero_quantized_weights:
         return 1.0 + 4.0 / QUANT_GROUP
-    return 4.0 if plan.precision == "fp32" else 2.0
+    return float(plan.element_bytes)
 
 
 def _uncompressed_grad_bytes(plan: ParallelPlan, sharded: bool) -> float:
     """Gradient bytes per element on the wire without compression. ZeRO-2/3 reduce-scatter the
     16-bit gradients of each micro-batch; DDP and ZeRO-1 reduce the gradient buffer as it is
     (fp32 with Megatron's main_grad accumulation; memory.state_bytes().grads)."""
-    b = 4.0 if plan.precision == "fp32" or plan.fp32_grad_accumulation else 2.0
-    if sharded:
-        return min(b, 4.0 if plan.precision == "fp32" else 2.0)
-    return b
+    b = float(plan.grad_buffer_bytes)
+    return min(b, plan.element_bytes) if sharded else b
 
 
 def grad_wire_bytes(plan: ParallelPlan, sharded: bool) -> float:
@@ -252,7 +249,7 @@ def compression_ratio(m: ModelSpec, plan: ParallelPlan, stage: int = 0) -> float
     uncompressed (one all-reduce of the gradient buffer). For top-k this is per rank's
     contribution; the all-gather that carries it grows with the DP size (see dp_traffic)."""
     method = plan.grad_compression.method
-    sharded = plan.zero_stage >= 2
+    sharded = plan.shards_gradients
     base = _uncompressed_grad_bytes(plan, sharded)
     if method in ("none", "fp16", "bf16", "int8"):
         return grad_wire_bytes(plan, sharded) / base
@@ -283,7 +280,7 @@ def compression_kernel_bytes(m: ModelSpec, plan: ParallelPlan, stage: int, syncs
     if method == "none":
         return 0.0
     n = params_per_rank(m, plan, stage)
-    sharded = plan.zero_stage >= 2
+    sharded = plan.shards_gradients
     b = _uncompressed_grad_bytes(plan, sharded)
     ef = 5 * b if plan.grad_compression.error_feedback and method in ("int8", "topk", "powersgd") else 0.0
     if method in ("fp16", "bf16"):
@@ -308,7 +305,7 @@ def error_feedback_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     if method == "none":
         return 0.0
     n = params_per_rank(m, plan, stage)
-    b = _uncompressed_grad_bytes(plan, plan.zero_stage >= 2)
+    b = _uncompressed_grad_bytes(plan, plan.shards_gradients)
     out = n * b if plan.grad_compression.error_feedback and method in ("int8", "topk", "powersgd") else 0.0
     if method == "powersgd":
         ps = powersgd_elements(m, plan, stage)
@@ -328,7 +325,7 @@ def zero3_modules_per_layer(m: ModelSpec) -> int:
 
 def shard_axis(plan: ParallelPlan) -> str:
     """The axis ZeRO/FSDP shards over: the shard group under hybrid sharding, else all of dp."""
-    return "dp_shard" if plan.dp_shard < plan.dp else "dp"
+    return "dp_shard" if plan.hybrid_sharding else "dp"
 
 
 def grad_buckets(nbytes: float, plan: ParallelPlan) -> int:
@@ -386,16 +383,16 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int) -> DataParallelTraf
     every micro-batch's gradients; 3 also all-gathers each layer's parameters before its forward
     and backward, per layer (FSDP units) or per submodule (DeepSpeed ``zero3_fetch: module``).
     """
-    if plan.dp == 1 or plan.gradient_sync != "allreduce":
+    if plan.dp == 1 or plan.uses_parameter_servers:
         return DataParallelTraffic()
     n = params_per_rank(m, plan, stage)
     ax = shard_axis(plan)
-    hybrid = plan.dp_shard < plan.dp
+    hybrid = plan.hybrid_sharding
     shard = plan.dp_shard
     layers = max(1, stage_num_layers(m, plan, stage))
     method = plan.grad_compression.method
 
-    if plan.zero_stage >= 2:
+    if plan.shards_gradients:
         gb = grad_wire_bytes(plan, sharded=True)
         grad_bytes = n * gb
         post: tuple[CollectiveCall, ...] = ()
@@ -404,7 +401,7 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int) -> DataParallelTraf
             if hybrid:
                 sync.append(CollectiveCall("allreduce grads across replicas", "allreduce", "dp_replica",
                                            grad_bytes / shard / layers, layers))
-            if axis_size(plan, ax) > 1:
+            if plan.axis_size(ax) > 1:
                 post = (CollectiveCall("allgather params", "allgather", ax, n * state_bytes_params(plan)),)
             return DataParallelTraffic(microbatch_grad_sync=tuple(sync), post_step_gathers=post,
                                        gather_chunks=layers)
@@ -448,13 +445,13 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int) -> DataParallelTraf
                 calls.append(CollectiveCall("allreduce grads across replicas", "allreduce", "dp_replica",
                                             nbytes / shard / nb, nb))
     post = ()
-    if plan.zero_stage == 1 and axis_size(plan, ax) > 1:
+    if plan.zero_stage == 1 and plan.axis_size(ax) > 1:
         post = (CollectiveCall("allgather params", "allgather", ax, n * state_bytes_params(plan)),)
     return DataParallelTraffic(step_grad_sync=tuple(calls), post_step_gathers=post, step_buckets=nb)
 
 
 def state_bytes_params(plan: ParallelPlan) -> float:
-    return 4.0 if plan.precision == "fp32" else 2.0
+    return float(plan.element_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,7 +555,7 @@ class OffloadTraffic:
 def optimizer_shard_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """Parameters whose optimizer states one GPU owns (its ZeRO partition)."""
     n = params_per_rank(m, plan, stage)
-    return n / plan.dp_shard if plan.zero_stage >= 1 else n
+    return n / plan.dp_shard if plan.shards_optimizer else n
 
 
 def gpus_per_node_in_job(cluster: ClusterSpec) -> int:
@@ -574,14 +571,14 @@ def offload_traffic(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, stag
     b = state_bytes(m, plan)
     n = params_per_rank(m, plan, stage)
     shard = optimizer_shard_params(m, plan, stage)
-    pshard = n / plan.dp_shard if plan.zero_stage >= 3 else n
+    pshard = n / plan.dp_shard if plan.shards_params else n
     gpn = gpus_per_node_in_job(cluster)
     pb = state_bytes_params(plan)
-    gb16 = min(b.grads, 4.0 if plan.precision == "fp32" else 2.0)
+    gb16 = min(b.grads, float(plan.element_bytes))
     layers = max(1, stage_num_layers(m, plan, stage))
     down_mb = down_step = up_mb = up_step = nvme_mb = nvme_step = cpu = 0.0
     if off.optimizer != "none":
-        if plan.zero_stage >= 2:
+        if plan.shards_gradients:
             down_mb = shard * gb16  # each micro-batch's reduced partition (accumulated on the host)
         else:
             down_step = shard * b.grads
@@ -716,7 +713,7 @@ def ps_times(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, net: Networ
     if cluster.host is not None:
         n_total = params_per_rank(m, plan, stage) * plan.model_parallel_size
         per_server = n_total / tr.servers
-        updates = plan.dp if plan.gradient_sync == "async-parameter-server" else 1
+        updates = plan.dp if plan.async_parameter_servers else 1
         cpu = cpu_optimizer_time(per_server * tr.servers_per_node * updates, plan, cluster.host)
     return PSTimes(nic, cpu, own)
 

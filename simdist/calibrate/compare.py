@@ -61,7 +61,7 @@ def predicted_traffic(scenario) -> dict[str, float]:
     from simdist.analytic.systems import dp_traffic, ps_traffic
 
     plan, out = scenario.plan, {}
-    if plan.gradient_sync != "allreduce":
+    if plan.uses_parameter_servers:
         out["ps_bytes_per_server"] = ps_traffic(scenario.model, plan, scenario.cluster).per_server_bytes
     elif plan.grad_compression.enabled:
         out["dp_bytes_per_step"] = dp_traffic(scenario.model, plan, 0).step_bytes(plan.num_microbatches)

@@ -42,18 +42,6 @@ class GroupLayout:
         return self.nodes == 1
 
 
-def axis_stride(plan: ParallelPlan, axis: str) -> int:
-    """Rank distance between neighbours of a group (rank grid: tp innermost, then cp, pp, dp)."""
-    return {"tp": 1, "cp": plan.tp, "pp": plan.tp * plan.cp, "dp": plan.tp * plan.cp * plan.pp,
-            "dp_shard": plan.tp * plan.cp * plan.pp,
-            "dp_replica": plan.tp * plan.cp * plan.pp * plan.dp_shard}[axis]
-
-
-def axis_size(plan: ParallelPlan, axis: str) -> int:
-    return {"tp": plan.tp, "cp": plan.cp, "pp": plan.pp, "dp": plan.dp,
-            "dp_shard": plan.dp_shard, "dp_replica": plan.dp // plan.dp_shard}[axis]
-
-
 def group_layout(cluster: ClusterSpec, size: int, stride: int) -> GroupLayout:
     gpn = cluster.gpus_per_node
     if size <= 1:
@@ -64,7 +52,7 @@ def group_layout(cluster: ClusterSpec, size: int, stride: int) -> GroupLayout:
 
 
 def layout_for_axis(cluster: ClusterSpec, plan: ParallelPlan, axis: str) -> GroupLayout:
-    return group_layout(cluster, axis_size(plan, axis), axis_stride(plan, axis))
+    return group_layout(cluster, plan.axis_size(axis), plan.axis_stride(axis))
 
 
 @dataclass(frozen=True)

@@ -185,7 +185,7 @@ def simulate(
     if stragglers and fidelity == "symmetric":
         fidelity = "full"
         notes.append("stragglers given: full fidelity used")
-    if scenario.plan.gradient_sync == "async-parameter-server" and fidelity == "symmetric":
+    if scenario.plan.async_parameter_servers and fidelity == "symmetric":
         fidelity = "full"
         notes.append("asynchronous parameter servers: full fidelity used (each worker runs at its own pace)")
     lowered = lower(scenario, cost, net)
@@ -221,8 +221,8 @@ class _Simulation:
         self.env = simpy.Environment()
         self.links = LinkModel(sc, net, replicas_alike=not self.full)
         plan = self.plan
-        self.ps = plan.gradient_sync != "allreduce"
-        self.async_ps = plan.gradient_sync == "async-parameter-server"
+        self.ps = plan.uses_parameter_servers
+        self.async_ps = plan.async_parameter_servers
         self.fluid = FluidNetwork(self.env, track=self.ps or plan.offload.any)
         self.arrivals: dict[tuple[int, int, int, Action], simpy.Event] = {}
         self.meetings: dict[tuple, list] = {}
@@ -746,7 +746,7 @@ def straggler_summary(sc: Scenario, sim: _Simulation, result: SimResult, uniform
             extra = max(extra, (slow.factor - 1.0) * work)
     t, t0 = result.step_time, base.step_time
     critical = (t - t0) / extra if extra > 0 else 0.0
-    if plan.gradient_sync == "async-parameter-server":
+    if plan.async_parameter_servers:
         mode = "async-ps"
     elif plan.pp > 1:
         mode = "pipeline"

@@ -291,7 +291,7 @@ def lower(sc: Scenario, cost: CostModel, net: Network) -> Lowered:
     plan = sc.plan
     timer = Timer(sc, cost, net)
     passes = _Passes(timer)
-    split = plan.schedule == "zero-bubble"
+    split = plan.split_backward
     sched = schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_pipeline_stages)
     stages = tuple(_stage(sc, timer, passes, s, sched[s], split) for s in range(plan.pp))
     return Lowered(stages, split, tuple(_notes(sc)))
@@ -338,11 +338,11 @@ def stage_systems(sc: Scenario, timer: Timer, stage: int) -> StageSystems:
         out.update(_offload_work(sc, tr))
     if plan.grad_compression.enabled and plan.dp > 1:
         st = stage_time(timer, stage)
-        if plan.zero_stage >= 2:
+        if plan.shards_gradients:
             out["compression_per_microbatch"] = st.compression_per_microbatch
         else:
             out["compression_per_step"] = end_of_step(timer, stage, st).compression
-    if plan.gradient_sync != "allreduce":
+    if plan.uses_parameter_servers:
         ps = systems.ps_traffic(m, plan, cluster, stage)
         out["ps_bytes"] = ps.worker_bytes
         out["ps_buckets"] = systems.grad_buckets(ps.worker_bytes, plan)
@@ -416,7 +416,7 @@ def _send_specs(sc: Scenario, timer: Timer, vs: int) -> tuple[CommSpec | None, C
     m, plan = sc.model, sc.plan
     if plan.pp == 1:
         return None, None
-    e = 4 if plan.precision == "fp32" else 2
+    e = plan.element_bytes
     act = m.seq_length // plan.cp * plan.micro_batch_size * m.hidden_size * e
     gather = collective_time("allgather", act, timer.layouts["tp"], timer.net) if plan.tp > 1 else 0.0
     spec = comm("sendrecv", "pp", act / plan.tp, gather)
@@ -517,9 +517,9 @@ def _sum(works: list[Work]) -> Work:
 def _notes(sc: Scenario) -> list[str]:
     plan = sc.plan
     out: list[str] = []
-    if plan.gradient_sync != "allreduce":
+    if plan.uses_parameter_servers:
         mode = "no barrier: each worker pushes, the servers apply it at once, it pulls and goes on" \
-            if plan.gradient_sync == "async-parameter-server" else \
+            if plan.async_parameter_servers else \
             "each bucket updated once every worker pushed it, then pulled"
         out.append(f"parameter servers: gradient buckets pushed during the last backward through the NICs to the "
                    f"servers' nodes, applied on their CPUs, pulled back ({mode})")
@@ -528,9 +528,9 @@ def _notes(sc: Scenario) -> list[str]:
                    "the CPU step, parameter upload and NVMe swap run together (tile pipeline)")
     if plan.grad_compression.enabled and plan.dp > 1:
         out.append("gradient compression kernels run on the compute stream as backward produces the gradients")
-    if plan.dp == 1 or plan.gradient_sync != "allreduce":
+    if plan.dp == 1 or plan.uses_parameter_servers:
         return out
-    if plan.zero_stage == 3:
+    if plan.shards_params:
         out.append("ZeRO-3/FSDP: per-layer parameter all-gathers (prefetched one layer ahead) and "
                    "gradient reduce-scatters")
     elif plan.zero_stage == 2:

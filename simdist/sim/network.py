@@ -47,8 +47,6 @@ from simdist.analytic.systems import busbw_cap, ps_server_count
 from simdist.sim.collectives import (
     GroupLayout,
     Network,
-    axis_size,
-    axis_stride,
     collective_time,
     layout_for_axis,
 )
@@ -307,7 +305,7 @@ class LinkModel:
             if f_inter <= 0.0:
                 continue
             _add_both(out, topo.nic_link(c, rep), self._nic_load(rep, member, f_inter), replace_value=True)
-            group = [rep + k * axis_stride(plan, axis) for k in range(axis_size(plan, axis))]
+            group = [rep + k * plan.axis_stride(axis) for k in range(plan.axis_size(axis))]
             leaf = topo.leaf_of(c, c.node_of(rep))
             cross = _leaf_crossing(c, group, leaf)
             load = self._uplink_load(leaf, member, f_inter, cross)

@@ -67,7 +67,7 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
     """One transformer layer on one GPU for one micro-batch, forward or backward."""
     bwd = phase == "bwd"
     t, cp = plan.tp, plan.cp
-    e = 4 if plan.precision == "fp32" else 2
+    e = plan.element_bytes
     s, b = m.seq_length // cp, plan.micro_batch_size
     tokens = s * b
     h, kv, a = m.hidden_size, m.kv_dim, m.num_attention_heads
@@ -145,7 +145,7 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
 @cache
 def embedding_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
     """Token (+ position) embedding on the first stage: a gather forward, a scatter-add backward."""
-    e = 4 if plan.precision == "fp32" else 2
+    e = plan.element_bytes
     tokens = m.seq_length // plan.cp * plan.micro_batch_size
     ops: list[Op] = [_mem("embedding" + (" bwd" if phase == "bwd" else ""), 2 * tokens * m.hidden_size * e)]
     if plan.tp > 1:  # vocabulary-parallel embedding: partial rows summed over TP
@@ -158,7 +158,7 @@ def embedding_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ..
 def head_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
     """Final norm, LM head (vocabulary-parallel GEMM) and cross-entropy on the last stage."""
     bwd = phase == "bwd"
-    e = 4 if plan.precision == "fp32" else 2
+    e = plan.element_bytes
     t = plan.tp
     tokens = m.seq_length // plan.cp * plan.micro_batch_size
     h, V = m.hidden_size, m.vocab_size

@@ -7,7 +7,7 @@ from typing import Literal
 
 IntraKind = Literal["nvswitch", "nvlink", "pcie", "loopback"]
 InterKind = Literal["infiniband", "roce", "ethernet", "omnipath", "none"]
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
+PEAK_PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")  # keys of GpuSpec.peak_flops (tf32: fp32 matmuls on tensor cores)
 
 
 @dataclass(frozen=True, kw_only=True)

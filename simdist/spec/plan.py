@@ -7,8 +7,9 @@ tensor-parallel group sits inside one node; the simulator and the executor both 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, get_args
 
+# The allowed values of each choice field: the Literal types are the single source.
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["fp32", "fp16", "bf16", "fp8"]
@@ -16,14 +17,17 @@ Optimizer = Literal["adam", "adamw", "sgd", "lamb", "lars", "adafactor"]
 GradientSync = Literal["allreduce", "parameter-server", "async-parameter-server"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
 CompressionMethod = Literal["none", "fp16", "bf16", "int8", "topk", "powersgd"]
+Zero3Fetch = Literal["layer", "module"]
+Axis = Literal["tp", "cp", "pp", "dp", "dp_shard", "dp_replica"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
-RECOMPUTE = ("none", "selective", "full")
-PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
-OPTIMIZERS = ("adam", "adamw", "sgd", "lamb", "lars", "adafactor")
-GRADIENT_SYNC = ("allreduce", "parameter-server", "async-parameter-server")
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
-COMPRESSION_METHODS = ("none", "fp16", "bf16", "int8", "topk", "powersgd")
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
+RECOMPUTE: tuple[str, ...] = get_args(Recompute)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+GRADIENT_SYNC: tuple[str, ...] = get_args(GradientSync)
+OFFLOAD_DEVICES: tuple[str, ...] = get_args(OffloadDevice)
+COMPRESSION_METHODS: tuple[str, ...] = get_args(CompressionMethod)
+AXES: tuple[str, ...] = get_args(Axis)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +76,7 @@ class ParallelPlan:
     # ZeRO-3 gather unit: "layer" (FSDP wraps each block: one collective per layer and pass) or
     # "module" (DeepSpeed ZeRO-3 fetches each submodule's parameters with its own collective,
     # at a bus-bandwidth ceiling of its own: simdist.analytic.systems.DEEPSPEED_ZERO3_BUSBW)
-    zero3_fetch: Literal["layer", "module"] = "layer"
+    zero3_fetch: Zero3Fetch = "layer"
     # v1.1
     dp_shard: int = 0  # 0 -> dp (shard over all DP ranks)
     zero_quantized_weights: bool = False
@@ -103,6 +107,73 @@ class ParallelPlan:
     def dp_replicas(self) -> int:
         """Number of replica groups in hybrid sharding (1 = plain full sharding)."""
         return self.dp // self.dp_shard
+
+    # --- what the rest of the code keeps asking, answered once ---
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes of one activation or working weight: 4 in fp32 training, else 2 (FP8 GEMMs
+        read transient casts of 16-bit tensors)."""
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def grad_buffer_bytes(self) -> int:
+        """Bytes per gradient in the accumulation buffer: fp32 in fp32 training or with
+        Megatron's main_grad accumulation, else the 16-bit gradients the ZeRO paper counts."""
+        return 4 if self.precision == "fp32" or self.fp32_grad_accumulation else 2
+
+    @property
+    def shards_optimizer(self) -> bool:
+        """ZeRO-1 and above: optimizer states partitioned over the shard group."""
+        return self.zero_stage >= 1
+
+    @property
+    def shards_gradients(self) -> bool:
+        """ZeRO-2 and above: gradients reduce-scattered every micro-batch and kept sharded."""
+        return self.zero_stage >= 2
+
+    @property
+    def shards_params(self) -> bool:
+        """ZeRO-3 / FSDP FULL_SHARD: parameters sharded and gathered layer by layer."""
+        return self.zero_stage == 3
+
+    @property
+    def hybrid_sharding(self) -> bool:
+        """HSDP / FSDP HYBRID_SHARD: shards inside groups of dp_shard, replicas across them."""
+        return self.dp_shard < self.dp
+
+    @property
+    def shard_axis(self) -> Axis:
+        """The axis ZeRO/FSDP shards over: the shard group under hybrid sharding, else dp."""
+        return "dp_shard" if self.hybrid_sharding else "dp"
+
+    @property
+    def uses_parameter_servers(self) -> bool:
+        return self.gradient_sync != "allreduce"
+
+    @property
+    def async_parameter_servers(self) -> bool:
+        return self.gradient_sync == "async-parameter-server"
+
+    @property
+    def interleaved(self) -> bool:
+        return self.schedule == "interleaved-1f1b"
+
+    @property
+    def split_backward(self) -> bool:
+        """Zero-bubble schedules split backward into input-gradient (B) and weight-gradient (W)."""
+        return self.schedule == "zero-bubble"
+
+    def axis_size(self, axis: str) -> int:
+        """Ranks in one group along ``axis``."""
+        return {"tp": self.tp, "cp": self.cp, "pp": self.pp, "dp": self.dp,
+                "dp_shard": self.dp_shard, "dp_replica": self.dp_replicas}[axis]
+
+    def axis_stride(self, axis: str) -> int:
+        """Rank distance between neighbours of a group (rank grid: tp innermost, then cp, pp, dp)."""
+        dp = self.tp * self.cp * self.pp
+        return {"tp": 1, "cp": self.tp, "pp": self.tp * self.cp, "dp": dp, "dp_shard": dp,
+                "dp_replica": dp * self.dp_shard}[axis]
 
 
 class RankCoord(NamedTuple):
