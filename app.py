@@ -22,12 +22,12 @@ import streamlit as st
 import yaml
 
 from simdist import catalog, viz
-from simdist.calibrate.profile import CalibrationProfile
 from simdist.errors import Collector, ScenarioError
 from simdist.predict import predict
 from simdist.results import Prediction
 from simdist.spec.model import MODEL_FIELDS, fields_from_hf_config
 from simdist.spec.plan import PRECISIONS, RECOMPUTE, SCHEDULES, rank_coord
+from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import Scenario, scenario_from_dict
 from simdist.units import UnitError, fmt_seconds, parse_bandwidth
 

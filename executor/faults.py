@@ -12,11 +12,9 @@ clean up after a failed run without importing torch.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,21 +46,6 @@ def parse_fault(spec: str) -> Fault:
     if kind not in FAULT_KINDS:
         raise ValueError(f"{spec!r}: the kind must be crash or hang, not {kind!r}")
     return Fault(int(rank_s), int(step_s), kind)
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write JSON to a temporary file in the same directory, then os.replace it into place."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=1)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def heartbeat_path(run_dir: str | Path, rank: int) -> Path:

@@ -55,9 +55,9 @@ from executor.faults import (
     read_json,
     remove_partial_checkpoints,
     result_path,
-    write_json_atomic,
 )
 from simdist.errors import ScenarioError
+from simdist.spec.files import write_json_atomic
 from simdist.spec.scenario import load_scenario
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

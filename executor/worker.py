@@ -50,11 +50,11 @@ from executor.faults import (
     parse_fault,
     pid_path,
     result_path,
-    write_json_atomic,
 )
 from executor.measure import CollectiveCensus, StepProbe
 from executor.report import assemble
 from executor.train import DEFAULT_SEED, train_step
+from simdist.spec.files import write_json_atomic
 from simdist.spec.plan import rank_coord
 from simdist.spec.scenario import Scenario, load_scenario
 

@@ -123,7 +123,7 @@ def load_inputs(args: argparse.Namespace):
     scenario = load_scenario(args.file)
     profile = None
     if args.profile:
-        from simdist.calibrate.profile import load_profile
+        from simdist.spec.profile import load_profile
 
         profile = load_profile(args.profile)
     stragglers = parse_stragglers(args.straggler)

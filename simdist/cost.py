@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import math
 
-from simdist.calibrate.profile import CalibrationProfile
 from simdist.sim.ops import Compute
 from simdist.spec.cluster import GpuSpec
+from simdist.spec.profile import CalibrationProfile
 
 # (tile rows, tile cols, relative per-tile efficiency)
 _TILES = ((256, 128, 1.0), (128, 256, 1.0), (128, 128, 0.92), (128, 64, 0.80), (64, 64, 0.60))

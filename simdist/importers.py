@@ -58,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
 
     scenario_from_dict(yaml.safe_load(text))  # what is written must load as it stands
     if args.out:
-        from simdist.calibrate.profile import write_text_atomic
+        from simdist.spec.files import write_text_atomic
 
         write_text_atomic(args.out, text)
         print(f"wrote {args.out}", file=sys.stderr)

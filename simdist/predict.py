@@ -9,11 +9,11 @@ from simdist.analytic.flops import model_flops_per_step, recompute_flops_per_ste
 from simdist.analytic.memory import memory_per_stage
 from simdist.analytic.steptime import StepResult, analytic_step
 from simdist.analytic.systems import busbw_cap
-from simdist.calibrate.profile import CalibrationProfile
 from simdist.cost import CostModel
 from simdist.errors import Problem, ScenarioError
 from simdist.results import Prediction, Span, StageMemoryReport, to_gib
 from simdist.sim.collectives import Network
+from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import Scenario
 
 Engine = Literal["des", "analytic"]

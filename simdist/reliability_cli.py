@@ -85,13 +85,13 @@ def main(args: argparse.Namespace) -> int:
                                     "checkpoint_bandwidth, ...; see CONTRACT.md v1.1)"))
     profile = None
     if args.profile:
-        from simdist.calibrate.profile import load_profile
+        from simdist.spec.profile import load_profile
 
         profile = load_profile(args.profile)
     pred = predict(sc, profile=profile, engine=args.engine, keep_spans=False)
     data = goodput_table(sc, pred)
     if args.html:
-        from simdist.calibrate.profile import write_text_atomic
+        from simdist.spec.files import write_text_atomic
 
         try:
             fig = figure(data)

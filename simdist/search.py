@@ -58,7 +58,6 @@ from simdist.analytic.flops import model_flops_per_step
 from simdist.analytic.memory import stage_memory
 from simdist.analytic.params import stage_layer_ranges
 from simdist.analytic.steptime import analytic_step
-from simdist.calibrate.profile import CalibrationProfile
 from simdist.cost import CostModel
 from simdist.errors import Problem, ScenarioError
 from simdist.results import Prediction
@@ -66,6 +65,7 @@ from simdist.sim.collectives import Network
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import RECOMPUTE, SCHEDULES, ParallelPlan
+from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import Scenario, check_consistency
 from simdist.units import GiB
 

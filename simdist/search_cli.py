@@ -160,7 +160,7 @@ def main(args: argparse.Namespace) -> int:
         raise ScenarioError(problems)
     profile = None
     if args.profile:
-        from simdist.calibrate.profile import load_profile
+        from simdist.spec.profile import load_profile
 
         profile = load_profile(args.profile)
     bars = ProgressBars(enabled=not args.no_progress)

@@ -279,7 +279,7 @@ def test_every_scenario_file_loads(path: Path, at: AppTest) -> None:
 
 
 def test_calibration_profile_upload(at: AppTest) -> None:
-    from simdist.calibrate.profile import CalibrationProfile
+    from simdist.spec.profile import CalibrationProfile
 
     profile = CalibrationProfile(device="cpu (test)", peak_flops=1e11, memory_bandwidth_bytes_per_s=1e10)
     at.sidebar.selectbox(key="src_file").select("tiny-3d.yaml").run()

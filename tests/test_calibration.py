@@ -9,10 +9,10 @@ import yaml
 from conftest import run_cli
 
 from simdist.calibrate.fit import fit_alpha_beta, fit_profile, ring_terms
-from simdist.calibrate.profile import CalibrationProfile, load_profile
 from simdist.calibrate.store import RunStore
 from simdist.errors import ScenarioError
 from simdist.predict import predict
+from simdist.spec.profile import CalibrationProfile, load_profile
 from simdist.spec.scenario import scenario_from_dict
 
 

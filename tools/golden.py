@@ -51,9 +51,9 @@ def cases() -> list[dict]:
 
 def predict_case(case: dict, engine: str) -> dict | str:
     """The prediction's JSON object, or the error text when the input is refused."""
-    from simdist.calibrate.profile import CalibrationProfile
     from simdist.errors import ScenarioError
     from simdist.predict import predict
+    from simdist.spec.profile import CalibrationProfile
     from simdist.spec.scenario import load_scenario, scenario_from_dict
 
     try:

@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             progress.update(1)
     result["collectives"] = bench_collectives(args.quick, progress)
     if rank == 0:
-        from simdist.calibrate.profile import write_json_atomic
+        from simdist.spec.files import write_json_atomic
 
         progress.close()
         write_json_atomic(args.out, result)

@@ -153,8 +153,9 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
 
 def compare_main(args: argparse.Namespace) -> int:
     from simdist.calibrate.compare import compare_one, comparison_figure
-    from simdist.calibrate.profile import load_profile, write_text_atomic
     from simdist.calibrate.store import RunStore
+    from simdist.spec.files import write_text_atomic
+    from simdist.spec.profile import load_profile
     from simdist.table import table
 
     profile = load_profile(args.profile) if args.profile else None

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from simdist.calibrate.profile import CalibrationProfile
+from simdist.spec.profile import CalibrationProfile
 from simdist.units import GiB
 
 

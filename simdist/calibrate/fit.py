@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from simdist.calibrate.profile import CalibrationProfile, LinkFit
+from simdist.spec.profile import CalibrationProfile, LinkFit
 
 
 def _curve(points: list[tuple[float, float]], peak: float) -> list[tuple[float, float]]:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from simdist.calibrate.profile import CalibrationProfile
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.plan import ParallelPlan
+from simdist.spec.profile import CalibrationProfile
 
 LINK_EFFICIENCY = {
     "nvswitch": 0.80, "nvlink": 0.80, "pcie": 0.80, "loopback": 1.0,

@@ -56,7 +56,7 @@ def chrome_trace(
 def write_trace(path: str | Path, spans: Iterable[Span], stage_of: Callable[[int], int] | None = None,
                 metadata: dict[str, Any] | None = None) -> int:
     """Write the trace atomically (whole or not at all); returns the number of spans written."""
-    from simdist.calibrate.profile import write_json_atomic
+    from simdist.spec.files import write_json_atomic
 
     data = chrome_trace(spans, stage_of, metadata)
     write_json_atomic(path, data)

@@ -131,7 +131,8 @@ def test_fault_spec(spec, ok):
 
 
 def test_diagnosis_names_the_root_cause_first(tmp_path):
-    from executor.faults import diagnose, failure_path, heartbeat_path, write_json_atomic
+    from executor.faults import diagnose, failure_path, heartbeat_path
+    from simdist.spec.files import write_json_atomic
 
     write_json_atomic(failure_path(tmp_path, 0), {"rank": 0, "step": 3, "phase": "step", "error": "RuntimeError",
                                                   "message": "Connection closed by peer", "kind": "peer-lost"})
