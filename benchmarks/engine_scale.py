@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simdist.cost import CostModel
+from simdist.analytic.collectives import Network
+from simdist.analytic.cost import CostModel
 from simdist.predict import predict
-from simdist.sim.collectives import Network
 from simdist.sim.engine import simulate
 from simdist.spec.scenario import Scenario, scenario_from_dict
 from simdist.spec.topology import build_graph

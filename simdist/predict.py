@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from simdist.analytic.collectives import Network
+from simdist.analytic.cost import CostModel
 from simdist.analytic.flops import model_flops_per_step, recompute_flops_per_step
 from simdist.analytic.memory import memory_per_stage
 from simdist.analytic.steptime import StepResult, analytic_step
 from simdist.analytic.systems import busbw_cap
-from simdist.cost import CostModel
 from simdist.errors import Problem, ScenarioError
 from simdist.results import Prediction, Span, StageMemoryReport, to_gib
-from simdist.sim.collectives import Network
 from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import Scenario
 

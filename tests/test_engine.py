@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import simpy
 
+from simdist.analytic.collectives import Network, collective_time, layout_for_axis
+from simdist.analytic.cost import CostModel
 from simdist.analytic.systems import DEEPSPEED_ZERO3_BUSBW
-from simdist.cost import CostModel
 from simdist.predict import predict
 from simdist.results import BREAKDOWN_KEYS
-from simdist.sim.collectives import Network, collective_time, layout_for_axis
 from simdist.sim.engine import simulate
 from simdist.sim.lowering import lower
 from simdist.sim.network import FluidNetwork, LinkModel, software_resource

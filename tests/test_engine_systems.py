@@ -14,11 +14,11 @@ import yaml
 from conftest import REPO
 
 from simdist.analytic import systems
+from simdist.analytic.collectives import Network
+from simdist.analytic.cost import CostModel
 from simdist.analytic.params import params_per_rank
-from simdist.cost import CostModel
 from simdist.predict import predict
 from simdist.results import BREAKDOWN_KEYS
-from simdist.sim.collectives import Network
 from simdist.sim.lowering import CommSpec, PsSpec, lower
 from simdist.spec.scenario import Scenario, load_scenario, scenario_from_dict
 

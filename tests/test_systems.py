@@ -10,12 +10,12 @@ import pytest
 from conftest import REPO, base_scenario, run_cli
 
 from simdist.analytic import systems
+from simdist.analytic.collectives import Network, layout_for_axis
+from simdist.analytic.cost import optimizer_bytes_per_param
 from simdist.analytic.memory import model_state_bytes, optimizer_state_bytes_per_param, stage_memory
 from simdist.analytic.params import params_per_rank, total_params
-from simdist.cost import optimizer_bytes_per_param
 from simdist.errors import ScenarioError
 from simdist.predict import predict
-from simdist.sim.collectives import Network, layout_for_axis
 from simdist.spec.scenario import load_scenario, scenario_from_dict
 from simdist.units import GiB
 

@@ -1,6 +1,6 @@
 """Closed-form step time: the fast engine (`predict --engine analytic`) and the search's ranker.
 
-Per pipeline stage and micro-batch: compute from the layer's ops (simdist.sim.ops) timed by the
+Per pipeline stage and micro-batch: compute from the layer's ops (simdist.analytic.ops) timed by the
 cost model, TP collectives on the links their group crosses, exposed unless overlapped with a
 GEMM (the backward data-grad all-reduce runs beside the weight-grad GEMM, Megatron's async TP
 all-reduce; all TP traffic with ``tp_comm_overlap``). The pipeline then costs
@@ -22,11 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from simdist.analytic import systems
+from simdist.analytic.collectives import Network, collective_time, layout_for_axis
+from simdist.analytic.cost import CostModel, optimizer_bytes_per_param
 from simdist.analytic.memory import state_bytes
+from simdist.analytic.ops import Comm, Compute, Op, embedding_ops, head_ops, layer_ops
 from simdist.analytic.params import params_per_rank, stage_num_layers
-from simdist.cost import CostModel, optimizer_bytes_per_param
-from simdist.sim.collectives import Network, collective_time, layout_for_axis
-from simdist.sim.ops import Comm, Compute, Op, embedding_ops, head_ops, layer_ops
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
 

@@ -42,18 +42,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from simdist.analytic.memory import state_bytes
-from simdist.analytic.params import (
-    head_params,
-    params_per_rank,
-    stage_num_layers,
-)
-from simdist.sim.collectives import (
+from simdist.analytic.collectives import (
     LINK_EFFICIENCY,
     GroupLayout,
     Network,
     collective_time,
     layout_for_axis,
+)
+from simdist.analytic.memory import state_bytes
+from simdist.analytic.params import (
+    head_params,
+    params_per_rank,
+    stage_num_layers,
 )
 from simdist.spec.cluster import ClusterSpec, HostSpec
 from simdist.spec.model import ModelSpec
@@ -606,7 +606,7 @@ def cpu_optimizer_time(params_on_node: float, plan: ParallelPlan, host: HostSpec
     it streams the fp32 states once)."""
     if params_on_node <= 0:
         return 0.0
-    from simdist.cost import optimizer_bytes_per_param
+    from simdist.analytic.cost import optimizer_bytes_per_param
 
     scale = (optimizer_bytes_per_param(plan.optimizer, "fp32", 4.0)
              / optimizer_bytes_per_param("adam", "fp32", 4.0))

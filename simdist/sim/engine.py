@@ -71,10 +71,10 @@ from typing import Any
 import simpy
 
 from simdist.analytic import systems
+from simdist.analytic.collectives import Network
+from simdist.analytic.cost import CostModel
 from simdist.analytic.steptime import sync_wait_part
-from simdist.cost import CostModel
 from simdist.results import Span
-from simdist.sim.collectives import Network
 from simdist.sim.lowering import (
     CommSpec,
     GradPiece,

@@ -1,7 +1,7 @@
 """Lowering: a scenario -> the work of each pipeline stage in one optimizer step (pure, no simpy).
 
 Each (micro-batch, chunk) action of the pipeline schedule becomes one task on the stage's
-compute stream whose length comes from the layer's op list (:mod:`simdist.sim.ops`) timed with
+compute stream whose length comes from the layer's op list (:mod:`simdist.analytic.ops`) timed with
 the cost model and the closed-form TP/CP collective times at op granularity, exactly as the
 closed-form engine does (:class:`simdist.analytic.steptime.Timer`): a chunk's layers are
 aggregated into one task, the exposed TP communication kept as its own figure. Under ZeRO-3 a
@@ -47,6 +47,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from simdist.analytic import systems
+from simdist.analytic.collectives import Network, collective_time
+from simdist.analytic.cost import CostModel
+from simdist.analytic.ops import Comm, Op, embedding_ops, head_ops, layer_ops
 from simdist.analytic.params import (
     embedding_params,
     head_params,
@@ -64,9 +67,6 @@ from simdist.analytic.steptime import (
     stage_time,
 )
 from simdist.analytic.systems import CollectiveCall, DataParallelTraffic, dp_traffic
-from simdist.cost import CostModel
-from simdist.sim.collectives import Network, collective_time
-from simdist.sim.ops import Comm, Op, embedding_ops, head_ops, layer_ops
 from simdist.sim.schedules import Action, dependencies, schedule, virtual_stage
 from simdist.spec.scenario import Scenario
 

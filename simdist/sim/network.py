@@ -4,7 +4,7 @@ transfers share them.
 Two parts, split as astra-sim splits its network backends from the system layer:
 
 - :class:`LinkModel` turns a collective or a pipeline send into a :class:`FlowTiming`: its
-  latency, its *solo* transfer time (from :func:`simdist.sim.collectives.collective_time`, so
+  latency, its *solo* transfer time (from :func:`simdist.analytic.collectives.collective_time`, so
   the engine and the closed form agree when nothing contends) and the *load* it puts on each
   link of the topology (:mod:`simdist.spec.topology`) while it runs at that solo speed, as a
   fraction of the link's bandwidth.
@@ -43,13 +43,13 @@ from functools import partial
 
 import simpy
 
-from simdist.analytic.systems import busbw_cap, ps_server_count
-from simdist.sim.collectives import (
+from simdist.analytic.collectives import (
     GroupLayout,
     Network,
     collective_time,
     layout_for_axis,
 )
+from simdist.analytic.systems import busbw_cap, ps_server_count
 from simdist.spec import topology as topo
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.plan import RankCoord, rank_coord, rank_of

@@ -1,5 +1,5 @@
 """Ops: what one GPU runs for one layer, micro-batch and pass. They say what runs, never how
-long: simdist.cost times compute ops, simdist.sim.collectives times communication.
+long: simdist.analytic.cost times compute ops, simdist.analytic.collectives times communication.
 
 Shapes follow Megatron-LM's layer (Shoeybi et al. 2019; Korthikanti et al. 2022 for sequence
 parallelism): QKV and fc1 are column-parallel, the output projection and fc2 row-parallel, so

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from simdist.sim.ops import Compute
+from simdist.analytic.ops import Compute
 from simdist.spec.cluster import GpuSpec
 from simdist.spec.profile import CalibrationProfile
 
