@@ -32,8 +32,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from simdist.analytic.memory import memory_per_stage, state_bytes
+from simdist.analytic.offload import PCIE_EFFICIENCY
 from simdist.analytic.params import total_params
-from simdist.analytic.systems import PCIE_EFFICIENCY
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Reliability, Scenario
@@ -50,7 +50,7 @@ def checkpoint_bytes(m: ModelSpec, plan: ParallelPlan, fp32_master: bool = True)
     states, Zhang et al. 2022 sec 2.4)."""
     b = state_bytes(m, plan)
     per_param = b.params + b.optimizer
-    if not fp32_master and plan.precision != "fp32":
+    if not fp32_master and plan.mixed_precision:
         per_param -= 4.0
     return total_params(m) * per_param
 

@@ -9,9 +9,14 @@ from typing import Any
 import pytest
 import simpy
 
-from simdist.analytic.collectives import Network, collective_time, layout_for_axis
+from simdist.analytic.collectives import (
+    DEEPSPEED_ZERO3_BUSBW,
+    Network,
+    collective_time,
+    layout_for_axis,
+)
 from simdist.analytic.cost import CostModel
-from simdist.analytic.systems import DEEPSPEED_ZERO3_BUSBW
+from simdist.analytic.stage import describe
 from simdist.predict import predict
 from simdist.results import BREAKDOWN_KEYS
 from simdist.sim.engine import simulate
@@ -54,7 +59,8 @@ class LayerOnlyCost(CostModel):
 
 def free_run(sc: Scenario):
     cost = LayerOnlyCost(sc.cluster.gpu, sc.plan.precision)
-    return simulate(sc, cost, FREE_NET, keep_spans=False), lower(sc, cost, FREE_NET)
+    described = describe(sc, cost, FREE_NET)
+    return simulate(described, keep_spans=False), lower(described)
 
 
 def stage_times(lowered, kinds: str = "FBW") -> dict[str, float]:
@@ -187,7 +193,7 @@ def test_offload_is_simulated_not_handed_to_the_closed_form() -> None:
 def test_rejects_unknown_fidelity() -> None:
     sc = make(nodes=1, tp=8, global_batch_size=8)
     with pytest.raises(ValueError):
-        simulate(sc, CostModel(sc.cluster.gpu, "bf16"), Network.of(sc.cluster), fidelity="exact")
+        simulate(describe(sc, CostModel(sc.cluster.gpu, "bf16"), Network.of(sc.cluster)), fidelity="exact")
 
 
 # --- contention on links ----------------------------------------------------------------------
@@ -260,7 +266,7 @@ def test_intra_node_collective_loads_switch_ports_only() -> None:
 
 
 def test_software_ceiling_paces_a_collective_and_shares_the_rank() -> None:
-    """A DeepSpeed ZeRO-3 collective (busbw ceiling, systems.busbw_cap) takes
+    """A DeepSpeed ZeRO-3 collective (busbw ceiling, busbw_cap) takes
     (n-1)/n S / ceiling alone and loads the NICs below their share; two at once on one rank
     share its ceiling, so they take twice as long; an FSDP plan's (zero3_fetch: layer) is not
     capped."""
