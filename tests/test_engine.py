@@ -287,3 +287,67 @@ def test_software_ceiling_paces_a_collective_and_shares_the_rank() -> None:
     fsdp = make(model="gpt3-13b", nodes=4, tp=1, zero_stage=3, global_batch_size=32)
     plain = LinkModel(fsdp, net, replicas_alike=True).collective("allgather", nbytes, "dp", 0, (0,))
     assert plain.latency + plain.work == pytest.approx(uncapped)
+
+
+# --- the network behind a narrow interface ------------------------------------------------------
+
+
+class SoloBackend:
+    """A network backend without contention: each transfer takes its solo time (what the fluid
+    backend gives a transfer alone). It only implements simdist.sim.network.NetworkBackend."""
+
+    def __init__(self, env: simpy.Environment, sc: Scenario, net: Network, replicas_alike: bool):
+        self.env, self.links = env, LinkModel(sc, net, replicas_alike)
+        self.calls: dict[str, int] = {}
+
+    def _alone(self, what: str, latency: float, work: float, extra: float = 0.0) -> simpy.Event:
+        self.calls[what] = self.calls.get(what, 0) + 1
+        return self.env.timeout(work + latency + extra)
+
+    def collective(self, kind, nbytes, axis, stage, replicas, extra_s=0.0):  # type: ignore[no-untyped-def]
+        t = self.links.collective(kind, nbytes, axis, stage, replicas)
+        return self._alone("collective", t.latency, t.work, extra_s)
+
+    def p2p(self, nbytes, src_stage, dst_stage, replica, extra_s=0.0):  # type: ignore[no-untyped-def]
+        t = self.links.p2p(nbytes, src_stage, dst_stage, replica)
+        return self._alone("p2p", t.latency, t.work, extra_s)
+
+    def host(self, resource, seconds, stage, replica):  # type: ignore[no-untyped-def]
+        return self._alone("host", 0.0, seconds)
+
+    def ps(self, kind, nbytes, stage, replicas):  # type: ignore[no-untyped-def]
+        t = self.links.ps(kind, nbytes, stage, replicas)
+        return self._alone("ps", t.latency, t.work)
+
+    def ps_update(self, seconds):  # type: ignore[no-untyped-def]
+        return self._alone("ps_update", 0.0, seconds)
+
+    def assumptions(self) -> list[str]:
+        return ["solo backend: no contention"]
+
+    def usage(self, elapsed: float) -> dict[str, Any]:
+        return {}
+
+
+def test_a_contention_free_backend_plugs_into_the_engine() -> None:
+    """The engine reaches the network only through the backend interface: a backend without
+    contention gives the fluid backend's answer where nothing contends, and a shorter step where
+    a pipeline send and the gradient sync share a NIC."""
+    quiet = make(model="gpt3-13b", nodes=2, tp=8, pp=2, global_batch_size=16)  # dp 1: sends only
+    d = describe(quiet, CostModel(quiet.cluster.gpu, quiet.plan.precision), Network.of(quiet.cluster))
+    backends: list[SoloBackend] = []
+
+    def solo(*args: Any) -> SoloBackend:
+        backends.append(SoloBackend(*args))
+        return backends[-1]
+
+    fluid = simulate(d, keep_spans=False)
+    alone = simulate(d, keep_spans=False, backend=solo)
+    assert alone.step_time == pytest.approx(fluid.step_time, rel=1e-9)
+    assert backends[0].calls["p2p"] > 0 and "solo backend: no contention" in alone.assumptions
+    busy = make(model="gpt3-13b", nodes=4, tp=8, pp=2, global_batch_size=16)  # dp 2 across nodes
+    d = describe(busy, CostModel(busy.cluster.gpu, busy.plan.precision), Network.of(busy.cluster))
+    fluid, alone = simulate(d, keep_spans=False), simulate(d, keep_spans=False, backend=solo)
+    assert any("link contention slowed transfers" in a for a in fluid.assumptions)
+    assert alone.step_time < fluid.step_time
+    assert backends[1].calls["collective"] > 0

@@ -12,6 +12,7 @@ from simdist.analytic.collectives import LINK_EFFICIENCY, node_gpus
 from simdist.analytic.cost import cpu_optimizer_time
 from simdist.analytic.data_parallel import param_gathers_per_microbatch
 from simdist.analytic.memory import optimizer_shard_params, state_bytes
+from simdist.analytic.overlap import grad_buckets
 from simdist.analytic.params import params_per_rank, stage_num_layers
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
@@ -42,6 +43,7 @@ class OffloadTraffic:
     nvme_per_step_node: float = 0.0  # NVMe bytes of the node per step (optimizer states in and out)
     cpu_params_node: float = 0.0  # parameters the node's CPU updates per step
     gather_chunks: int = 1  # parameter fetches are prefetched layer by layer
+    down_buckets: int = 1  # pcie_down_per_step goes down in the gradient buckets (overlap.grad_buckets)
 
     @property
     def used(self) -> bool:
@@ -85,7 +87,8 @@ def offload_traffic(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, stag
         if off.params == "nvme":
             nvme_mb = gathers * pshard * pb * gpn
             nvme_step += pshard * pb * gpn  # updated parameters written once
-    return OffloadTraffic(down_mb, down_step, up_mb, up_step, nvme_mb, nvme_step, cpu, layers)
+    return OffloadTraffic(down_mb, down_step, up_mb, up_step, nvme_mb, nvme_step, cpu, layers,
+                          grad_buckets(down_step, plan))
 
 
 

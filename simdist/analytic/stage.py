@@ -28,7 +28,7 @@ from simdist.analytic.cost import CostModel, optimizer_bytes_per_param
 from simdist.analytic.data_parallel import DataParallelTraffic, dp_traffic
 from simdist.analytic.memory import StageMemory, optimizer_shard_params, stage_memory, state_bytes
 from simdist.analytic.offload import OffloadTimes, OffloadTraffic, offload_times, offload_traffic
-from simdist.analytic.ops import Compute, embedding_ops, head_ops, layer_ops
+from simdist.analytic.ops import embedding_ops, head_ops, layer_ops, recompute_ops
 from simdist.analytic.overlap import grad_buckets
 from simdist.analytic.param_server import (
     PSTimes,
@@ -38,7 +38,7 @@ from simdist.analytic.param_server import (
     server_update_time,
 )
 from simdist.analytic.params import embedding_params, head_params, layer_params, stage_layer_ranges
-from simdist.analytic.passes import ZERO_PASS, OpTimer, PassTime
+from simdist.analytic.passes import OpTimer, PassTime
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
 
@@ -141,8 +141,9 @@ class StepDescription:
         return tuple(stage_memory(sc.model, sc.plan, s, sc.cluster) for s in range(sc.plan.pp))
 
 
-def describe(sc: Scenario, cost: CostModel, net: Network) -> StepDescription:
-    """Describe every stage of ``sc`` once per stage kind (see the module docstring)."""
+def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True) -> StepDescription:
+    """Describe every stage of ``sc`` once per stage kind (see the module docstring);
+    ``per_kind=False`` describes each stage on its own (the same result, more slowly)."""
     m, plan = sc.model, sc.plan
     timer = OpTimer(sc, cost, net)
     layer = layer_passes(timer)
@@ -154,7 +155,7 @@ def describe(sc: Scenario, cost: CostModel, net: Network) -> StepDescription:
     kind_of = []
     for s in range(plan.pp):
         chunks = stage_chunks(sc, s)
-        k = index.get(chunks)
+        k = index.get(chunks) if per_kind else None
         if k is None:
             k = index[chunks] = len(kinds)
             kinds.append(_describe_stage(sc, ctx, cost, layer, embedding, head, chunks, s))
@@ -164,19 +165,10 @@ def describe(sc: Scenario, cost: CostModel, net: Network) -> StepDescription:
 
 
 def layer_passes(timer: OpTimer) -> LayerPasses:
-    """The layer's forward and backward, and what recomputation runs again: the whole forward
-    (full), or the attention core of explicit attention (selective; FlashAttention recomputes
-    it inside its backward kernel already)."""
+    """The layer's forward and backward, and what recomputation runs again (ops.recompute_ops)."""
     m, plan = timer.sc.model, timer.sc.plan
-    fwd = timer.passes(layer_ops(m, plan, "fwd"))
-    recompute = ZERO_PASS
-    if plan.recompute == "full":
-        recompute = fwd
-    elif plan.recompute == "selective" and not plan.flash_attention:
-        core = tuple(op for op in layer_ops(m, plan, "fwd")
-                     if isinstance(op, Compute) and op.name in ("QK^T", "AV", "softmax"))
-        recompute = timer.passes(core)
-    return LayerPasses(fwd, timer.passes(layer_ops(m, plan, "bwd")), recompute)
+    return LayerPasses(timer.passes(layer_ops(m, plan, "fwd")), timer.passes(layer_ops(m, plan, "bwd")),
+                       timer.passes(recompute_ops(m, plan)))
 
 
 def stage_chunks(sc: Scenario, stage: int) -> tuple[Chunk, ...]:

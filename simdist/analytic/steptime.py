@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from simdist.analytic.collectives import Network
 from simdist.analytic.cost import CostModel
 from simdist.analytic.data_parallel import DataParallelTimes, dp_times, param_gathers_per_microbatch
-from simdist.analytic.overlap import bucketed_exposed, grad_buckets, prefetch_exposed
+from simdist.analytic.overlap import bucketed_exposed, prefetch_exposed
 from simdist.analytic.param_server import async_staleness_steps
 from simdist.analytic.passes import PassTime, sync_wait_part
 from simdist.analytic.result import StepResult
@@ -111,7 +111,7 @@ def end_of_step(s: StageDescription, plan: ParallelPlan, st: StageTime) -> EndOf
     off = s.offload_s
     offload = 0.0
     if off.before_step:  # ZeRO-0/1 gradients go down in buckets as the sync finishes
-        nb = grad_buckets(s.offload.pcie_down_per_step, plan)
+        nb = s.offload.down_buckets
         offload += bucketed_exposed(off.before_step / nb, nb, last_bwd, plan.overlap_grad_reduce)
     optimizer = s.optimizer
     if plan.offload.optimizer != "none":

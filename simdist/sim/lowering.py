@@ -50,7 +50,6 @@ from dataclasses import dataclass, replace
 from simdist.analytic.collectives import CollectiveCall, node_gpus
 from simdist.analytic.data_parallel import DataParallelTraffic, param_gathers_per_microbatch
 from simdist.analytic.ops import Comm, Op, layer_ops
-from simdist.analytic.overlap import grad_buckets
 from simdist.analytic.passes import ZERO_PASS, PassTime
 from simdist.analytic.stage import Chunk, StageDescription, StepDescription
 from simdist.sim.schedules import dependencies, schedule
@@ -194,7 +193,7 @@ def _offload_work(plan: ParallelPlan, gpn: int, s: StageDescription) -> dict[str
     nvme_step = t.nvme_per_step / gpn
     if plan.offload.optimizer != "none":
         out["down_per_step"] = xfer("gradients to host", ("pcie_down", t.pcie_down_per_step))
-        out["down_buckets"] = grad_buckets(s.offload.pcie_down_per_step, plan)
+        out["down_buckets"] = s.offload.down_buckets
         out["host_step"] = xfer("CPU optimizer step", ("cpu", t.cpu_step / gpn), ("pcie_up", t.pcie_up_per_step),
                                 ("nvme", nvme_step))
     else:  # the GPU optimizer's updated parameter shard goes back to the host (and NVMe)
