@@ -255,14 +255,18 @@ def _tasks(plan: ParallelPlan, fwd: list[Work], bwd: list[Work], wgt: list[Work]
         pieces = tuple(GradPiece(k, 1.0, rs, down) for k in range(layers)) if rs or down else ()
         up_f = (extra.up_fwd_per_layer,) * layers if extra.up_fwd_per_layer else ()
         up_b = (extra.up_bwd_per_layer,) * layers if extra.up_bwd_per_layer else ()
+        # without overlap_param_gather nothing is prefetched and every reduction is waited for
+        # (data_parallel.dp_times charges all of it)
+        lap = plan.overlap_param_gather or not traffic.fwd_gathers
         tasks = {
             ("F", False): Task(tuple(fwd), (calls(traffic.fwd_gathers, per=per),) * layers, (), f_label,
-                               uploads=up_f),
+                               uploads=up_f, overlapped=lap),
             ("B", False): Task(tuple(bwd), (calls(traffic.bwd_gathers, per=per),) * layers,
-                               () if split else pieces, b_label, drain=bool(pieces) and not split, uploads=up_b),
+                               () if split else pieces, b_label, drain=bool(pieces) and not split, uploads=up_b,
+                               overlapped=lap),
         }
         if split:
-            tasks[("W", False)] = Task(tuple(wgt), (), pieces, drain=bool(pieces))
+            tasks[("W", False)] = Task(tuple(wgt), (), pieces, drain=bool(pieces), overlapped=lap)
         return tasks
     whole = {"F": Task((_sum(fwd),), (), (), f_label), "B": Task((_sum(bwd),), (), (), b_label)}
     if split:

@@ -100,6 +100,9 @@ class Task:
     drain: bool = False
     # parameter offload: per segment, the shard fetched from the host (and NVMe) before its gather
     uploads: tuple[HostXfer | None, ...] = ()
+    # ZeRO-3 without overlap_param_gather: each segment's gather is issued when the segment
+    # starts (not one ahead), and each segment's reductions are waited for before the next
+    overlapped: bool = True
 
     @property
     def work(self) -> Work:

@@ -170,9 +170,10 @@ class StepDriver:
         start = env.now
         ready: list[tuple[simpy.Event | None, simpy.Event | None]] = []  # per segment: upload, gather
         pieces, k = task.pieces, 0  # ordered by segment
+        ahead = 2 if task.overlapped else 1
         for i, seg in enumerate(task.segments):
             if task.gathers:
-                while len(ready) < min(i + 2, len(task.gathers)):  # this layer's and the next
+                while len(ready) < min(i + ahead, len(task.gathers)):  # this layer's (and the next)
                     ready.append(self._prefetch(sl, task, len(ready)))
                 up, gather = ready[i]
                 if up is not None and not up.processed:
@@ -196,11 +197,22 @@ class StepDriver:
                 t.tp += seg.sync
             else:
                 t.dp += seg.sync
+            if not task.overlapped and pieces:
+                yield from self._reduced(sl)
         end = env.now
         if self.run.keep_spans:
             self._task_spans(sl, action, task, start, end)
         if task.drain:
             yield from self._drain(sl, end)
+
+    def _reduced(self, sl: Slice) -> Proc:
+        """Wait for the reductions started so far (a segment's gradients, not overlapped)."""
+        tail = sl.tails.get("dp")
+        if tail is not None and not tail.processed:
+            t0 = self.env.now
+            yield tail
+            sl.tally.dp += self.env.now - t0
+            self.run.span(sl, "compute", "wait for gradient reduce-scatter", t0, self.env.now, "dp_comm")
 
     def _drain(self, sl: Slice, end: float) -> Proc:
         """ZeRO-2/3: the backward returns when its reductions, then its copies to the host, are done."""
