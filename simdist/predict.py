@@ -171,7 +171,7 @@ def _assumptions(sc: Scenario, profile: CalibrationProfile | None) -> list[str]:
 
 
 def _system_assumptions(sc: Scenario) -> list[str]:
-    """One line per v1.1 mechanism the plan uses, saying how it is modelled."""
+    """One line per mechanism beyond 3D parallelism the plan uses, saying how it is modelled."""
     plan, cluster = sc.plan, sc.cluster
     out = []
     if plan.hybrid_sharding and plan.shards_optimizer:

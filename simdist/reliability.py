@@ -9,7 +9,7 @@ write proceeds in the background.
 
 Failures: independent GPUs with exponential lifetimes, so the job's mean time between failures
 is gpu_mtbf / number of GPUs (the series-system rule Kokolis et al. HPCA'25 use for their MTTF
-projections, shared/validation/breadth.csv BR-E31..E35).
+projections, tests/data/validation/breadth.csv BR-E31..E35).
 
 Optimal checkpoint interval (time computed between checkpoints):
   Young 1974 (CACM 17(9)):        tau = sqrt(2 C M)                       (breadth.csv BR-E37)

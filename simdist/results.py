@@ -62,7 +62,8 @@ class Prediction:
         return fits
 
     def to_dict(self) -> dict[str, Any]:
-        """The contract's JSON object (CONTRACT.md, `simdist predict --json`), plus extensions."""
+        """The JSON object of `simdist predict --json` (the output schema of the scenario-format
+        reference), plus extensions."""
         out: dict[str, Any] = {
             "name": self.name,
             "world_size": self.world_size,

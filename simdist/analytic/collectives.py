@@ -7,7 +7,7 @@ ring's inter-node edges run through the NICs, so its bus bandwidth is the node's
 shared by the ranks of that node that communicate at the same time.
 
 Achieved-bandwidth factors (fraction of line rate), from the NCCL maintainers' figures in
-shared/validation/collectives.csv: A100 NVSwitch ring ~230 of 300 GB/s (nccl-tests #149),
+tests/data/validation/collectives.csv: A100 NVSwitch ring ~230 of 300 GB/s (nccl-tests #149),
 H100 ring ~370 of 450 GB/s (nccl-tests #212), H100 NVLS all-reduce algbw ~275 GB/s (#212),
 HDR ~24 of 25 GB/s per NIC (nccl #412), NDR 46-48 of 50 GB/s per NIC (nccl-tests #290).
 

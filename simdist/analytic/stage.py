@@ -189,6 +189,7 @@ def stage_chunks(sc: Scenario, stage: int) -> tuple[Chunk, ...]:
 
 
 def pipeline_send(sc: Scenario, net: Network) -> PipelineSend | None:
+    """One micro-batch's activation between neighbouring virtual stages ([s/cp, b, h] per rank)."""
     m, plan = sc.model, sc.plan
     if plan.pp == 1:
         return None
@@ -218,11 +219,11 @@ def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, layer: Laye
                            server_update_time(m, plan, cluster, stage), 2 * ctx.net.inter_latency)
     per_mb = per_step = 0.0
     if plan.grad_compression.enabled and plan.dp > 1:
-        kernels = compression_kernel_bytes(m, plan, stage)
+        nbytes = compression_kernel_bytes(m, plan, stage)  # HBM traffic: memory-bound kernels
         if plan.shards_gradients:  # ZeRO-2/3 compress every micro-batch's reduce-scatter, per layer
-            per_mb = cost.memory_time(kernels, kernels=2 * layers)
+            per_mb = cost.memory_time(nbytes, kernels=2 * layers)
         else:
-            per_step = cost.memory_time(kernels, kernels=4)
+            per_step = cost.memory_time(nbytes, kernels=4)
     return StageDescription(
         chunks=chunks, fwd=fwd, bwd=bwd, recompute=layer.recompute * layers,
         dp=dp_traffic(m, plan, stage).timed(ctx),
