@@ -31,8 +31,6 @@ def zero3_modules_per_layer(m: ModelSpec) -> int:
     return 4 + (3 if m.mlp == "swiglu" else 2)
 
 
-
-
 def param_gathers_per_microbatch(plan: ParallelPlan) -> int:
     """Times a micro-batch needs each layer's full parameters (ZeRO-3 / FSDP gathers, parameter
     offload uploads): its forward, its backward, and the recomputed forward under full
@@ -169,8 +167,6 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int) -> DataParallelTraf
                                post_step_behind_forward=behind)
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class DataParallelTimes:
     """Exposed DP time of one GPU: per micro-batch (ZeRO-2/3) and once per step."""
@@ -179,10 +175,8 @@ class DataParallelTimes:
     bwd_exposed: float  # per micro-batch, in backward (ZeRO-3 gathers, ZeRO-2/3 reduce-scatters)
     step_sync: float  # the last backward's gradient sync that did not hide
     post_step: float  # parameter all-gather after the optimizer that did not hide
-    per_microbatch_unhidden: float = 0.0  # what the per-micro-batch traffic costs un-overlapped
     gather_fwd: float = 0.0  # un-overlapped: one micro-batch's forward gathers
-    gather_bwd: float = 0.0  # backward (and recompute) gathers
-    grad_sync: float = 0.0  # reduce-scatters (+ replica all-reduces)
+    grad_sync: float = 0.0  # un-overlapped: its reduce-scatters (+ replica all-reduces)
 
     @property
     def per_microbatch(self) -> float:
@@ -208,7 +202,6 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
     ag_b = calls_seconds(tr.bwd_gathers)
     rs = calls_seconds(tr.microbatch_grad_sync)
     fwd_exp = bwd_exp = 0.0
-    unhidden = ag_f + ag_b + rs
     if tr.fwd_gathers:  # ZeRO-3
         if not plan.overlap_param_gather:
             fwd_exp, bwd_exp = ag_f, ag_b + rs
@@ -226,5 +219,5 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
     post = calls_seconds(tr.post_step_gathers)
     if tr.post_step_behind_forward:  # each bucket's gather ahead of the forward that needs it
         post = prefetch_exposed(post, tr.step_buckets, first_fwd)
-    return DataParallelTimes(fwd_exp, bwd_exp, step, post, unhidden, ag_f, ag_b, rs)
+    return DataParallelTimes(fwd_exp, bwd_exp, step, post, ag_f, rs)
 

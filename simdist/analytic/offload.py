@@ -52,7 +52,6 @@ class OffloadTraffic:
                     self.cpu_params_node))
 
 
-
 def offload_traffic(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, stage: int) -> OffloadTraffic:
     """PCIe and NVMe bytes and CPU work of ``plan.offload`` for one GPU of ``stage`` (see
     OffloadTraffic for the mechanisms and sources)."""
@@ -89,7 +88,6 @@ def offload_traffic(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, stag
             nvme_step += pshard * pb * gpn  # updated parameters written once
     return OffloadTraffic(down_mb, down_step, up_mb, up_step, nvme_mb, nvme_step, cpu, layers,
                           grad_buckets(down_step, plan))
-
 
 
 @dataclass(frozen=True, slots=True)

@@ -304,7 +304,6 @@ def _sum(works: list[Work]) -> Work:
     return out
 
 
-
 def _notes(sc: Scenario) -> list[str]:
     plan = sc.plan
     out: list[str] = []

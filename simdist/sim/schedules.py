@@ -34,7 +34,6 @@ __all__ = [
 ]
 
 
-
 @dataclass(frozen=True, slots=True)
 class Action:
     kind: Literal["F", "B", "W"]  # forward; backward (input grad, or whole backward); weight grad

@@ -148,7 +148,6 @@ class Lowered:
     notes: tuple[str, ...]
 
 
-
 def size_label(nbytes: float) -> str:
     if nbytes >= 10 * MiB:
         return f"{nbytes / MiB:.0f} MiB"
