@@ -31,7 +31,8 @@ CATEGORY = {"F": "forward", "B": "backward", "W": "backward"}
 class StepDriver:
     def __init__(self, run: Run, streams: Streams, servers: Servers):
         self.run, self.streams, self.servers = run, streams, servers
-        self.env, self.plan = run.env, run.plan
+        self.env, self.plan, self.net = run.env, run.plan, run.network
+        self.keep_spans = run.keep_spans
         self.sync_on_tp = sync_wait_part(run.plan) == "tp_comm"
         self.arrivals: dict[tuple[int, int, int, Action], simpy.Event] = {}
 
@@ -154,9 +155,10 @@ class StepDriver:
             now = self.env.now
             exposed = now - max(t0, ev.value)
             sl.tally.pp += exposed
-            what = f"{action.kind} mb{action.microbatch} chunk{action.chunk}"
-            self.run.span(sl, "compute", "bubble", t0, now - exposed, "idle")
-            self.run.span(sl, "pp", f"recv {what}", now - exposed, now, "pp_comm")
+            if self.keep_spans:
+                what = f"{action.kind} mb{action.microbatch} chunk{action.chunk}"
+                self.run.span(sl, "compute", "bubble", t0, now - exposed, "idle")
+                self.run.span(sl, "pp", f"recv {what}", now - exposed, now, "pp_comm")
 
     def _arrival(self, cycle: int, replica: int, stage: int, action: Action) -> simpy.Event:
         key = (cycle, replica, stage, action)
@@ -200,7 +202,7 @@ class StepDriver:
             if not task.overlapped and pieces:
                 yield from self._reduced(sl)
         end = env.now
-        if self.run.keep_spans:
+        if self.keep_spans:
             self._task_spans(sl, action, task, start, end)
         if task.drain:
             yield from self._drain(sl, end)
@@ -265,7 +267,8 @@ class StepDriver:
         step = 1 if action.kind == "F" else -1
         dst = (sl.stage + step) % p
         start = self.env.now
-        yield self.run.network.p2p(spec.nbytes, sl.stage, dst, sl.replica, spec.extra_s)
+        yield self.net.p2p(spec.nbytes, sl.stage, dst, sl.replica, spec.extra_s)
         sl.tally.pp += self.env.now - start
-        self.run.span(sl, "pp", spec.name, start, self.env.now, "pp_comm")
+        if self.keep_spans:
+            self.run.span(sl, "pp", spec.name, start, self.env.now, "pp_comm")
         self._arrival(sl.cycle, sl.replica, sl.stage, action).succeed(start)
