@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from simdist.cost import CostModel
+from simdist.analytic.collectives import Network
+from simdist.analytic.cost import CostModel
+from simdist.analytic.stage import describe
 from simdist.predict import predict
-from simdist.sim.collectives import Network
 from simdist.sim.engine import simulate
 from simdist.spec.scenario import Scenario, scenario_from_dict
 from simdist.spec.topology import build_graph
@@ -61,7 +62,7 @@ def best_of(repeat: int, fn) -> tuple[float, Any]:
 def bench_case(label: str, sc: Scenario, repeat: int, fidelity: str = "symmetric") -> dict[str, Any]:
     cost = CostModel(sc.cluster.gpu, sc.plan.precision)
     net = Network.of(sc.cluster)
-    sim_s, res = best_of(repeat, lambda: simulate(sc, cost, net, fidelity=fidelity, keep_spans=False))
+    sim_s, res = best_of(repeat, lambda: simulate(describe(sc, cost, net), fidelity=fidelity, keep_spans=False))
     pred_s, _ = best_of(repeat, lambda: predict(sc, fidelity=fidelity, keep_spans=False))
     analytic = predict(sc, engine="analytic").step_time_s
     return {"case": label, "fidelity": fidelity, "gpus": sc.world_size, "microbatches": sc.plan.num_microbatches,

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from simdist.analytic.collectives import Network, busbw_cap
+from simdist.analytic.compression import compression_ratio, keeps_residual
+from simdist.analytic.cost import CostModel
 from simdist.analytic.flops import model_flops_per_step, recompute_flops_per_step
-from simdist.analytic.memory import memory_per_stage
-from simdist.analytic.steptime import StepResult, analytic_step
-from simdist.analytic.systems import busbw_cap
-from simdist.cost import CostModel
+from simdist.analytic.param_server import async_staleness_steps
+from simdist.analytic.result import StepResult
+from simdist.analytic.stage import StepDescription, describe
+from simdist.analytic.steptime import reduce_step
 from simdist.errors import Problem, ScenarioError
-from simdist.results import Prediction, Span, StageMemoryReport, to_gib
-from simdist.sim.collectives import Network
+from simdist.results import Prediction, StageMemoryReport, to_gib
 from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import Scenario
 
@@ -37,23 +39,18 @@ def predict(
         raise ScenarioError(Problem("--engine", f"{engine!r} is not one of {', '.join(ENGINES)}"))
     plan, model, cluster = scenario.plan, scenario.model, scenario.cluster
     cost = CostModel(cluster.gpu, plan.precision, profile)
-    net = Network.of(cluster, profile)
+    described = describe(scenario, cost, Network.of(cluster, profile))
     assumptions = _assumptions(scenario, profile)
 
-    spans: tuple[Span, ...] = ()
-    engine_extras: dict[str, Any] = {}  # what the engine measured: wins over the closed-form figures
+    result: StepResult
     if engine == "analytic":
-        step: StepResult = analytic_step(scenario, cost, net)
-        step_time, breakdown, bubble = step.step_time, step.breakdown, step.bubble_fraction
-        engine_extras.update(step.extras)
+        result = reduce_step(described)
     else:
         from simdist.sim.engine import simulate  # simpy is imported only for this engine
 
-        result = simulate(scenario, cost, net, fidelity=fidelity, keep_spans=keep_spans,
-                          stragglers=stragglers or {})
-        step_time, breakdown, bubble, spans = result.step_time, result.breakdown, result.bubble_fraction, result.spans
-        assumptions += result.assumptions
-        engine_extras.update(result.extras)
+        result = simulate(described, fidelity=fidelity, keep_spans=keep_spans, stragglers=stragglers or {})
+    step_time = result.step_time
+    assumptions += result.assumptions
 
     flops = model_flops_per_step(model, plan)
     world = cluster.world_size
@@ -64,13 +61,13 @@ def predict(
             optimizer_gib=to_gib(s.optimizer), activations_gib=to_gib(s.activations),
             other_gib=to_gib(s.other), peak_gib=to_gib(s.peak), host_gib=to_gib(s.host),
         )
-        for s in memory_per_stage(model, plan, cluster)
+        for s in described.memory
     )
     host_capacity = None
     if cluster.host is not None:
         host_capacity = to_gib(cluster.host.cpu_memory_bytes) / cluster.gpus_per_node
-    extras = _system_extras(scenario, stages, host_capacity, assumptions)
-    for key, value in engine_extras.items():  # e.g. simulated staleness, bottleneck link, host busy time
+    extras = _system_extras(described, stages, host_capacity, assumptions)
+    for key, value in result.extras.items():  # what the engine measured wins over the closed-form figures  # e.g. simulated staleness, bottleneck link, host busy time
         if isinstance(value, dict) and isinstance(extras.get(key), dict):
             extras[key] = {**extras[key], **value}
         else:
@@ -89,14 +86,14 @@ def predict(
         model_flops_per_step=flops,
         model_tflops_per_gpu=flops / step_time / world / 1e12,
         mfu=flops / (step_time * world * peak),
-        bubble_fraction=bubble,
-        breakdown_s=breakdown,
+        bubble_fraction=result.bubble_fraction,
+        breakdown_s=result.breakdown,
         per_stage=stages,
         capacity_gib=to_gib(cluster.gpu.memory_bytes),
         engine=engine,
         recompute_flops_per_step=recompute_flops_per_step(model, plan),
         assumptions=tuple(assumptions),
-        spans=spans,
+        spans=result.spans,
         profile=profile.device if profile else None,
         scenario_hash=scenario.hash(),
         host_capacity_gib=host_capacity,
@@ -104,18 +101,17 @@ def predict(
     )
 
 
-def _system_extras(sc: Scenario, stages: tuple[StageMemoryReport, ...], host_capacity: float | None,
+def _system_extras(d: StepDescription, stages: tuple[StageMemoryReport, ...], host_capacity: float | None,
                    assumptions: list[str]) -> dict[str, Any]:
     """Offload and parameter-server figures for the JSON (Prediction.extras), and a plain
     sentence in the assumptions when the offloaded states overflow the host memory."""
-    from simdist.analytic import systems
-
+    sc = d.scenario
     plan, cluster, model = sc.plan, sc.cluster, sc.model
     out: dict[str, Any] = {}
     host_peak = max(s.host_gib for s in stages)
     if plan.offload.any:
-        tr = systems.offload_traffic(model, plan, cluster, 0)
-        nvme = max(s.nvme for s in memory_per_stage(model, plan, cluster))
+        tr = d.stages[0].offload
+        nvme = max(s.nvme for s in d.memory)
         info: dict[str, Any] = {
             "optimizer": plan.offload.optimizer, "params": plan.offload.params,
             "host_gib_per_gpu": host_peak, "host_capacity_gib_per_gpu": host_capacity,
@@ -130,8 +126,9 @@ def _system_extras(sc: Scenario, stages: tuple[StageMemoryReport, ...], host_cap
             assumptions.append("offload: the cluster has no host spec (cluster.host), so PCIe, NVMe and "
                                "the CPU optimizer are not timed")
         out["offload"] = info
-    if plan.uses_parameter_servers:
-        tr_ps = systems.ps_traffic(model, plan, cluster, plan.pp - 1)
+    last_ps = d.stages[-1].ps
+    if last_ps is not None:
+        tr_ps = last_ps.traffic
         out["parameter_servers"] = {
             "servers": tr_ps.servers, "workers": tr_ps.workers,
             "gib_per_server_per_step": to_gib(tr_ps.per_server_bytes),
@@ -139,9 +136,9 @@ def _system_extras(sc: Scenario, stages: tuple[StageMemoryReport, ...], host_cap
             "mode": "async" if plan.async_parameter_servers else "sync",
         }
         if plan.async_parameter_servers:
-            out["staleness_steps"] = systems.async_staleness_steps(plan)
+            out["staleness_steps"] = async_staleness_steps(plan)
     if plan.grad_compression.enabled:
-        out["grad_compression_ratio"] = systems.compression_ratio(model, plan, 0)
+        out["grad_compression_ratio"] = compression_ratio(model, plan, 0)
     if host_capacity is not None and host_peak > host_capacity:
         assumptions.append(f"DOES NOT FIT in host memory: {host_peak:.0f} GiB of offloaded or server states "
                            f"per GPU exceed the {host_capacity:.0f} GiB host share per GPU "
@@ -163,7 +160,7 @@ def _assumptions(sc: Scenario, profile: CalibrationProfile | None) -> list[str]:
                    "GEMM shape and message size lower them")
     out.append("attention: " + ("fused FlashAttention (causal)" if plan.flash_attention
                                 else "explicit softmax attention (s^2 activations)"))
-    if plan.precision == "fp32":
+    if not plan.mixed_precision:
         out.append("fp32 training runs matmuls at the FP32 (non-tensor-core) peak")
     if plan.tp > sc.cluster.gpus_per_node:
         out.append(f"tp={plan.tp} spans nodes: TP collectives cross InfiniBand")
@@ -174,7 +171,7 @@ def _assumptions(sc: Scenario, profile: CalibrationProfile | None) -> list[str]:
 
 
 def _system_assumptions(sc: Scenario) -> list[str]:
-    """One line per v1.1 mechanism the plan uses, saying how it is modelled."""
+    """One line per mechanism beyond 3D parallelism the plan uses, saying how it is modelled."""
     plan, cluster = sc.plan, sc.cluster
     out = []
     if plan.hybrid_sharding and plan.shards_optimizer:
@@ -193,7 +190,7 @@ def _system_assumptions(sc: Scenario) -> list[str]:
         out.append(f"offload: optimizer on {plan.offload.optimizer}, parameters on {plan.offload.params}; "
                    "PCIe transfers overlap backward (gradients) and prefetch (parameters), the CPU step "
                    "and the parameter upload are pipelined and exposed")
-    if plan.gradient_sync == "parameter-server":
+    if plan.sync_parameter_servers:
         out.append("synchronous parameter servers on the training nodes: push/pull through the NICs, "
                    "servers apply the optimizer on the CPU; no intra-node pre-aggregation")
     elif plan.async_parameter_servers:
@@ -203,7 +200,6 @@ def _system_assumptions(sc: Scenario) -> list[str]:
         detail = {"topk": f" (ratio {gc.ratio}, values + int32 indices all-gathered)",
                   "powersgd": f" (rank {gc.rank}, 1-D tensors uncompressed)"}.get(gc.method, "")
         out.append(f"gradient compression: {gc.method}{detail}"
-                   + (", error feedback buffers on the GPU" if gc.error_feedback and gc.method in
-                      ("int8", "topk", "powersgd") else "")
+                   + (", error feedback buffers on the GPU" if keeps_residual(plan) else "")
                    + "; compression kernels timed as HBM-bound work")
     return out

@@ -9,7 +9,7 @@ write proceeds in the background.
 
 Failures: independent GPUs with exponential lifetimes, so the job's mean time between failures
 is gpu_mtbf / number of GPUs (the series-system rule Kokolis et al. HPCA'25 use for their MTTF
-projections, shared/validation/breadth.csv BR-E31..E35).
+projections, tests/data/validation/breadth.csv BR-E31..E35).
 
 Optimal checkpoint interval (time computed between checkpoints):
   Young 1974 (CACM 17(9)):        tau = sqrt(2 C M)                       (breadth.csv BR-E37)
@@ -32,8 +32,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 from simdist.analytic.memory import memory_per_stage, state_bytes
+from simdist.analytic.offload import PCIE_EFFICIENCY
 from simdist.analytic.params import total_params
-from simdist.analytic.systems import PCIE_EFFICIENCY
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Reliability, Scenario
@@ -50,7 +50,7 @@ def checkpoint_bytes(m: ModelSpec, plan: ParallelPlan, fp32_master: bool = True)
     states, Zhang et al. 2022 sec 2.4)."""
     b = state_bytes(m, plan)
     per_param = b.params + b.optimizer
-    if not fp32_master and plan.precision != "fp32":
+    if not fp32_master and plan.mixed_precision:
         per_param -= 4.0
     return total_params(m) * per_param
 

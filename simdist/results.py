@@ -1,23 +1,15 @@
-"""Results: spans (the engine's output), memory per stage and the Prediction (plain data)."""
+"""Results: the Prediction users see, with its memory per stage and the engine's spans (plain
+data; an engine's own result is :class:`simdist.analytic.result.StepResult`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from simdist.analytic.result import BREAKDOWN_KEYS, Span
 from simdist.units import GiB
 
-BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    rank: int
-    stream: str  # "compute", "tp", "pp", "dp", ...
-    name: str  # "F mb3 chunk1", "allreduce tp 48 MiB", ...
-    start: float  # seconds from the start of the step
-    end: float
-    category: str = ""  # forward | backward | recompute | tp_comm | pp_comm | dp_comm | optimizer | idle
+__all__ = ["BREAKDOWN_KEYS", "Prediction", "Span", "StageMemoryReport", "to_gib"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +62,8 @@ class Prediction:
         return fits
 
     def to_dict(self) -> dict[str, Any]:
-        """The contract's JSON object (CONTRACT.md, `simdist predict --json`), plus extensions."""
+        """The JSON object of `simdist predict --json` (the output schema of the scenario-format
+        reference), plus extensions."""
         out: dict[str, Any] = {
             "name": self.name,
             "world_size": self.world_size,

@@ -13,13 +13,18 @@ import pytest
 import yaml
 from conftest import REPO
 
-from simdist.analytic import systems
+from simdist.analytic.collectives import DEEPSPEED_ZERO3_BUSBW, Network
+from simdist.analytic.compression import compression_ratio
+from simdist.analytic.cost import CostModel, cpu_optimizer_time
+from simdist.analytic.data_parallel import dp_traffic
+from simdist.analytic.offload import offload_traffic
+from simdist.analytic.param_server import async_staleness_steps
 from simdist.analytic.params import params_per_rank
-from simdist.cost import CostModel
+from simdist.analytic.stage import describe
 from simdist.predict import predict
 from simdist.results import BREAKDOWN_KEYS
-from simdist.sim.collectives import Network
-from simdist.sim.lowering import CommSpec, PsSpec, lower
+from simdist.sim.lowering import lower
+from simdist.sim.work import CommSpec, PsSpec
 from simdist.spec.scenario import Scenario, load_scenario, scenario_from_dict
 
 AGREEING = ["llama2-7b-zero-offload-1xa100", "gpt3-1.3b-16x1gpu-25gbe-ring",
@@ -164,7 +169,7 @@ def test_async_staleness_from_the_simulated_order() -> None:
     sc = ethernet(8, gradient_sync="async-parameter-server")
     pred = des(sc)
     st = pred.extras["staleness"]
-    assert st["closed_form_steps"] == systems.async_staleness_steps(sc.plan) == 7
+    assert st["closed_form_steps"] == async_staleness_steps(sc.plan) == 7
     assert pred.extras["staleness_steps"] == st["mean_steps"]
     assert st["mean_steps"] == pytest.approx(7, abs=1.0)  # W - 1 other updates between pull and push
     assert pred.to_dict()["staleness_steps"] == st["mean_steps"]  # the simulated figure wins
@@ -179,8 +184,8 @@ def test_offload_shifts_time_into_offload_and_the_cpu() -> None:
     sc = scenario("llama2-7b-zero-offload-1xa100")
     pred = des(sc)
     host = sc.cluster.host
-    tr = systems.offload_traffic(sc.model, sc.plan, sc.cluster, 0)
-    cpu = systems.cpu_optimizer_time(tr.cpu_params_node, sc.plan, host)
+    tr = offload_traffic(sc.model, sc.plan, sc.cluster, 0)
+    cpu = cpu_optimizer_time(tr.cpu_params_node, sc.plan, host)
     assert pred.breakdown_s["optimizer"] == pytest.approx(cpu, rel=1e-6)  # the CPU step, not the GPU's
     assert pred.extras["offload"]["cpu_busy_s"] == pytest.approx(cpu, rel=1e-6)
     # a slower PCIe link: more exposed offload, the same compute
@@ -199,7 +204,7 @@ def test_nvme_is_shared_by_the_nodes_gpus() -> None:
     host = {"cpu_memory": "2 TiB", "pcie_bandwidth": "32 GB/s", "nvme_bandwidth": "2 GB/s",
             "cpu_optimizer_throughput": "1e12 params/s"}  # a fast CPU: the NVMe swap is what shows
     sc = make(zero_stage=1, offload={"optimizer": "nvme"}, host=host)
-    tr = systems.offload_traffic(sc.model, sc.plan, sc.cluster, 0)
+    tr = offload_traffic(sc.model, sc.plan, sc.cluster, 0)
     node_swap = tr.nvme_per_step_node / sc.cluster.host.nvme_bandwidth_bytes_per_s
     for fidelity in ("symmetric", "full"):
         pred = des(sc, fidelity=fidelity)
@@ -212,7 +217,7 @@ def test_nvme_is_shared_by_the_nodes_gpus() -> None:
 
 def dp_bytes(sc: Scenario) -> float:
     """Bytes one GPU puts into gradient collectives in a step (the lowered DP traffic)."""
-    lw = lower(sc, CostModel(sc.cluster.gpu, sc.plan.precision), Network.of(sc.cluster))
+    lw = lower(describe(sc, CostModel(sc.cluster.gpu, sc.plan.precision), Network.of(sc.cluster)))
     total = 0.0
     for chunk in lw.stages[0].chunks:
         for (_, last), task in chunk.tasks.items():
@@ -224,7 +229,7 @@ def dp_bytes(sc: Scenario) -> float:
 def test_compression_shrinks_dp_bytes_and_adds_kernels() -> None:
     ring, psgd = scenario("gpt3-1.3b-16x1gpu-25gbe-ring"), scenario("gpt3-1.3b-16x1gpu-25gbe-powersgd")
     ratio = dp_bytes(psgd) / dp_bytes(ring)
-    assert ratio == pytest.approx(systems.compression_ratio(psgd.model, psgd.plan), rel=0.02)
+    assert ratio == pytest.approx(compression_ratio(psgd.model, psgd.plan), rel=0.02)
     assert ratio < 0.01
     a, b = des(ring), des(psgd)
     assert "compression" not in a.breakdown_s and b.breakdown_s["compression"] > 0
@@ -240,7 +245,7 @@ def test_topk_is_an_allgather_and_pushes_shrink() -> None:
                keep_spans=True)
     assert any(s.name.startswith("allgather dp") for s in pred.spans)
     plain, bf16 = ethernet(4), ethernet(4, grad_compression={"method": "bf16"})
-    lw = lower(bf16, CostModel(bf16.cluster.gpu, "bf16"), Network.of(bf16.cluster))
+    lw = lower(describe(bf16, CostModel(bf16.cluster.gpu, "bf16"), Network.of(bf16.cluster)))
     pushed = sum(c.nbytes for ch in lw.stages[0].chunks for t in ch.tasks.values() for p in t.pieces
                  for c in p.comms if isinstance(c, PsSpec))
     assert pushed == pytest.approx(params_per_rank(bf16.model, bf16.plan, 0) * 2, rel=1e-9)  # fp32 -> bf16
@@ -308,16 +313,16 @@ def test_deterministic(make_sc, kw: dict[str, Any]) -> None:
 
 def test_deepspeed_fetch_ceiling_paces_zero3_in_both_engines() -> None:
     """DeepSpeed's per-submodule ZeRO-3 fetch (zero3_fetch: module) runs at no more than
-    systems.DEEPSPEED_ZERO3_BUSBW per GPU, however fast the links: on four NVSwitch + 8 x HDR
+    DEEPSPEED_ZERO3_BUSBW per GPU, however fast the links: on four NVSwitch + 8 x HDR
     nodes with one micro-batch of one sequence the step is paced by the bytes every GPU's
     collectives move over that ceiling (they share it, so the step is at least their sum), while
     FSDP-style layer gathers (zero3_fetch: layer) of the same bytes run at the network's speed."""
     kw = dict(nodes=4, zero_stage=3, recompute="full", micro_batch_size=1, global_batch_size=32)
     ds, fsdp = make(zero3_fetch="module", **kw), make(zero3_fetch="layer", **kw)
-    tr = systems.dp_traffic(ds.model, ds.plan, 0)
+    tr = dp_traffic(ds.model, ds.plan, 0)
     n = ds.plan.dp
     moved = sum(c.total_bytes for c in tr.fwd_gathers + tr.bwd_gathers + tr.microbatch_grad_sync) * (n - 1) / n
-    floor = moved / systems.DEEPSPEED_ZERO3_BUSBW
+    floor = moved / DEEPSPEED_ZERO3_BUSBW
     for engine in ("analytic", "des"):
         t_ds = predict(ds, engine=engine, keep_spans=False).step_time_s
         t_fsdp = predict(fsdp, engine=engine, keep_spans=False).step_time_s

@@ -1,4 +1,5 @@
-"""Systems beyond 3D parallelism (simdist.analytic.systems and its use by the closed-form engine):
+"""Systems beyond 3D parallelism (simdist.analytic's data_parallel, compression, offload,
+param_server and overlap modules, and their use by the closed-form engine):
 hybrid sharding, offload, parameter servers, gradient compression, DDP buckets, optimizers, and
 the new scenario fields' validation. Every expectation is arithmetic stated in the test."""
 
@@ -9,13 +10,17 @@ import json
 import pytest
 from conftest import REPO, base_scenario, run_cli
 
-from simdist.analytic import systems
+from simdist.analytic.collectives import Network, layout_for_axis
+from simdist.analytic.compression import QUANT_GROUP, compression_ratio, powersgd_elements
+from simdist.analytic.cost import cpu_optimizer_time, optimizer_bytes_per_param
+from simdist.analytic.data_parallel import dp_traffic
 from simdist.analytic.memory import model_state_bytes, optimizer_state_bytes_per_param, stage_memory
+from simdist.analytic.offload import offload_traffic
+from simdist.analytic.overlap import bucketed_exposed
+from simdist.analytic.param_server import ps_times, ps_traffic
 from simdist.analytic.params import params_per_rank, total_params
-from simdist.cost import optimizer_bytes_per_param
 from simdist.errors import ScenarioError
 from simdist.predict import predict
-from simdist.sim.collectives import Network, layout_for_axis
 from simdist.spec.scenario import load_scenario, scenario_from_dict
 from simdist.units import GiB
 
@@ -53,7 +58,7 @@ def test_hsdp_model_states_are_16p_over_dp_shard(shard):
 def test_hsdp_collectives_stay_in_the_shard_group_and_allreduce_across_replicas():
     sc = sc_of(nodes=4, zero_stage=3, dp_shard=8, global_batch_size=64)
     plan = sc.plan
-    tr = systems.dp_traffic(sc.model, plan, 0)
+    tr = dp_traffic(sc.model, plan, 0)
     assert {c.axis for c in tr.fwd_gathers + tr.bwd_gathers} == {"dp_shard"}
     rs, ar = tr.microbatch_grad_sync
     n = params_per_rank(sc.model, plan, 0)
@@ -73,10 +78,10 @@ def test_hsdp_is_faster_than_full_shard_on_a_slow_network():
 
 
 def test_zeropp_quantized_weights_halve_the_gather_bytes():
-    a = systems.dp_traffic(*_mp(sc_of(nodes=2, zero_stage=3, global_batch_size=64)), 0)
-    b = systems.dp_traffic(*_mp(sc_of(nodes=2, zero_stage=3, zero_quantized_weights=True, global_batch_size=64)), 0)
+    a = dp_traffic(*_mp(sc_of(nodes=2, zero_stage=3, global_batch_size=64)), 0)
+    b = dp_traffic(*_mp(sc_of(nodes=2, zero_stage=3, zero_quantized_weights=True, global_batch_size=64)), 0)
     ratio = b.fwd_gathers[0].total_bytes / a.fwd_gathers[0].total_bytes
-    assert ratio == pytest.approx((1 + 4 / systems.QUANT_GROUP) / 2)
+    assert ratio == pytest.approx((1 + 4 / QUANT_GROUP) / 2)
 
 
 def _mp(sc):
@@ -129,21 +134,21 @@ def test_nvme_offload_is_not_host_memory():
     s = stage_memory(sc.model, sc.plan, 0)
     p = total_params(sc.model)
     assert s.host == 0 and s.nvme == pytest.approx(18 * p)  # 16 B optimizer side + 2 B weights
-    tr = systems.offload_traffic(sc.model, sc.plan, sc.cluster, 0)
+    tr = offload_traffic(sc.model, sc.plan, sc.cluster, 0)
     assert tr.nvme_per_step_node == pytest.approx(2 * 16 * p + 2 * p)  # states in and out, weights out
 
 
 def test_cpu_optimizer_time_is_params_on_node_over_throughput():
     sc = sc_of(zero_stage=2, offload={"optimizer": "cpu"}, global_batch_size=64)
-    tr = systems.offload_traffic(sc.model, sc.plan, sc.cluster, 0)
+    tr = offload_traffic(sc.model, sc.plan, sc.cluster, 0)
     n = params_per_rank(sc.model, sc.plan, 0)
     assert tr.cpu_params_node == pytest.approx(n)  # 8 GPUs x n/8
-    assert systems.cpu_optimizer_time(tr.cpu_params_node, sc.plan, sc.cluster.host) == pytest.approx(n / 2e9)
+    assert cpu_optimizer_time(tr.cpu_params_node, sc.plan, sc.cluster.host) == pytest.approx(n / 2e9)
 
 
 def test_param_offload_uploads_each_gather():
     sc = sc_of(zero_stage=3, offload={"optimizer": "cpu", "params": "cpu"}, global_batch_size=64, recompute="full")
-    tr = systems.offload_traffic(sc.model, sc.plan, sc.cluster, 0)
+    tr = offload_traffic(sc.model, sc.plan, sc.cluster, 0)
     n = params_per_rank(sc.model, sc.plan, 0)
     assert tr.pcie_up_per_microbatch == pytest.approx(3 * 2 * n / 8)  # fwd, recompute, bwd
 
@@ -162,7 +167,7 @@ ETH = {"gpus_per_node": 1, "gpu": "a100-40gb",
 def test_ps_traffic_per_server_is_2_p_bytes_workers_over_servers(servers):
     sc = sc_of(nodes=16, cluster=ETH, gradient_sync="parameter-server", parameter_servers=servers,
                fp32_grad_accumulation=True, global_batch_size=64)
-    tr = systems.ps_traffic(sc.model, sc.plan, sc.cluster)
+    tr = ps_traffic(sc.model, sc.plan, sc.cluster)
     p = params_per_rank(sc.model, sc.plan, 0)
     assert tr.workers == 16 and tr.servers == servers
     assert tr.per_server_bytes == pytest.approx(2 * p * 4 * 16 / servers)
@@ -194,7 +199,7 @@ def test_async_ps_reports_staleness_and_pays_an_update_per_push():
     assert asyn.step_time_s <= sync.step_time_s * 1.0001
     assert sum(asyn.breakdown_s.values()) == pytest.approx(asyn.step_time_s, rel=1e-9)
     few = predict(sc_of(gradient_sync="async-parameter-server", parameter_servers=4, **kw), engine="analytic")
-    t = systems.ps_times(*_mp(sc_of(gradient_sync="async-parameter-server", parameter_servers=4, **kw)),
+    t = ps_times(*_mp(sc_of(gradient_sync="async-parameter-server", parameter_servers=4, **kw)),
                          sc_of(**kw).cluster, Network.of(sc_of(**kw).cluster))
     assert few.step_time_s == pytest.approx(t.server_cpu) and few.breakdown_s["optimizer"] > 0
     ps = sc_of(gradient_sync="parameter-server", **kw)
@@ -213,16 +218,16 @@ def test_quantization_shrinks_dp_bytes_by_its_ratio(method, grads32, ratio):
     plain = sc_of(**kw)
     comp = sc_of(grad_compression={"method": method}, **kw)
     m = plain.plan.num_microbatches
-    b0 = systems.dp_traffic(plain.model, plain.plan, 0).step_bytes(m)
-    b1 = systems.dp_traffic(comp.model, comp.plan, 0).step_bytes(m)
+    b0 = dp_traffic(plain.model, plain.plan, 0).step_bytes(m)
+    b1 = dp_traffic(comp.model, comp.plan, 0).step_bytes(m)
     assert b1 / b0 == pytest.approx(ratio)
-    assert systems.compression_ratio(comp.model, comp.plan) == pytest.approx(ratio)
+    assert compression_ratio(comp.model, comp.plan) == pytest.approx(ratio)
 
 
 def test_powersgd_sends_rank_r_factors_and_leaves_1d_tensors():
     sc = sc_of(nodes=2, grad_compression={"method": "powersgd", "rank": 4}, global_batch_size=64)
     m = sc.model
-    ps = systems.powersgd_elements(m, sc.plan, 0)
+    ps = powersgd_elements(m, sc.plan, 0)
     h, f, layers = m.hidden_size, m.ffn_hidden_size, m.num_layers
     # per layer: Wq, Wk, Wv, Wo (h x h) and fc1 (f x h), fc2 (h x f); plus the (tied) embedding V x h
     p = layers * 4 * (4 * h + f + h) + 4 * m.vocab_size
@@ -230,14 +235,14 @@ def test_powersgd_sends_rank_r_factors_and_leaves_1d_tensors():
     assert ps.p == pytest.approx(p) and ps.q == pytest.approx(q)
     n = params_per_rank(m, sc.plan, 0)
     assert ps.uncompressed == pytest.approx(n - ps.matrix)  # biases, norms, positions
-    assert systems.compression_ratio(m, sc.plan) == pytest.approx((ps.p + ps.q + ps.uncompressed) / n)
-    assert systems.compression_ratio(m, sc.plan) < 0.02
+    assert compression_ratio(m, sc.plan) == pytest.approx((ps.p + ps.q + ps.uncompressed) / n)
+    assert compression_ratio(m, sc.plan) < 0.02
 
 
 def test_topk_is_all_gathered_so_its_cost_grows_with_dp():
     def ag_bytes(nodes):
         sc = sc_of(nodes=nodes, grad_compression={"method": "topk", "ratio": 0.01}, global_batch_size=64 * nodes)
-        tr = systems.dp_traffic(sc.model, sc.plan, 0)
+        tr = dp_traffic(sc.model, sc.plan, 0)
         (call,) = tr.step_grad_sync
         assert call.kind == "allgather"
         n = params_per_rank(sc.model, sc.plan, 0)
@@ -267,11 +272,11 @@ def test_compression_breakdown_key_and_sum():
 
 
 def test_bucketed_overlap_closed_form():
-    assert systems.bucketed_exposed(2.0, 1, 10.0) == 2.0  # one bucket: nothing to overlap with
-    assert systems.bucketed_exposed(0.1, 10, 10.0) == pytest.approx(0.1)  # keeps up: the last bucket
+    assert bucketed_exposed(2.0, 1, 10.0) == 2.0  # one bucket: nothing to overlap with
+    assert bucketed_exposed(0.1, 10, 10.0) == pytest.approx(0.1)  # keeps up: the last bucket
     # comm-bound: first bucket ready at T/n, then n back-to-back buckets
-    assert systems.bucketed_exposed(2.0, 10, 10.0) == pytest.approx(10.0 / 10 + 10 * 2.0 - 10.0)
-    assert systems.bucketed_exposed(2.0, 10, 10.0, overlap=False) == pytest.approx(20.0)
+    assert bucketed_exposed(2.0, 10, 10.0) == pytest.approx(10.0 / 10 + 10 * 2.0 - 10.0)
+    assert bucketed_exposed(2.0, 10, 10.0, overlap=False) == pytest.approx(20.0)
 
 
 def test_bucket_size_trades_latency_for_overlap():

@@ -17,6 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from simdist.analytic.collectives import node_gpus
+from simdist.analytic.compression import error_feedback_bytes
+from simdist.analytic.param_server import ps_server_count
 from simdist.analytic.params import (
     layer_params,
     matrix_shapes,
@@ -58,11 +61,18 @@ def optimizer_state_bytes_per_param(m: ModelSpec, optimizer: str) -> float:
 
 
 def state_bytes(m: ModelSpec, plan: ParallelPlan) -> StateBytes:
-    if plan.precision == "fp32":
-        param, grad, master = 4.0, 4.0, 0.0
-    else:  # fp16/bf16, and fp8 (FP8 weights are transient casts of 16-bit parameters)
-        param, grad, master = 2.0, (4.0 if plan.fp32_grad_accumulation else 2.0), 4.0
-    return StateBytes(param, grad, master + optimizer_state_bytes_per_param(m, plan.optimizer))
+    """The working weights (fp32, or 16-bit: FP8 weights are transient casts of 16-bit
+    parameters), the gradient buffer, and the optimizer states with the fp32 master copy that
+    mixed-precision training keeps (none in fp32 training)."""
+    master = 4.0 if plan.mixed_precision else 0.0
+    return StateBytes(float(plan.element_bytes), float(plan.grad_buffer_bytes),
+                      master + optimizer_state_bytes_per_param(m, plan.optimizer))
+
+
+def optimizer_shard_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """Parameters whose optimizer states one GPU of ``stage`` owns (its ZeRO partition)."""
+    n = params_per_rank(m, plan, stage)
+    return n / plan.dp_shard if plan.shards_optimizer else n
 
 
 def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
@@ -100,8 +110,7 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
         "nvme": 0.0,
     }
     if plan.offload.optimizer != "none":
-        opt_params = n / shard if plan.shards_optimizer else n
-        offloaded = out["optimizer"] + 4.0 * opt_params  # + fp32 gradients for the CPU step
+        offloaded = out["optimizer"] + 4.0 * optimizer_shard_params(m, plan, stage)  # + fp32 gradients
         out["host_optimizer" if plan.offload.optimizer == "cpu" else "nvme"] = offloaded
         out["optimizer"] = 0.0
         out["grads"] = min(out["grads"], 2 * plan.ddp_bucket_size_bytes)
@@ -111,18 +120,14 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
     if plan.uses_parameter_servers:
         out["optimizer"] = 0.0
         if cluster is not None:
-            servers = plan.parameter_servers or cluster.num_nodes
+            servers = ps_server_count(plan, cluster)
             per_node = math.ceil(servers / cluster.num_nodes)
             per_server = total_params(m) * (b.optimizer + 4.0) / servers
-            out["host_optimizer"] = per_server * per_node / min(cluster.gpus_per_node, cluster.world_size)
+            out["host_optimizer"] = per_server * per_node / node_gpus(cluster)
     return out
 
 
 # --- activations ----------------------------------------------------------------------------
-
-
-def act_bytes(plan: ParallelPlan) -> int:
-    return plan.element_bytes
 
 
 def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, recompute: str | None = None) -> float:
@@ -138,7 +143,7 @@ def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, recompute: str | No
     """
     recompute = plan.recompute if recompute is None else recompute
     t, cp = plan.tp, plan.cp
-    e = act_bytes(plan)
+    e = plan.element_bytes
     s, b = m.seq_length // cp, plan.micro_batch_size
     h, kv, a = m.hidden_size, m.kv_dim, m.num_attention_heads
     f = m.ffn_hidden_size * m.experts_per_token
@@ -162,7 +167,7 @@ def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, recompute: str | No
 
 def head_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     """Last stage: final-norm input, LM-head input and fp32 logits 4·sbV/t (Korthikanti sec 4.3)."""
-    e, t = act_bytes(plan), plan.tp
+    e, t = plan.element_bytes, plan.tp
     s, b = m.seq_length // plan.cp, plan.micro_batch_size
     split = t if (plan.sequence_parallel and t > 1) else 1
     return 2 * e * s * b * m.hidden_size / split + 4 * s * b * m.vocab_size / t
@@ -223,9 +228,7 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
 
 def transient_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """Working buffers beyond saved activations and states, and the gradient compressor's
-    error-feedback residuals and factors (systems.error_feedback_bytes)."""
-    from simdist.analytic.systems import error_feedback_bytes
-
+    error-feedback residuals and factors (compression.error_feedback_bytes)."""
     b = state_bytes(m, plan)
     out = error_feedback_bytes(m, plan, stage) if plan.dp > 1 or plan.uses_parameter_servers else 0.0
     if plan.shards_params:

@@ -1,17 +1,17 @@
-"""Lowering: a scenario -> the work of each pipeline stage in one optimizer step (pure, no simpy).
+"""Lowering: a described step (:mod:`simdist.analytic.stage`) -> the work of each pipeline stage
+(:mod:`simdist.sim.work`) for the event engine. Pure, no simpy, and no timing of its own: every
+length and byte count comes from the description, which the closed form reduces too.
 
 Each (micro-batch, chunk) action of the pipeline schedule becomes one task on the stage's
-compute stream whose length comes from the layer's op list (:mod:`simdist.sim.ops`) timed with
-the cost model and the closed-form TP/CP collective times at op granularity, exactly as the
-closed-form engine does (:class:`simdist.analytic.steptime.Timer`): a chunk's layers are
-aggregated into one task, the exposed TP communication kept as its own figure. Under ZeRO-3 a
-task is split per layer, because each layer waits for its own parameter all-gather.
+compute stream: a chunk's layers aggregated into one task, the exposed TP/CP communication kept
+as its own figure. Under ZeRO-3 a task is split per layer, because each layer waits for its own
+parameter all-gather.
 
 Communication that the engine puts on the network is described, not timed, here
-(:class:`CommSpec`): pipeline sends (Megatron's scatter/gather p2p), and the data-parallel
-collectives of the plan as :func:`simdist.analytic.systems.dp_traffic` lists them for both
-engines (ZeRO-0/1/2/3, FSDP/HSDP, ZeRO++ quantized gathers, compressed gradients), attached to
-the tasks that make them ready:
+(:class:`~simdist.sim.work.CommSpec`): pipeline sends (Megatron's scatter/gather p2p), and the
+data-parallel collectives of the description's :class:`~simdist.analytic.data_parallel.
+DataParallelTraffic` (ZeRO-0/1/2/3, FSDP/HSDP, ZeRO++ quantized gathers, compressed gradients),
+attached to the tasks that make them ready:
 
 - gradient sync once per step (DDP all-reduce, ZeRO-1 reduce-scatter) in ``ddp_bucket_size``
   buckets filled as each chunk's last backward runs (PyTorch DDP, Li et al. VLDB 2020;
@@ -22,194 +22,57 @@ the tasks that make them ready:
 - ZeRO-1/2: the updated parameters all-gathered after the optimizer (with Megatron's
   ``--overlap-param-gather``, bucket by bucket behind the next step's first forward).
 
-The mechanisms beyond 3D parallelism are lowered from the same pure descriptions the closed form
-times (:mod:`simdist.analytic.systems`), never re-derived here:
+The mechanisms beyond 3D parallelism come from the same description:
 
-- offload (:func:`~simdist.analytic.systems.offload_traffic` and ``offload_times``): each GPU's
-  PCIe copies (:class:`HostXfer`): gradient partitions down after each layer's reduction (ZeRO-2/3,
-  every micro-batch) or after each bucket (ZeRO-0/1, once per step); parameter shards up before
-  each layer's gather (ZeRO-Infinity / FSDP parameter offload, with the NVMe reads that feed
-  them); after the last backward, the CPU optimizer step, the upload of the updated parameters
-  and the NVMe swap of the states, which DeepSpeed pipelines tile by tile, as concurrent work on
-  the node's CPU, the GPU's PCIe link and the node's NVMe (shared by the node's GPUs);
-- parameter servers (``ps_traffic``, ``cpu_optimizer_time``): per gradient bucket a push to the
-  servers, their optimizer update on the servers' CPUs and a pull of the parameters
-  (:class:`PsSpec`), issued as backward fills the buckets;
-- gradient compression (``compression_kernel_bytes`` timed by the closed form's memory-bound
-  model): the kernels as GPU work inside the backward that produces the gradients (``Work``'s
-  ``compression``), before the smaller collectives ``dp_traffic`` already lists (top-k as an
-  all-gather, PowerSGD as the P and Q all-reduces of each bucket).
+- offload (its traffic and solo seconds): each GPU's PCIe copies
+  (:class:`~simdist.sim.work.HostXfer`): gradient partitions down after each layer's reduction
+  (ZeRO-2/3, every micro-batch) or after each bucket (ZeRO-0/1, once per step); parameter shards
+  up before each layer's gather (ZeRO-Infinity / FSDP parameter offload, with the NVMe reads that
+  feed them); after the last backward, the CPU optimizer step, the upload of the updated
+  parameters and the NVMe swap of the states, which DeepSpeed pipelines tile by tile, as
+  concurrent work on the node's CPU, the GPU's PCIe link and the node's NVMe (shared by the
+  node's GPUs);
+- parameter servers: per gradient bucket a push to the servers, their optimizer update on the
+  servers' CPUs and a pull of the parameters (:class:`~simdist.sim.work.PsSpec`), issued as
+  backward fills the buckets;
+- gradient compression: the kernels as GPU work inside the backward that produces the gradients
+  (``Work``'s ``compression``), before the smaller collectives the traffic already lists (top-k
+  as an all-gather, PowerSGD as the P and Q all-reduces of each bucket).
+
+Stages of one kind share their chunks' tasks; only the schedule's actions differ per stage.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from simdist.analytic import systems
-from simdist.analytic.params import (
-    embedding_params,
-    head_params,
-    layer_params,
-    params_per_rank,
-    stage_layer_ranges,
-    stage_num_layers,
+from simdist.analytic.collectives import CollectiveCall, node_gpus
+from simdist.analytic.data_parallel import DataParallelTraffic, param_gathers_per_microbatch
+from simdist.analytic.ops import Comm, Op, layer_ops
+from simdist.analytic.passes import ZERO_PASS, PassTime
+from simdist.analytic.stage import Chunk, StageDescription, StepDescription
+from simdist.sim.schedules import dependencies, schedule
+from simdist.sim.work import (
+    ChunkWork,
+    CommSpec,
+    GradPiece,
+    HostXfer,
+    Lowered,
+    PsSpec,
+    StageWork,
+    Task,
+    Work,
+    comm,
+    size_label,
 )
-from simdist.analytic.steptime import (
-    ZERO_PASS,
-    PassTime,
-    Timer,
-    end_of_step,
-    optimizer_time,
-    stage_time,
-)
-from simdist.analytic.systems import CollectiveCall, DataParallelTraffic, dp_traffic
-from simdist.cost import CostModel
-from simdist.sim.collectives import Network, collective_time
-from simdist.sim.ops import Comm, Op, embedding_ops, head_ops, layer_ops
-from simdist.sim.schedules import Action, dependencies, schedule, virtual_stage
+from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
-
-MiB = 2**20
-
-
-@dataclass(frozen=True, slots=True)
-class Work:
-    """Compute-stream time of one piece of a task."""
-
-    compute: float = 0.0
-    recompute: float = 0.0
-    tp: float = 0.0  # exposed TP/CP communication inside the task
-    compression: float = 0.0  # gradient compression kernels (memory-bound GPU work)
-    sync: float = 0.0  # waits at per-layer sync points (PassTime.sync_wait): already the slowest rank's
-
-    def total(self, factor: float = 1.0) -> float:
-        """Length on a GPU whose compute is ``factor`` times slower."""
-        return (self.compute + self.recompute + self.compression) * factor + self.tp + self.sync
-
-    def __add__(self, o: Work) -> Work:
-        return Work(self.compute + o.compute, self.recompute + o.recompute, self.tp + o.tp,
-                    self.compression + o.compression, self.sync + o.sync)
-
-
-@dataclass(frozen=True, slots=True)
-class CommSpec:
-    """One transfer the engine times on the network."""
-
-    name: str  # "allreduce dp 25 MiB", "sendrecv pp 6 MiB"
-    collective: str
-    axis: str  # dp | dp_shard | dp_replica (collectives), pp (point-to-point)
-    nbytes: float
-    extra_s: float = 0.0  # fixed time after it (Megatron's TP all-gather after a scattered send)
-
-
-HOST_RESOURCES = ("pcie_down", "pcie_up", "nvme", "cpu")
-
-
-@dataclass(frozen=True, slots=True)
-class HostXfer:
-    """Host-side work of one GPU: ``parts`` are (resource, solo seconds) pairs that run at the
-    same time, each on its own resource (see HOST_RESOURCES): the GPU's PCIe link down (GPU to
-    host) or up, and this GPU's share of the node's NVMe traffic and of the node's CPU optimizer
-    step, timed as if it had the resource alone; the engine shares the node's NVMe and CPU
-    among the GPUs that use them at once (:meth:`simdist.sim.network.LinkModel.host`)."""
-
-    name: str
-    parts: tuple[tuple[str, float], ...]
-
-    def seconds(self, resource: str) -> float:
-        return sum(t for r, t in self.parts if r == resource)
-
-    def scaled(self, k: float, name: str | None = None) -> HostXfer:
-        return HostXfer(name or self.name, tuple((r, t * k) for r, t in self.parts))
-
-
-@dataclass(frozen=True, slots=True)
-class PsSpec:
-    """One gradient bucket of the parameter-server modes: pushed to the servers (``nbytes`` per
-    worker rank, split evenly over them), applied by the servers' CPUs (``update_s`` on the
-    busiest server node, alone) and pulled back."""
-
-    name: str
-    key: tuple[int, int]  # (chunk, bucket): the servers' key range, met by every replica (sync)
-    nbytes: float
-    update_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class GradPiece:
-    """Gradients ready ``at`` (a fraction) through segment ``segment`` of a task, then reduced
-    (``comms``: collectives, or the parameter-server push/pull) and copied to the host (``down``,
-    optimizer offload), in that order."""
-
-    segment: int
-    at: float
-    comms: tuple[CommSpec | PsSpec, ...]
-    down: HostXfer | None = None
-
-
-@dataclass(frozen=True)
-class Task:
-    """One action's work: segments run back to back on the compute stream."""
-
-    segments: tuple[Work, ...]
-    gathers: tuple[tuple[CommSpec, ...], ...] = ()  # ZeRO-3: per segment, prefetched one ahead
-    pieces: tuple[GradPiece, ...] = ()  # gradient reductions it starts, ordered by segment
-    tp_name: str = ""
-    # ZeRO-2/3: the backward returns only when its reductions (and, with optimizer offload, the
-    # copies to the host) are done (DeepSpeed's overlapping_partition_gradients_reduce_epilogue;
-    # FSDP's post-backward final callback)
-    drain: bool = False
-    # parameter offload: per segment, the shard fetched from the host (and NVMe) before its gather
-    uploads: tuple[HostXfer | None, ...] = ()
-
-    @property
-    def work(self) -> Work:
-        out = Work()
-        for w in self.segments:
-            out = out + w
-        return out
-
-
-@dataclass(frozen=True)
-class ChunkWork:
-    """One model chunk of a stage: its tasks per action kind and its pipeline sends."""
-
-    tasks: dict[tuple[str, bool], Task]  # (kind F/B/W, last micro-batch?) -> task
-    send_fwd: CommSpec | None  # activation to the next virtual stage
-    send_bwd: CommSpec | None  # input gradient to the previous virtual stage
-    layers: int
-
-    def task(self, kind: str, last: bool) -> Task:
-        return self.tasks.get((kind, last)) or self.tasks[(kind, False)]
-
-
-@dataclass(frozen=True)
-class StageWork:
-    stage: int
-    chunks: tuple[ChunkWork, ...]
-    actions: tuple[Action, ...]
-    deps: tuple[tuple[tuple[int, Action], ...], ...]  # per action: cross-stage dependencies
-    flush: tuple[GradPiece, ...]  # gradient sync after the pipeline flush (no overlap)
-    optimizer: float
-    post_optimizer: tuple[CommSpec, ...]  # ZeRO-1/2 parameter all-gather
-    post_hides_in_forward: bool = False  # Megatron --overlap-param-gather: behind the next
-    first_forward: float = 0.0  # step's first forward, which takes this long on the stage
-    flush_compression: float = 0.0  # compression kernels before a sync after the flush
-    host_step: HostXfer | None = None  # ZeRO-Offload: CPU step + parameter upload + NVMe swap
-    host_after_optimizer: HostXfer | None = None  # parameter offload: updated shard back to host
-
-
-@dataclass(frozen=True)
-class Lowered:
-    stages: tuple[StageWork, ...]
-    split_backward: bool
-    notes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class StageSystems:
-    """What the mechanisms beyond 3D add to one stage's work (from simdist.analytic.systems)."""
+    """What the mechanisms beyond 3D add to one stage's work, as host transfers and seconds."""
 
     down_per_layer: HostXfer | None = None  # ZeRO-2/3 + optimizer offload, every micro-batch
     up_fwd_per_layer: HostXfer | None = None  # parameter offload: before each forward gather
@@ -226,19 +89,6 @@ class StageSystems:
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-def size_label(nbytes: float) -> str:
-    if nbytes >= 10 * MiB:
-        return f"{nbytes / MiB:.0f} MiB"
-    if nbytes >= MiB:
-        return f"{nbytes / MiB:.1f} MiB"
-    return f"{nbytes / 1024:.0f} KiB"
-
-
-def comm(collective: str, axis: str, nbytes: float, extra_s: float = 0.0) -> CommSpec:
-    label = "dp" if axis.startswith("dp") else axis
-    return CommSpec(f"{collective} {label} {size_label(nbytes)}", collective, axis, nbytes, extra_s)
 
 
 def calls(entries: tuple[CollectiveCall, ...], per: int = 1, share: float = 1.0) -> tuple[CommSpec, ...]:
@@ -267,46 +117,30 @@ def _work(p: PassTime, recompute: PassTime = ZERO_PASS, drop_weight_grad: bool =
                 sync=p.sync_wait + recompute.sync_wait)
 
 
-class _Passes:
-    """Per-layer and embedding/head pass times of one scenario (timed once)."""
-
-    def __init__(self, timer: Timer):
-        sc = timer.sc
-        m, plan = sc.model, sc.plan
-        self.fwd = timer.passes(layer_ops(m, plan, "fwd"))
-        self.bwd = timer.passes(layer_ops(m, plan, "bwd"))
-        self.emb_fwd = timer.passes(embedding_ops(m, plan, "fwd"))
-        self.emb_bwd = timer.passes(embedding_ops(m, plan, "bwd"))
-        self.head_fwd = timer.passes(head_ops(m, plan, "fwd"))
-        self.head_bwd = timer.passes(head_ops(m, plan, "bwd"))
-        # the recomputation the closed form charges stage 0, per layer (full or selective)
-        self.recompute = stage_time(timer, 0).recompute * (1.0 / stage_num_layers(m, plan, 0))
-
-
 # --- the stage's work ---------------------------------------------------------------------
 
 
-def lower(sc: Scenario, cost: CostModel, net: Network) -> Lowered:
-    """The work of every pipeline stage for one optimizer step of ``sc``."""
-    plan = sc.plan
-    timer = Timer(sc, cost, net)
-    passes = _Passes(timer)
-    split = plan.split_backward
-    sched = schedule(plan.schedule, plan.pp, plan.num_microbatches, plan.virtual_pipeline_stages)
-    stages = tuple(_stage(sc, timer, passes, s, sched[s], split) for s in range(plan.pp))
-    return Lowered(stages, split, tuple(_notes(sc)))
-
-
-def _stage(sc: Scenario, timer: Timer, passes: _Passes, stage: int, actions: list[Action],
-           split: bool) -> StageWork:
-    plan = sc.plan
+def lower(d: StepDescription) -> Lowered:
+    """The work of every pipeline stage for one optimizer step of the described scenario."""
+    plan = d.plan
     p, v = plan.pp, plan.virtual_pipeline_stages
-    traffic = dp_traffic(sc.model, plan, stage)
-    extra = stage_systems(sc, timer, stage)
-    params = [_chunk_params(sc, stage, c)[1] for c in range(v)]
-    chunks = tuple(_chunk(sc, timer, passes, stage, c, split, traffic, extra, params[c] / sum(params))
-                   for c in range(v))
-    deps = tuple(tuple(d for d in dependencies(a, stage, p, v, split) if d[0] != stage) for a in actions)
+    split = plan.split_backward
+    sched = schedule(plan.schedule, p, plan.num_microbatches, v)
+    kinds = [_kind_work(d, s, split) for s in d.kinds]
+    stages = []
+    for stage, actions in enumerate(sched):
+        deps = tuple(tuple(x for x in dependencies(a, stage, p, v, split) if x[0] != stage) for a in actions)
+        stages.append(replace(kinds[d.kind_of[stage]], stage=stage, actions=tuple(actions), deps=deps))
+    return Lowered(tuple(stages), split, tuple(_notes(d.scenario)))
+
+
+def _kind_work(d: StepDescription, s: StageDescription, split: bool) -> StageWork:
+    """The work of every stage of one kind (its schedule's actions are filled in per stage)."""
+    plan = d.plan
+    traffic = s.dp
+    extra = stage_systems(d, s)
+    total = sum(c.params for c in s.chunks)
+    chunks = tuple(_chunk(d, c, i, split, traffic, extra, c.params / total) for i, c in enumerate(s.chunks))
     flush: tuple[GradPiece, ...] = ()
     flush_compression = 0.0
     if not plan.overlap_grad_reduce:  # one sync of the whole buffer after the pipeline flush
@@ -316,78 +150,54 @@ def _stage(sc: Scenario, timer: Timer, passes: _Passes, stage: int, actions: lis
         if comms or extra.down_per_step:
             flush = (GradPiece(0, 1.0, comms, extra.down_per_step),)
         flush_compression = extra.compression_per_step
-    nb = traffic.step_buckets
-    behind_forward = (bool(traffic.post_step_gathers) and plan.zero_stage == 1 and plan.overlap_param_gather
-                      and plan.overlap_grad_reduce and nb > 1)
-    post = calls(traffic.post_step_gathers, per=nb) * nb if behind_forward else calls(traffic.post_step_gathers)
     first_forward = sum(c.task("F", False).work.total() for c in chunks)
-    return StageWork(stage, chunks, tuple(actions), deps, flush, optimizer_time(timer, stage), post,
-                     behind_forward, first_forward, flush_compression, extra.host_step,
+    return StageWork(-1, chunks, (), (), flush, s.optimizer, calls(traffic.post_step_gathers),
+                     traffic.post_step_behind_forward, first_forward, flush_compression, extra.host_step,
                      extra.host_after_optimizer)
 
 
-def stage_systems(sc: Scenario, timer: Timer, stage: int) -> StageSystems:
-    """Offload transfers, parameter-server buckets and compression kernels of one GPU of
-    ``stage``: the byte counts and solo seconds of :mod:`simdist.analytic.systems` (offload_times
-    applied to one kind of traffic at a time, so each resource gets its own transfer), and the
-    kernel times the closed form charges (steptime.stage_time / end_of_step)."""
-    m, plan, cluster = sc.model, sc.plan, sc.cluster
+def stage_systems(d: StepDescription, s: StageDescription) -> StageSystems:
+    """Offload transfers, parameter-server buckets and compression kernels of one GPU of a stage,
+    from the description (each resource's solo seconds become a transfer of its own)."""
+    plan, cluster = d.plan, d.scenario.cluster
     out: dict[str, object] = {}
-    tr = systems.offload_traffic(m, plan, cluster, stage)
-    if tr.used and cluster.host is not None:
-        out.update(_offload_work(sc, tr))
-    if plan.grad_compression.enabled and plan.dp > 1:
-        st = stage_time(timer, stage)
-        if plan.shards_gradients:
-            out["compression_per_microbatch"] = st.compression_per_microbatch
-        else:
-            out["compression_per_step"] = end_of_step(timer, stage, st).compression
-    if plan.uses_parameter_servers:
-        ps = systems.ps_traffic(m, plan, cluster, stage)
-        out["ps_bytes"] = ps.worker_bytes
-        out["ps_buckets"] = systems.grad_buckets(ps.worker_bytes, plan)
-        if cluster.host is not None:
-            # the busiest server node applies its servers' share of this stage's parameters
-            # (every TP/CP rank's shard) once per push: systems.ps_times' server step, per stage
-            n = params_per_rank(m, plan, stage) * plan.tp * plan.cp / ps.servers * ps.servers_per_node
-            out["ps_update_s"] = systems.cpu_optimizer_time(n, plan, cluster.host)
+    if s.offload.used and cluster.host is not None:
+        out.update(_offload_work(plan, node_gpus(cluster), s))
+    out["compression_per_microbatch"] = s.compression_per_microbatch
+    out["compression_per_step"] = s.compression_per_step
+    if s.ps is not None:
+        out["ps_bytes"] = s.ps.traffic.worker_bytes
+        out["ps_buckets"] = s.ps.buckets
+        out["ps_update_s"] = s.ps.update_s
     return StageSystems(**out)  # type: ignore[arg-type]
 
 
-def _offload_work(sc: Scenario, tr: systems.OffloadTraffic) -> dict[str, object]:
-    plan, cluster = sc.plan, sc.cluster
-    gpn = systems.gpus_per_node_in_job(cluster)
-    layers = max(1, tr.gather_chunks)
-
-    def alone(**traffic: float) -> systems.OffloadTimes:
-        """offload_times of one kind of traffic: its seconds on its own resource."""
-        return systems.offload_times(systems.OffloadTraffic(**traffic), cluster, plan)  # type: ignore[arg-type]
+def _offload_work(plan: ParallelPlan, gpn: int, s: StageDescription) -> dict[str, object]:
+    """Host transfers of one GPU; the node's resources (NVMe, CPU) as one GPU's share: the
+    engine adds up the node's GPUs."""
+    t = s.offload_s
+    layers = max(1, s.offload.gather_chunks)
 
     def xfer(name: str, *parts: tuple[str, float]) -> HostXfer | None:
         kept = tuple(p for p in parts if p[1] > 0)
         return HostXfer(name, kept) if kept else None
 
     out: dict[str, object] = {}
-    # node resources (NVMe, CPU) are given as one GPU's share: the engine adds the node's GPUs
-    down_mb = alone(pcie_down_per_microbatch=tr.pcie_down_per_microbatch).pcie_down_per_microbatch
-    out["down_per_layer"] = xfer("gradients to host", ("pcie_down", down_mb / layers))
-    up_mb = alone(pcie_up_per_microbatch=tr.pcie_up_per_microbatch).pcie_up_per_microbatch
-    nvme_mb = alone(nvme_per_microbatch_node=tr.nvme_per_microbatch_node).pcie_up_per_microbatch / gpn
-    up = xfer(f"parameters from {plan.offload.params}", ("pcie_up", up_mb), ("nvme", nvme_mb))
+    out["down_per_layer"] = xfer("gradients to host", ("pcie_down", t.pcie_down_per_microbatch / layers))
+    up = xfer(f"parameters from {plan.offload.params}", ("pcie_up", t.pcie_up_per_microbatch),
+              ("nvme", t.nvme_per_microbatch / gpn))
     if up is not None:  # one forward gather and (gathers - 1) in backward, per layer
-        gathers = 3 if plan.recompute == "full" else 2
+        gathers = param_gathers_per_microbatch(plan)
         out["up_fwd_per_layer"] = up.scaled(1 / (gathers * layers))
         out["up_bwd_per_layer"] = up.scaled((gathers - 1) / (gathers * layers))
-    down_step = alone(pcie_down_per_step=tr.pcie_down_per_step).before_step
-    up_step = alone(pcie_up_per_step=tr.pcie_up_per_step).after_step
-    nvme_step = alone(nvme_per_step_node=tr.nvme_per_step_node).after_step / gpn
-    cpu = alone(cpu_params_node=tr.cpu_params_node).cpu_step / gpn
+    nvme_step = t.nvme_per_step / gpn
     if plan.offload.optimizer != "none":
-        out["down_per_step"] = xfer("gradients to host", ("pcie_down", down_step))
-        out["down_buckets"] = systems.grad_buckets(tr.pcie_down_per_step, plan)
-        out["host_step"] = xfer("CPU optimizer step", ("cpu", cpu), ("pcie_up", up_step), ("nvme", nvme_step))
+        out["down_per_step"] = xfer("gradients to host", ("pcie_down", t.pcie_down_per_step))
+        out["down_buckets"] = s.offload.down_buckets
+        out["host_step"] = xfer("CPU optimizer step", ("cpu", t.cpu_step / gpn), ("pcie_up", t.pcie_up_per_step),
+                                ("nvme", nvme_step))
     else:  # the GPU optimizer's updated parameter shard goes back to the host (and NVMe)
-        out["host_after_optimizer"] = xfer("updated parameters to host", ("pcie_down", down_step),
+        out["host_after_optimizer"] = xfer("updated parameters to host", ("pcie_down", t.pcie_down_per_step),
                                            ("nvme", nvme_step))
     return out
 
@@ -397,64 +207,40 @@ def _ps_spec(extra: StageSystems, key: tuple[int, int], share: float) -> PsSpec:
     return PsSpec(f"push+pull ps {size_label(nbytes)}", key, nbytes, extra.ps_update_s * share)
 
 
-def _chunk_params(sc: Scenario, stage: int, chunk: int) -> tuple[int, int]:
-    """(layers, parameters per rank) of one chunk of a stage."""
-    m, plan = sc.model, sc.plan
-    layers = len(stage_layer_ranges(m.num_layers, plan.pp, plan.virtual_pipeline_stages)[stage][chunk])
-    vs, last = virtual_stage(stage, chunk, plan.pp), plan.pp * plan.virtual_pipeline_stages - 1
-    count = layer_params(m) * layers
-    if vs == 0:
-        count = count + embedding_params(m)
-    if vs == last:
-        count = count + head_params(m, separate_copy=plan.pp > 1)
-    return layers, count.per_tp_rank(plan.tp)
-
-
-def _send_specs(sc: Scenario, timer: Timer, vs: int) -> tuple[CommSpec | None, CommSpec | None]:
-    """Megatron's scatter/gather p2p: each TP rank sends 1/t of the activation, the receiver
-    all-gathers it over TP (Narayanan et al. SC'21, sec 4.1)."""
-    m, plan = sc.model, sc.plan
-    if plan.pp == 1:
-        return None, None
-    e = plan.element_bytes
-    act = m.seq_length // plan.cp * plan.micro_batch_size * m.hidden_size * e
-    gather = collective_time("allgather", act, timer.layouts["tp"], timer.net) if plan.tp > 1 else 0.0
-    spec = comm("sendrecv", "pp", act / plan.tp, gather)
-    last = plan.pp * plan.virtual_pipeline_stages - 1
-    return (spec if vs < last else None), (spec if vs > 0 else None)
-
-
-def _chunk(sc: Scenario, timer: Timer, ps: _Passes, stage: int, chunk: int, split: bool,
-           traffic: DataParallelTraffic, extra: StageSystems, share: float) -> ChunkWork:
-    plan = sc.plan
-    layers, _ = _chunk_params(sc, stage, chunk)
-    vs = virtual_stage(stage, chunk, plan.pp)
-    first, last = vs == 0, vs == plan.pp * plan.virtual_pipeline_stages - 1
-    fwd = [_work(ps.fwd)] * layers  # per layer; embedding and head join the first / last one
-    bwd = [_work(ps.bwd, ps.recompute, split)] * layers
-    wgt = [Work(ps.bwd.weight_grad)] * layers
-    if first:
-        fwd[0] = fwd[0] + _work(ps.emb_fwd)
-        bwd[-1] = bwd[-1] + _work(ps.emb_bwd, drop_weight_grad=split)
-        wgt[-1] = wgt[-1] + Work(ps.emb_bwd.weight_grad)
-    if last:
-        fwd[-1] = fwd[-1] + _work(ps.head_fwd)
-        bwd[0] = bwd[0] + _work(ps.head_bwd, drop_weight_grad=split)
-        wgt[0] = wgt[0] + Work(ps.head_bwd.weight_grad)
+def _chunk(d: StepDescription, chunk: Chunk, index: int, split: bool, traffic: DataParallelTraffic,
+           extra: StageSystems, share: float) -> ChunkWork:
+    """One chunk's tasks (per layer; the embedding and the head join its first / last layer)."""
+    plan, layer = d.plan, d.layer
+    n = chunk.layers
+    fwd = [_work(layer.fwd)] * n
+    bwd = [_work(layer.bwd, layer.recompute, split)] * n
+    wgt = [Work(layer.bwd.weight_grad)] * n
+    if chunk.first:
+        emb_fwd, emb_bwd = d.embedding
+        fwd[0] = fwd[0] + _work(emb_fwd)
+        bwd[-1] = bwd[-1] + _work(emb_bwd, drop_weight_grad=split)
+        wgt[-1] = wgt[-1] + Work(emb_bwd.weight_grad)
+    if chunk.last:
+        head_fwd, head_bwd = d.head
+        fwd[-1] = fwd[-1] + _work(head_fwd)
+        bwd[0] = bwd[0] + _work(head_bwd, drop_weight_grad=split)
+        wgt[0] = wgt[0] + Work(head_bwd.weight_grad)
     if extra.compression_per_microbatch:  # ZeRO-2/3: each layer's gradients compressed as produced
-        kernels = Work(compression=extra.compression_per_microbatch * share / layers)
+        kernels = Work(compression=extra.compression_per_microbatch * share / n)
         if split:
             wgt = [w + kernels for w in wgt]
         else:
             bwd = [w + kernels for w in bwd]
-    labels = (tp_label(layer_ops(sc.model, plan, "fwd"), layers),
-              tp_label(layer_ops(sc.model, plan, "bwd"), layers))
-    tasks = _tasks(sc, fwd, bwd, wgt, split, labels, traffic, extra, chunk, share)
-    send_fwd, send_bwd = _send_specs(sc, timer, vs)
-    return ChunkWork(tasks, send_fwd, send_bwd, layers)
+    m = d.scenario.model
+    labels = (tp_label(layer_ops(m, plan, "fwd"), n), tp_label(layer_ops(m, plan, "bwd"), n))
+    tasks = _tasks(plan, fwd, bwd, wgt, split, labels, traffic, extra, index, share)
+    send = None
+    if d.send is not None:
+        send = comm("sendrecv", "pp", d.send.nbytes, d.send.gather_s)
+    return ChunkWork(tasks, None if chunk.last else send, None if chunk.first else send, n)
 
 
-def _tasks(sc: Scenario, fwd: list[Work], bwd: list[Work], wgt: list[Work], split: bool,
+def _tasks(plan: ParallelPlan, fwd: list[Work], bwd: list[Work], wgt: list[Work], split: bool,
            labels: tuple[str, str], traffic: DataParallelTraffic, extra: StageSystems, chunk: int,
            share: float) -> dict[tuple[str, bool], Task]:
     """A chunk's tasks with the data-parallel (or parameter-server) traffic and host copies they
@@ -469,14 +255,18 @@ def _tasks(sc: Scenario, fwd: list[Work], bwd: list[Work], wgt: list[Work], spli
         pieces = tuple(GradPiece(k, 1.0, rs, down) for k in range(layers)) if rs or down else ()
         up_f = (extra.up_fwd_per_layer,) * layers if extra.up_fwd_per_layer else ()
         up_b = (extra.up_bwd_per_layer,) * layers if extra.up_bwd_per_layer else ()
+        # without overlap_param_gather nothing is prefetched and every reduction is waited for
+        # (data_parallel.dp_times charges all of it)
+        lap = plan.overlap_param_gather or not traffic.fwd_gathers
         tasks = {
             ("F", False): Task(tuple(fwd), (calls(traffic.fwd_gathers, per=per),) * layers, (), f_label,
-                               uploads=up_f),
+                               uploads=up_f, overlapped=lap),
             ("B", False): Task(tuple(bwd), (calls(traffic.bwd_gathers, per=per),) * layers,
-                               () if split else pieces, b_label, drain=bool(pieces) and not split, uploads=up_b),
+                               () if split else pieces, b_label, drain=bool(pieces) and not split, uploads=up_b,
+                               overlapped=lap),
         }
         if split:
-            tasks[("W", False)] = Task(tuple(wgt), (), pieces, drain=bool(pieces))
+            tasks[("W", False)] = Task(tuple(wgt), (), pieces, drain=bool(pieces), overlapped=lap)
         return tasks
     whole = {"F": Task((_sum(fwd),), (), (), f_label), "B": Task((_sum(bwd),), (), (), b_label)}
     if split:
@@ -486,7 +276,7 @@ def _tasks(sc: Scenario, fwd: list[Work], bwd: list[Work], wgt: list[Work], spli
         one = calls(traffic.microbatch_grad_sync, per=per)
         pieces = tuple(GradPiece(0, (k + 1) / layers, one, down) for k in range(layers))
         tasks[(producer, False)] = _with_pieces(whole[producer], pieces, drain=True)
-    elif sc.plan.overlap_grad_reduce and (traffic.step_grad_sync or extra.ps_buckets or extra.down_per_step):
+    elif plan.overlap_grad_reduce and (traffic.step_grad_sync or extra.ps_buckets or extra.down_per_step):
         # the last micro-batch's buckets: DDP all-reduces, parameter-server pushes, host copies
         nb = traffic.step_buckets if traffic.step_grad_sync else extra.ps_buckets or extra.down_buckets
         mine = max(1, round(nb * share))  # this chunk's buckets
@@ -533,7 +323,7 @@ def _notes(sc: Scenario) -> list[str]:
     if plan.shards_params:
         out.append("ZeRO-3/FSDP: per-layer parameter all-gathers (prefetched one layer ahead) and "
                    "gradient reduce-scatters")
-    elif plan.zero_stage == 2:
+    elif plan.shards_gradients:
         out.append("ZeRO-2: every micro-batch's gradients reduce-scattered layer by layer during its backward")
     elif plan.overlap_grad_reduce:
         out.append(f"gradient sync in {size_label(plan.ddp_bucket_size_bytes)} buckets overlapping each "
@@ -541,3 +331,4 @@ def _notes(sc: Scenario) -> list[str]:
     else:
         out.append("gradient sync after the pipeline flush (no overlap)")
     return out
+

@@ -1,6 +1,6 @@
 """Pipeline-parallel schedules: the ordered compute actions of one optimizer step, per stage.
 
-Pure functions (stdlib only). A schedule is ``sched[stage] -> [Action, ...]``, run strictly in
+Pure functions (no simpy). A schedule is ``sched[stage] -> [Action, ...]``, run strictly in
 order by that stage. Cross-stage ordering comes from :func:`dependencies`;
 :func:`simulate_unit_times` is a tiny zero-communication evaluator used by the tests and as a
 cross-check of the discrete-event engine.
@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from simdist.spec.plan import SCHEDULES  # the one list of schedule names (ParallelPlan.schedule)
+
 __all__ = [
     "SCHEDULES",
     "Action",
@@ -30,8 +32,6 @@ __all__ = [
     "virtual_stage",
     "zero_bubble",
 ]
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 
 
 @dataclass(frozen=True, slots=True)

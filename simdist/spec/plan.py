@@ -117,6 +117,12 @@ class ParallelPlan:
         return 4 if self.precision == "fp32" else 2
 
     @property
+    def mixed_precision(self) -> bool:
+        """16-bit (or FP8) compute with an fp32 master copy of the weights (Micikevicius et al.
+        2018); fp32 training updates its weights in place."""
+        return self.precision != "fp32"
+
+    @property
     def grad_buffer_bytes(self) -> int:
         """Bytes per gradient in the accumulation buffer: fp32 in fp32 training or with
         Megatron's main_grad accumulation, else the 16-bit gradients the ZeRO paper counts."""
@@ -150,6 +156,10 @@ class ParallelPlan:
     @property
     def uses_parameter_servers(self) -> bool:
         return self.gradient_sync != "allreduce"
+
+    @property
+    def sync_parameter_servers(self) -> bool:
+        return self.gradient_sync == "parameter-server"
 
     @property
     def async_parameter_servers(self) -> bool:

@@ -1,5 +1,5 @@
 """Ops: what one GPU runs for one layer, micro-batch and pass. They say what runs, never how
-long: simdist.cost times compute ops, simdist.sim.collectives times communication.
+long: simdist.analytic.cost times compute ops, simdist.analytic.collectives times communication.
 
 Shapes follow Megatron-LM's layer (Shoeybi et al. 2019; Korthikanti et al. 2022 for sequence
 parallelism): QKV and fc1 are column-parallel, the output projection and fc2 row-parallel, so
@@ -173,3 +173,16 @@ def head_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
     if bwd and t > 1 and not plan.sequence_parallel:
         ops.append(Comm("allreduce tp head grad", "allreduce", "tp", tokens * h * e))
     return tuple(reversed(ops)) if bwd else tuple(ops)
+
+
+@cache
+def recompute_ops(m: ModelSpec, plan: ParallelPlan) -> tuple[Op, ...]:
+    """The forward ops of one layer that backward runs again: the whole layer under full
+    recompute; under selective recompute the attention core of explicit attention (Korthikanti
+    et al. 2022 sec 5; FlashAttention recomputes it inside its backward kernel already)."""
+    if plan.recompute == "full":
+        return layer_ops(m, plan, "fwd")
+    if plan.recompute == "selective" and not plan.flash_attention:
+        return tuple(op for op in layer_ops(m, plan, "fwd")
+                     if isinstance(op, Compute) and op.name in ("QK^T", "AV", "softmax"))
+    return ()

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 
-from simdist.sim.ops import Compute
-from simdist.spec.cluster import GpuSpec
+from simdist.analytic.ops import Compute
+from simdist.spec.cluster import GpuSpec, HostSpec
+from simdist.spec.plan import ParallelPlan
 from simdist.spec.profile import CalibrationProfile
 
 # (tile rows, tile cols, relative per-tile efficiency)
@@ -74,6 +75,12 @@ class CostModel:
         if key == "gemm" and self.precision == "fp8":
             return eff.get("fp8_gemm", eff["gemm"])
         return eff[key]
+
+    def memory_time(self, nbytes: float, kernels: int = 1) -> float:
+        """A memory-bound pass of ``nbytes`` of HBM traffic in ``kernels`` kernels (0 if none)."""
+        if nbytes <= 0:
+            return 0.0
+        return nbytes / (self.memory_bandwidth * self.memory_efficiency(nbytes)) + kernels * self.kernel_overhead
 
     def time(self, op: Compute) -> float:
         t = self._cache.get(op)
@@ -154,3 +161,15 @@ def optimizer_bytes_per_param(optimizer: str, precision: str, grad_bytes: float)
         "adafactor": 2 * 4.0 + grad_bytes + 2 * weights,
     }[optimizer]
     return base + extra
+
+
+def cpu_optimizer_time(params: float, plan: ParallelPlan, host: HostSpec) -> float:
+    """A node's CPU optimizer step over ``params`` parameters: the node's CPU Adam throughput
+    (host.cpu_optimizer_throughput; Ren et al. 2021 sec 5.1, DeepSpeed CPU-Adam), scaled by the
+    optimizer's memory traffic relative to Adam's (a CPU optimizer step is bandwidth-bound:
+    it streams the fp32 states once). ZeRO-Offload and the parameter servers run it."""
+    if params <= 0:
+        return 0.0
+    scale = (optimizer_bytes_per_param(plan.optimizer, "fp32", 4.0)
+             / optimizer_bytes_per_param("adam", "fp32", 4.0))
+    return params / host.cpu_optimizer_params_per_s * scale

@@ -7,15 +7,21 @@ ring's inter-node edges run through the NICs, so its bus bandwidth is the node's
 shared by the ranks of that node that communicate at the same time.
 
 Achieved-bandwidth factors (fraction of line rate), from the NCCL maintainers' figures in
-shared/validation/collectives.csv: A100 NVSwitch ring ~230 of 300 GB/s (nccl-tests #149),
+tests/data/validation/collectives.csv: A100 NVSwitch ring ~230 of 300 GB/s (nccl-tests #149),
 H100 ring ~370 of 450 GB/s (nccl-tests #212), H100 NVLS all-reduce algbw ~275 GB/s (#212),
 HDR ~24 of 25 GB/s per NIC (nccl #412), NDR 46-48 of 50 GB/s per NIC (nccl-tests #290).
+
+What this module offers the rest: :class:`Network` (achieved bandwidth and latency of the two
+link levels), :func:`collective_time` (one collective alone on the links), and for the
+per-stage description :class:`CollectiveCall` (calls of one collective over a plan axis) timed
+by :class:`CommContext`. The event engine's network backend starts from the same solo times and
+adds contention.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.plan import ParallelPlan
@@ -26,6 +32,22 @@ LINK_EFFICIENCY = {
     "infiniband": 0.94, "roce": 0.90, "ethernet": 0.85, "omnipath": 0.90, "none": 1.0,
 }
 NVLS_EFFICIENCY = 0.61  # algbw / per-GPU NVLink line rate for NVLink-SHARP all-reduce
+DEEPSPEED_ZERO3_BUSBW = 21e9
+"""Bus bandwidth (bytes/s per GPU) that DeepSpeed ZeRO-3's per-submodule parameter fetch
+reaches, whatever the links carry: one p4d node (8 A100, NVSwitch) spent 420 ms more per forward
+under ZeRO-3 than ZeRO-2 gathering a 5.1B-parameter model, 10.2 GB x 7/8 in 0.42 s = 21 GB/s
+(DeepSpeed issue #1174, 2021, v0.3.16). Each fetch is a list all_gather followed by copies
+and a host synchronisation (DeepSpeed PR #1188), so it is bound by the GPU's copies and the
+host, not the network: the same ceiling shows on Selene's 8 x HDR nodes, where ZeRO-3's step
+stops shrinking past 768 GPUs (Narayanan et al. SC'21 Table 2)."""
+
+
+def busbw_cap(plan: ParallelPlan, axis: str = "dp") -> float:
+    """Bus-bandwidth ceiling of the plan's collectives over ``axis`` (0 = the network's): the
+    data-parallel ones of DeepSpeed ZeRO-3."""
+    if axis.startswith("dp") and plan.shards_params and plan.zero3_fetch == "module":
+        return DEEPSPEED_ZERO3_BUSBW
+    return 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +71,11 @@ def group_layout(cluster: ClusterSpec, size: int, stride: int) -> GroupLayout:
     per_node = max(1, min(size, gpn // stride)) if stride < gpn else 1
     nodes = math.ceil(size / per_node)
     return GroupLayout(size, per_node, nodes, gpn)
+
+
+def node_gpus(cluster: ClusterSpec) -> int:
+    """GPUs of the job in one node (a job smaller than a node uses only some of them)."""
+    return min(cluster.gpus_per_node, cluster.world_size)
 
 
 def layout_for_axis(cluster: ClusterSpec, plan: ParallelPlan, axis: str) -> GroupLayout:
@@ -106,8 +133,7 @@ def collective_time(kind: str, nbytes: float, g: GroupLayout, net: Network, busb
     the fastest algorithm NCCL could pick (ring, tree, hierarchical, NVLS).
 
     ``busbw_cap`` (bytes/s, 0 = none) is a ceiling on the bus bandwidth that the software issuing
-    the collective reaches, whatever the links could carry (see
-    :func:`simdist.analytic.systems.busbw_cap`)."""
+    the collective reaches, whatever the links could carry (see :func:`busbw_cap`)."""
     n = g.size
     if n <= 1 or nbytes <= 0:
         return 0.0
@@ -174,3 +200,56 @@ def hierarchical_allreduce_time(nbytes: float, g: GroupLayout, net: Network) -> 
     part = nbytes / g.ranks_per_node
     cross = min(ring_time("allreduce", part, inter, net), tree_allreduce_time(part, inter, net))
     return ring_time("reducescatter", nbytes, intra, net) + cross + ring_time("allgather", nbytes, intra, net)
+
+
+# --- calls of the plan's collectives, timed ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveCall:
+    """``calls`` back-to-back collectives of one kind, each of buffer size ``bytes`` (the S of
+    nccl-tests), over the ranks of one plan axis (dp, dp_shard, dp_replica); ``seconds`` is one
+    call alone on the links once :meth:`CommContext.timed` has timed it."""
+
+    name: str
+    kind: str  # allreduce | allgather | reducescatter | alltoall
+    axis: str
+    bytes: float
+    calls: int = 1
+    seconds: float = 0.0
+
+    @property
+    def total_bytes(self) -> float:
+        return self.bytes * self.calls
+
+    @property
+    def total_seconds(self) -> float:
+        """All calls, back to back."""
+        return self.calls * self.seconds
+
+
+class CommContext:
+    """Times collectives of one scenario on its cluster (alpha-beta, with the plan's ceilings)."""
+
+    def __init__(self, cluster: ClusterSpec, plan: ParallelPlan, net: Network):
+        self.cluster, self.plan, self.net = cluster, plan, net
+        self._layouts: dict[str, GroupLayout] = {}
+
+    def layout(self, axis: str) -> GroupLayout:
+        g = self._layouts.get(axis)
+        if g is None:
+            g = self._layouts[axis] = layout_for_axis(self.cluster, self.plan, axis)
+        return g
+
+    def time(self, kind: str, nbytes: float, axis: str) -> float:
+        """One collective over ``axis`` alone on the links."""
+        return collective_time(kind, nbytes, self.layout(axis), self.net, busbw_cap(self.plan, axis))
+
+    def timed(self, calls: tuple[CollectiveCall, ...]) -> tuple[CollectiveCall, ...]:
+        """``calls`` with the seconds of one call of each filled in."""
+        return tuple(replace(c, seconds=self.time(c.kind, c.bytes, c.axis)) for c in calls)
+
+
+def calls_seconds(calls: tuple[CollectiveCall, ...]) -> float:
+    """Every call of timed ``calls``, back to back."""
+    return sum(c.total_seconds for c in calls)

@@ -1,17 +1,11 @@
-"""The network of the discrete-event engine: which links a transfer loads, and how concurrent
-transfers share them.
+"""Which links a transfer loads, and how much: the contention part of the fluid network backend.
 
-Two parts, split as astra-sim splits its network backends from the system layer:
-
-- :class:`LinkModel` turns a collective or a pipeline send into a :class:`FlowTiming`: its
-  latency, its *solo* transfer time (from :func:`simdist.sim.collectives.collective_time`, so
-  the engine and the closed form agree when nothing contends) and the *load* it puts on each
-  link of the topology (:mod:`simdist.spec.topology`) while it runs at that solo speed, as a
-  fraction of the link's bandwidth.
-- :class:`FluidNetwork` runs flows in a simpy environment as a fluid (flow-level) model: while
-  the loads on a link add up to more than 1, every flow on it is slowed by that factor; rates
-  are recomputed whenever a flow starts or ends (the bandwidth-sharing idea of flow-level
-  network simulators such as SimGrid, Casanova et al. 2014, in its simplest proportional form).
+:class:`LinkModel` turns a collective, a pipeline send, a host transfer or a parameter-server
+push/pull into a :class:`FlowTiming`: its latency, its *solo* transfer time (from
+:func:`simdist.analytic.collectives.collective_time`, so that the engine and the closed form
+agree when nothing contends) and the *load* it puts on each link of the topology
+(:mod:`simdist.spec.topology`) while it runs at that solo speed, as a fraction of the link's
+bandwidth. :mod:`simdist.sim.network.fluid` shares the links among the flows.
 
 Loads follow the closed form's assumptions. An inter-node collective's bus bandwidth is the
 node's NIC bandwidth shared by the ``concurrent_per_node`` ranks of the node (GroupLayout), so
@@ -36,20 +30,17 @@ when there are few servers.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from functools import partial
 
-import simpy
-
-from simdist.analytic.systems import busbw_cap, ps_server_count
-from simdist.sim.collectives import (
+from simdist.analytic.collectives import (
     GroupLayout,
     Network,
+    busbw_cap,
     collective_time,
     layout_for_axis,
 )
+from simdist.analytic.param_server import ps_server_count
 from simdist.spec import topology as topo
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.plan import RankCoord, rank_coord, rank_of
@@ -83,14 +74,15 @@ def node_resource(resource: str, node: int) -> str:
 
 
 def software_resource(rank: int) -> str:
-    """The collective-issuing software of one rank (a :func:`~simdist.analytic.systems.busbw_cap` ceiling), as a link id of
-    the fluid network, so that the rank's concurrent capped collectives share it."""
+    """The collective-issuing software of one rank (a :func:`~simdist.analytic.collectives.busbw_cap`
+    ceiling), as a link id of the fluid network, so that the rank's concurrent capped collectives
+    share it."""
     return f"dpsw{rank}"
 
 
 def server_nodes(cluster: ClusterSpec, servers: int) -> tuple[int, ...]:
     """Servers per node: server i sits on node i * nodes // servers, so they spread evenly (one
-    per node by default; as in systems.ps_traffic, ceil or floor of servers / nodes on each)."""
+    per node by default; as in param_server.ps_traffic, ceil or floor of servers / nodes on each)."""
     counts = [0] * cluster.num_nodes
     for i in range(servers):
         counts[i * cluster.num_nodes // servers] += 1
@@ -181,7 +173,7 @@ class LinkModel:
         return FlowTiming(latency, work, loads)
 
     def host(self, resource: str, seconds: float, stage: int, replica: int) -> FlowTiming:
-        """One GPU's share of a host resource (lowering.HostXfer): its PCIe link, alone; the
+        """One GPU's share of a host resource (work.HostXfer): its PCIe link, alone; the
         node's NVMe or CPU, with every member rank of the node that does the same (the replicas
         of the stage under symmetry; the rest of the slice in full fidelity)."""
         key = ("h", resource, stage, replica)
@@ -348,169 +340,3 @@ def _leaf_crossing(cluster, group: list[int], leaf: int) -> float:
         return 0.0
     here = sum(1 for n in nodes if topo.leaf_of(cluster, n) == leaf)
     return 1.0 / max(1, here)
-
-
-# --- sharing bandwidth in simulated time -----------------------------------------------------
-
-
-class _Done(simpy.Event):
-    """A flow's completion, fired ``delay`` after the transfer ends (simpy's Timeout does the
-    same: mark the event ok, then schedule it with a delay)."""
-
-    def succeed_in(self, delay: float) -> None:
-        self._ok = True
-        self._value = None
-        self.env.schedule(self, simpy.events.NORMAL, delay)
-
-
-class _Flow:
-    __slots__ = ("arg", "done", "loads", "over", "rate", "remaining", "stamp", "tail", "token")
-
-    def __init__(self, work: float, loads: Loads, done: _Done, now: float, tail: float):
-        self.remaining, self.loads, self.done, self.tail = work, loads, done, tail
-        self.rate, self.stamp, self.token = 0.0, now, 0
-        self.over, self.arg = 0.0, loads[0][0]  # total load of its most loaded link, and which
-
-
-class FluidNetwork:
-    """Flows on shared links: a link whose loads add up to L > 1 slows each of its flows by L;
-    a flow runs at the rate its most overloaded link allows (1 = its solo speed).
-
-    Each flow keeps the total load of its most loaded link, so a change on one link re-rates
-    only the flows it concerns; finish times wait in one heap, woken by one simpy timeout at
-    a time (a rate change leaves a stale entry that its token voids), so a busy network costs
-    one simpy event per flow, not one per rate change.
-
-    With ``track`` it also adds up what each link carries, in seconds of full use (a flow's
-    load times its solo seconds: its bytes over the link's bandwidth), into ``busy``, from which
-    :meth:`busiest` names the bottleneck."""
-
-    def __init__(self, env: simpy.Environment, track: bool = False):
-        self.env = env
-        self._on: dict[LinkKey, dict[_Flow, float]] = {}  # link -> its flows and their loads
-        self._total: dict[LinkKey, float] = {}
-        self.peak_overload = 1.0  # largest slow-down any flow saw (reported in assumptions)
-        self.track = track
-        self.busy: dict[LinkKey, float] = {}  # seconds of full use, per link
-        self._heap: list[tuple[float, int, _Flow, int]] = []  # (finish time, order, flow, token)
-        self._order = 0
-        self._armed: set[float] = set()  # times of pending wake-ups
-
-    def busiest(self, prefix: str = "") -> tuple[LinkKey, float] | None:
-        """The link (whose id starts with ``prefix``) that carried the most, in seconds of full
-        use; ties go to the first in sorted order, so the answer is deterministic."""
-        cands = [(-v, k) for k, v in self.busy.items() if k[0].startswith(prefix) and v > 0]
-        if not cands:
-            return None
-        v, k = min(cands)
-        return k, -v
-
-    def transfer(self, work: float, loads: Loads, tail: float = 0.0) -> simpy.Event:
-        """Start a flow of ``work`` solo seconds; the event fires ``tail`` seconds (latency,
-        fixed extra time) after it has finished."""
-        env = self.env
-        done = _Done(env)
-        if work <= 0.0:
-            done.succeed_in(tail)
-            return done
-        now = env.now
-        flow = _Flow(work, loads, done, now, tail)
-        on, total, track = self._on, self._total, self.track
-        busy = self.busy
-        for key, load in loads:
-            if track:
-                busy[key] = busy.get(key, 0.0) + load * work
-            flows = on.get(key)
-            if flows is None:
-                flows = on[key] = {}
-            flows[flow] = load
-            total[key] = total.get(key, 0.0) + load
-        # the other flows on these links: a total only grew, so it is their new maximum or nothing
-        grown: dict[_Flow, None] = {}
-        for key, _ in loads:
-            t = total[key]
-            for f in on[key]:
-                if t > f.over and f is not flow:
-                    f.over, f.arg = t, key
-                    grown[f] = None
-        if grown:
-            self._rerate(grown)
-        self._rescan(flow)
-        self._rerate((flow,))
-        self._arm()
-        return done
-
-    def _rescan(self, f: _Flow) -> None:
-        total = self._total
-        over, arg = 0.0, f.arg
-        for key, _ in f.loads:
-            t = total[key]
-            if t > over:
-                over, arg = t, key
-        f.over, f.arg = over, arg
-
-    def _rerate(self, flows: Iterable[_Flow]) -> None:
-        """New rates from the flows' ``over``; a flow whose rate changes is advanced to now at its
-        old rate and queued with its new finish time (its old entry is voided by the token)."""
-        now = self.env.now
-        heap = self._heap
-        for f in flows:
-            over = f.over
-            rate = 1.0 / over if over > 1.0 + 1e-9 else 1.0
-            if rate == f.rate:
-                continue  # its queued finish time still holds
-            if rate < 1.0 and over > self.peak_overload:
-                self.peak_overload = over
-            f.remaining -= f.rate * (now - f.stamp)
-            f.stamp = now
-            f.rate = rate
-            f.token += 1
-            self._order += 1
-            heapq.heappush(heap, (now + max(0.0, f.remaining) / rate, self._order, f, f.token))
-
-    def _arm(self) -> None:
-        """Make sure a wake-up is pending for the earliest valid finish time."""
-        heap = self._heap
-        while heap:
-            at, _, f, token = heap[0]
-            if token == f.token:
-                break
-            heapq.heappop(heap)
-        else:
-            return
-        armed = self._armed
-        if armed and min(armed) <= at:
-            return  # an earlier wake-up is pending; it arms the next one
-        armed.add(at)
-        env = self.env
-        env.timeout(at - env.now if at > env.now else 0.0).callbacks.append(partial(self._wake, at))
-
-    def _wake(self, at: float, _event: simpy.Event) -> None:
-        """Finish every flow due by ``at`` (in finish-time, then queueing order)."""
-        self._armed.discard(at)
-        heap = self._heap
-        while heap and heap[0][0] <= at:
-            _, _, flow, token = heapq.heappop(heap)
-            if token == flow.token:
-                self._finish(flow)
-        self._arm()
-
-    def _finish(self, flow: _Flow) -> None:
-        on, total = self._on, self._total
-        flow.token += 1  # no entry of it is valid any more
-        shrunk: dict[_Flow, None] = {}  # flows whose most loaded link got lighter
-        for key, load in flow.loads:
-            flows = on[key]
-            del flows[flow]
-            if flows:
-                total[key] -= load
-                for f in flows:
-                    if f.arg == key:
-                        shrunk[f] = None
-            else:
-                total[key] = 0.0  # no drift accumulates on an idle link
-        for f in shrunk:
-            self._rescan(f)
-        if shrunk:
-            self._rerate(shrunk)
-        flow.done.succeed_in(flow.tail)

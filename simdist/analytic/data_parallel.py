@@ -1,0 +1,223 @@
+"""Data-parallel traffic (DDP, ZeRO-1/2/3, FSDP/HSDP, ZeRO++, compressed syncs) and how much of
+it backward and forward hide.
+
+:func:`dp_traffic` lists every data-parallel collective of one GPU of a stage in one step,
+grouped by when it runs (:class:`DataParallelTraffic`); the per-stage description
+(:mod:`simdist.analytic.stage`) times each call alone on the links, the event engine puts the
+same calls on its network, and :func:`dp_times` is the closed form's overlap of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from simdist.analytic.collectives import CollectiveCall, CommContext, calls_seconds
+from simdist.analytic.compression import (
+    grad_wire_bytes,
+    param_wire_bytes,
+    powersgd_elements,
+    topk_elements,
+    topk_wire_bytes,
+    uncompressed_grad_bytes,
+)
+from simdist.analytic.overlap import bucketed_exposed, grad_buckets, prefetch_exposed
+from simdist.analytic.params import params_per_rank, stage_num_layers
+from simdist.spec.model import ModelSpec
+from simdist.spec.plan import ParallelPlan
+
+
+def zero3_modules_per_layer(m: ModelSpec) -> int:
+    """Submodules with parameters in a layer: two norms, QKV, output projection, MLP linears."""
+    return 4 + (3 if m.mlp == "swiglu" else 2)
+
+
+def param_gathers_per_microbatch(plan: ParallelPlan) -> int:
+    """Times a micro-batch needs each layer's full parameters (ZeRO-3 / FSDP gathers, parameter
+    offload uploads): its forward, its backward, and the recomputed forward under full
+    recompute."""
+    return 3 if plan.recompute == "full" else 2
+
+
+@dataclass(frozen=True, slots=True)
+class DataParallelTraffic:
+    """Every data-parallel collective of one GPU of one stage in one step, grouped by when it
+    runs. Bytes are per call, after quantization / compression.
+
+    - ``fwd_gathers``: per micro-batch, parameter all-gathers before each layer's forward
+      (ZeRO-3/FSDP), ``gather_chunks`` pieces prefetched one ahead;
+    - ``bwd_gathers``: per micro-batch, the all-gathers again for backward (and for the
+      recomputed forward under full recompute);
+    - ``microbatch_grad_sync``: per micro-batch, the gradient reduce-scatter (ZeRO-2/3) and, under
+      hybrid sharding, the all-reduce of the shard across replicas, per layer;
+    - ``step_grad_sync``: once per step, during the last micro-batch's backward (DDP all-reduce,
+      ZeRO-1 reduce-scatter, compressed syncs), issued as ``step_buckets`` buckets (each call list
+      divided evenly: one bucket = one call of each entry);
+    - ``post_step_gathers``: after the optimizer, the updated parameter shards all-gathered
+      (ZeRO-1/2); with ``post_step_behind_forward`` (Megatron's distributed optimizer with
+      ``--overlap-param-gather``) one all-gather per bucket, each issued ahead of the next
+      step's forward of the layers it holds.
+    """
+
+    fwd_gathers: tuple[CollectiveCall, ...] = ()
+    bwd_gathers: tuple[CollectiveCall, ...] = ()
+    microbatch_grad_sync: tuple[CollectiveCall, ...] = ()
+    step_grad_sync: tuple[CollectiveCall, ...] = ()
+    post_step_gathers: tuple[CollectiveCall, ...] = ()
+    gather_chunks: int = 1
+    step_buckets: int = 1
+    post_step_behind_forward: bool = False
+
+    def step_bytes(self, microbatches: int) -> float:
+        """Bytes this GPU puts into DP collectives per step (sum of buffer sizes)."""
+        per_mb = sum(c.total_bytes for c in self.fwd_gathers + self.bwd_gathers + self.microbatch_grad_sync)
+        once = sum(c.total_bytes for c in self.step_grad_sync + self.post_step_gathers)
+        return microbatches * per_mb + once
+
+    def timed(self, ctx: CommContext) -> DataParallelTraffic:
+        """The same traffic with the seconds of each call alone on the links."""
+        return replace(self, fwd_gathers=ctx.timed(self.fwd_gathers), bwd_gathers=ctx.timed(self.bwd_gathers),
+                       microbatch_grad_sync=ctx.timed(self.microbatch_grad_sync),
+                       step_grad_sync=ctx.timed(self.step_grad_sync),
+                       post_step_gathers=ctx.timed(self.post_step_gathers))
+
+
+def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int) -> DataParallelTraffic:
+    """The DP collectives of one GPU of ``stage`` in one optimizer step (allreduce mode; the
+    parameter-server modes use :func:`simdist.analytic.param_server.ps_traffic` instead).
+
+    Hybrid sharding (``dp_shard`` < dp: FSDP HYBRID_SHARD / HSDP, Zhao et al. VLDB 2023 sec 3.2.2;
+    ZeRO++ hpZ, Wang et al. 2023 sec 4.2): parameters are gathered and gradients reduce-scattered
+    inside the shard group (one node when dp_shard <= GPUs per node), and the shard's gradients
+    all-reduced across the dp/dp_shard replicas.
+    ZeRO stages (Rajbhandari et al. SC'20 sec 5): 0 all-reduces the gradients once per step;
+    1 reduce-scatters them once per step and all-gathers the updated parameters; 2 reduce-scatters
+    every micro-batch's gradients; 3 also all-gathers each layer's parameters before its forward
+    and backward, per layer (FSDP units) or per submodule (DeepSpeed ``zero3_fetch: module``).
+    """
+    if plan.dp == 1 or plan.uses_parameter_servers:
+        return DataParallelTraffic()
+    n = params_per_rank(m, plan, stage)
+    ax = plan.shard_axis
+    hybrid = plan.hybrid_sharding
+    shard = plan.dp_shard
+    layers = max(1, stage_num_layers(m, plan, stage))
+    method = plan.grad_compression.method
+
+    if plan.shards_gradients:
+        gb = grad_wire_bytes(plan, sharded=True)
+        grad_bytes = n * gb
+        post: tuple[CollectiveCall, ...] = ()
+        if not plan.shards_params:  # ZeRO-2
+            sync = [CollectiveCall("reducescatter grads", "reducescatter", ax, grad_bytes / layers, layers)]
+            if hybrid:
+                sync.append(CollectiveCall("allreduce grads across replicas", "allreduce", "dp_replica",
+                                           grad_bytes / shard / layers, layers))
+            if plan.axis_size(ax) > 1:
+                post = (CollectiveCall("allgather params", "allgather", ax, n * float(plan.element_bytes)),)
+            return DataParallelTraffic(microbatch_grad_sync=tuple(sync), post_step_gathers=post,
+                                       gather_chunks=layers)
+        calls = layers * (zero3_modules_per_layer(m) if plan.zero3_fetch == "module" else 1)
+        pb = param_wire_bytes(plan)
+        gathers_bwd = param_gathers_per_microbatch(plan) - 1
+        fwd = (CollectiveCall("allgather params fwd", "allgather", ax, n * pb / calls, calls),)
+        bwd = (CollectiveCall("allgather params bwd", "allgather", ax, n * pb / calls, calls * gathers_bwd),)
+        sync = [CollectiveCall("reducescatter grads", "reducescatter", ax, grad_bytes / calls, calls)]
+        if hybrid:
+            sync.append(CollectiveCall("allreduce grads across replicas", "allreduce", "dp_replica",
+                                       grad_bytes / shard / layers, layers))
+        return DataParallelTraffic(fwd_gathers=fwd, bwd_gathers=bwd, microbatch_grad_sync=tuple(sync),
+                                   gather_chunks=layers)
+
+    # ZeRO-0 / ZeRO-1: one gradient sync per step, in buckets during the last backward
+    if method == "topk":
+        k = topk_elements(n, plan)
+        nbytes = n * uncompressed_grad_bytes(plan, False)
+        nb = grad_buckets(nbytes, plan)
+        # values + int32 indices are not summable: all-gathered, so the buffer grows with dp
+        calls = [CollectiveCall("allgather top-k values+indices", "allgather", "dp",
+                                plan.dp * k * topk_wire_bytes(plan) / nb, nb)]
+    elif method == "powersgd":
+        ps = powersgd_elements(m, plan, stage)
+        b = uncompressed_grad_bytes(plan, False)
+        nb = grad_buckets(n * b, plan)
+        calls = [CollectiveCall("allreduce PowerSGD P", "allreduce", "dp", ps.p * b / nb, nb),
+                 CollectiveCall("allreduce PowerSGD Q", "allreduce", "dp", ps.q * b / nb, nb)]
+        if ps.uncompressed:
+            calls.append(CollectiveCall("allreduce 1-D tensors", "allreduce", "dp", ps.uncompressed * b / nb, nb))
+    else:
+        gb = grad_wire_bytes(plan, sharded=False)
+        nbytes = n * gb
+        nb = grad_buckets(n * uncompressed_grad_bytes(plan, False), plan)
+        if not plan.shards_optimizer:  # DDP / ZeRO-0
+            calls = [CollectiveCall("allreduce grads", "allreduce", "dp", nbytes / nb, nb)]
+        else:
+            calls = [CollectiveCall("reducescatter grads", "reducescatter", ax, nbytes / nb, nb)]
+            if hybrid:
+                calls.append(CollectiveCall("allreduce grads across replicas", "allreduce", "dp_replica",
+                                            nbytes / shard / nb, nb))
+    post = ()
+    behind = False
+    if plan.shards_optimizer and plan.axis_size(ax) > 1:  # ZeRO-1: the updated shards, gathered
+        params = n * float(plan.element_bytes)
+        # Megatron's distributed optimizer (--overlap-param-gather): one all-gather per bucket
+        behind = plan.overlap_param_gather and nb > 1
+        post = (CollectiveCall("allgather params", "allgather", ax, params / nb, nb) if behind
+                else CollectiveCall("allgather params", "allgather", ax, params),)
+    return DataParallelTraffic(step_grad_sync=tuple(calls), post_step_gathers=post, step_buckets=nb,
+                               post_step_behind_forward=behind)
+
+
+@dataclass(frozen=True, slots=True)
+class DataParallelTimes:
+    """Exposed DP time of one GPU: per micro-batch (ZeRO-2/3) and once per step."""
+
+    fwd_exposed: float  # per micro-batch, in forward (ZeRO-3 gathers)
+    bwd_exposed: float  # per micro-batch, in backward (ZeRO-3 gathers, ZeRO-2/3 reduce-scatters)
+    step_sync: float  # the last backward's gradient sync that did not hide
+    post_step: float  # parameter all-gather after the optimizer that did not hide
+    gather_fwd: float = 0.0  # un-overlapped: one micro-batch's forward gathers
+    grad_sync: float = 0.0  # un-overlapped: its reduce-scatters (+ replica all-reduces)
+
+    @property
+    def per_microbatch(self) -> float:
+        return self.fwd_exposed + self.bwd_exposed
+
+
+def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: float,
+             last_bwd: float | None = None, first_fwd: float | None = None) -> DataParallelTimes:
+    """Exposed time of the timed traffic ``tr`` (:meth:`DataParallelTraffic.timed`) given one
+    micro-batch's forward and backward compute on the stage.
+
+    ZeRO-3: prefetched all-gathers and per-layer reduce-scatters hide behind compute except the
+    first gather and the last reduce-scatter (prefetch_exposed); without ``overlap_param_gather``
+    all of it waits. ZeRO-2: the per-layer reduce-scatters trail backward (the first chunk
+    exposed). The per-step sync runs in buckets during the last backward (bucketed_exposed).
+    The post-step all-gather overlaps the next step's first forward with Megatron's
+    ``--overlap-param-gather`` (overlap_param_gather), and waits in full otherwise.
+    """
+    last_bwd = t_bwd if last_bwd is None else last_bwd
+    first_fwd = t_fwd if first_fwd is None else first_fwd
+    chunks = tr.gather_chunks
+    ag_f = calls_seconds(tr.fwd_gathers)
+    ag_b = calls_seconds(tr.bwd_gathers)
+    rs = calls_seconds(tr.microbatch_grad_sync)
+    fwd_exp = bwd_exp = 0.0
+    if tr.fwd_gathers:  # ZeRO-3
+        if not plan.overlap_param_gather:
+            fwd_exp, bwd_exp = ag_f, ag_b + rs
+        else:
+            fwd_exp = prefetch_exposed(ag_f, chunks, t_fwd)
+            # one layer's gather and one layer's reduce-scatter cannot hide
+            bwd_exp = max((ag_f + rs) / chunks, ag_b + rs - t_bwd) if (ag_b + rs) > 0 else 0.0
+    elif tr.microbatch_grad_sync:  # ZeRO-2
+        bwd_exp = prefetch_exposed(rs, chunks, t_bwd)
+    step = 0.0
+    if tr.step_grad_sync:
+        nb = tr.step_buckets
+        t_b = sum(c.seconds * c.calls / nb for c in tr.step_grad_sync)
+        step = bucketed_exposed(t_b, nb, last_bwd, plan.overlap_grad_reduce)
+    post = calls_seconds(tr.post_step_gathers)
+    if tr.post_step_behind_forward:  # each bucket's gather ahead of the forward that needs it
+        post = prefetch_exposed(post, tr.step_buckets, first_fwd)
+    return DataParallelTimes(fwd_exp, bwd_exp, step, post, ag_f, rs)
+

@@ -1,0 +1,42 @@
+"""What an engine returns for one optimizer step: both engines (the closed form and the event
+engine) give a :class:`StepResult`, which :func:`simdist.predict.predict` turns into the
+Prediction users see. Plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One interval of a rank's timeline (the event engine's output, drawn by the trace viewer)."""
+
+    rank: int
+    stream: str  # "compute", "tp", "pp", "dp", ...
+    name: str  # "F mb3 chunk1", "allreduce tp 48 MiB", ...
+    start: float  # seconds from the start of the step
+    end: float
+    category: str = ""  # forward | backward | recompute | tp_comm | pp_comm | dp_comm | optimizer | idle
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step as an engine saw it. The breakdown's parts sum to the step time; ``offload``
+    and ``compression`` appear only when the plan uses them."""
+
+    step_time: float
+    breakdown: dict[str, float]
+    bubble_fraction: float
+    busiest_stage: int
+    spans: tuple[Span, ...] = ()
+    assumptions: tuple[str, ...] = ()  # what this engine assumed, beyond the prediction's own
+    events: int = 0  # simpy events processed (the event engine)
+    extras: dict[str, Any] = field(default_factory=dict)  # staleness, bottleneck, stragglers...
+
+
+def breakdown_keys(offload: bool, compression: bool) -> tuple[str, ...]:
+    """The breakdown's parts, in order, for a plan that offloads and/or compresses gradients."""
+    return BREAKDOWN_KEYS + (("offload",) if offload else ()) + (("compression",) if compression else ())

@@ -1,0 +1,245 @@
+"""The per-stage description: what one GPU of each pipeline stage does in one optimizer step and
+what each piece costs alone, computed once and consumed by both engines.
+
+:func:`describe` times every op list, collective and host transfer of the scenario once, on one
+GPU with nothing else running (the cost model for compute, the alpha-beta model for the links,
+the host's PCIe/NVMe/CPU figures for offload and parameter servers), and lays the results out
+per stage (:class:`StageDescription`). Nothing here decides what overlaps with what:
+
+- the closed form (:mod:`simdist.analytic.steptime`) reduces the descriptions with the pipeline
+  and overlap formulas;
+- the event engine's lowering (:mod:`simdist.sim.lowering`) maps them to tasks on streams, and
+  its network backend re-times the transfers with contention.
+
+Stages of one *kind* (the same layers per model chunk and the same first/last role: the
+embedding before virtual stage 0, the LM head after the last) are identical, so a deep
+pipeline describes at most a handful: the first, the last, and the middle ones (two kinds of
+middle stage when the layers do not divide evenly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from simdist.analytic.collectives import CommContext, Network, collective_time, layout_for_axis
+from simdist.analytic.compression import compression_kernel_bytes
+from simdist.analytic.cost import CostModel, optimizer_bytes_per_param
+from simdist.analytic.data_parallel import DataParallelTraffic, dp_traffic
+from simdist.analytic.memory import StageMemory, optimizer_shard_params, stage_memory, state_bytes
+from simdist.analytic.offload import OffloadTimes, OffloadTraffic, offload_times, offload_traffic
+from simdist.analytic.ops import embedding_ops, head_ops, layer_ops, recompute_ops
+from simdist.analytic.overlap import grad_buckets
+from simdist.analytic.param_server import (
+    PSTimes,
+    PSTraffic,
+    ps_times,
+    ps_traffic,
+    server_update_time,
+)
+from simdist.analytic.params import embedding_params, head_params, layer_params, stage_layer_ranges
+from simdist.analytic.passes import OpTimer, PassTime
+from simdist.spec.plan import ParallelPlan
+from simdist.spec.scenario import Scenario
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One model chunk (virtual pipeline stage) held by a stage."""
+
+    layers: int
+    params: int  # parameters per GPU, after tensor parallelism
+    first: bool  # virtual stage 0: the embedding runs before its first layer
+    last: bool  # the last virtual stage: the LM head runs after its last layer
+
+
+@dataclass(frozen=True, slots=True)
+class LayerPasses:
+    """One transformer layer, one micro-batch, on one GPU."""
+
+    fwd: PassTime
+    bwd: PassTime
+    recompute: PassTime  # the forward that backward runs again (full, or the selective core)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSend:
+    """One activation (or its gradient) to the neighbouring virtual stage: Megatron's scatter/
+    gather p2p, each TP rank sends 1/t of it and the receiver all-gathers it over TP (Narayanan
+    et al. SC'21, sec 4.1)."""
+
+    nbytes: float  # what each TP rank sends
+    send_s: float  # the send alone on the pp axis's links
+    gather_s: float  # the receiver's TP all-gather
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTraffic:
+    """One worker's parameter-server traffic in one step."""
+
+    traffic: PSTraffic
+    times: PSTimes
+    buckets: int  # the gradient buckets it is pushed in
+    update_s: float  # the busiest server node's CPU update of this stage, per step
+    rtt: float  # a push and a pull: two inter-node latencies
+
+
+@dataclass(frozen=True)
+class StageDescription:
+    """One GPU of one pipeline stage: its passes for one micro-batch through every chunk, its
+    data-parallel, host and parameter-server traffic in one step (each piece timed alone), its
+    compression kernels and its optimizer step."""
+
+    chunks: tuple[Chunk, ...]
+    fwd: PassTime
+    bwd: PassTime
+    recompute: PassTime
+    dp: DataParallelTraffic  # every call timed alone on the links
+    offload: OffloadTraffic
+    offload_s: OffloadTimes
+    ps: ServerTraffic | None
+    compression_per_microbatch: float  # ZeRO-2/3: the kernels of every micro-batch's sync
+    compression_per_step: float  # ZeRO-0/1 and parameter servers: the kernels of the one sync
+    optimizer: float  # the optimizer step on the GPU (0 on the CPU or on the servers)
+
+    @property
+    def layers(self) -> int:
+        return sum(c.layers for c in self.chunks)
+
+    @property
+    def params(self) -> int:
+        return sum(c.params for c in self.chunks)
+
+
+@dataclass(frozen=True, eq=False)
+class StepDescription:
+    """Every stage of one scenario, and the per-layer passes they share. ``stages[s]`` is stage
+    s's description; stages of one kind share one object (``kinds``, ``kind_of``)."""
+
+    scenario: Scenario
+    cost: CostModel
+    net: Network
+    layer: LayerPasses
+    embedding: tuple[PassTime, PassTime]  # forward, backward (on the first stage)
+    head: tuple[PassTime, PassTime]  # forward, backward (on the last stage)
+    send: PipelineSend | None  # None without a pipeline
+    kinds: tuple[StageDescription, ...]
+    kind_of: tuple[int, ...]  # stage -> index into kinds
+
+    @property
+    def plan(self) -> ParallelPlan:
+        return self.scenario.plan
+
+    @cached_property
+    def stages(self) -> tuple[StageDescription, ...]:
+        return tuple(self.kinds[k] for k in self.kind_of)
+
+    @cached_property
+    def memory(self) -> tuple[StageMemory, ...]:
+        """Memory per GPU of each stage (the micro-batches in flight differ from stage to stage)."""
+        sc = self.scenario
+        return tuple(stage_memory(sc.model, sc.plan, s, sc.cluster) for s in range(sc.plan.pp))
+
+
+def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True) -> StepDescription:
+    """Describe every stage of ``sc`` once per stage kind (see the module docstring);
+    ``per_kind=False`` describes each stage on its own (the same result, more slowly)."""
+    m, plan = sc.model, sc.plan
+    timer = OpTimer(sc, cost, net)
+    layer = layer_passes(timer)
+    embedding = (timer.passes(embedding_ops(m, plan, "fwd")), timer.passes(embedding_ops(m, plan, "bwd")))
+    head = (timer.passes(head_ops(m, plan, "fwd")), timer.passes(head_ops(m, plan, "bwd")))
+    ctx = CommContext(sc.cluster, plan, net)
+    kinds: list[StageDescription] = []
+    index: dict[tuple[Chunk, ...], int] = {}
+    kind_of = []
+    for s in range(plan.pp):
+        chunks = stage_chunks(sc, s)
+        k = index.get(chunks) if per_kind else None
+        if k is None:
+            k = index[chunks] = len(kinds)
+            kinds.append(_describe_stage(sc, ctx, cost, layer, embedding, head, chunks, s))
+        kind_of.append(k)
+    return StepDescription(sc, cost, net, layer, embedding, head, pipeline_send(sc, net), tuple(kinds),
+                           tuple(kind_of))
+
+
+def layer_passes(timer: OpTimer) -> LayerPasses:
+    """The layer's forward and backward, and what recomputation runs again (ops.recompute_ops)."""
+    m, plan = timer.sc.model, timer.sc.plan
+    return LayerPasses(timer.passes(layer_ops(m, plan, "fwd")), timer.passes(layer_ops(m, plan, "bwd")),
+                       timer.passes(recompute_ops(m, plan)))
+
+
+def stage_chunks(sc: Scenario, stage: int) -> tuple[Chunk, ...]:
+    """The chunks of ``stage`` (Megatron's interleaved layout: chunk c is virtual stage c*pp + s)."""
+    m, plan = sc.model, sc.plan
+    p, v = plan.pp, plan.virtual_pipeline_stages
+    out = []
+    for c, layers in enumerate(stage_layer_ranges(m.num_layers, p, v)[stage]):
+        vs = c * p + stage
+        first, last = vs == 0, vs == p * v - 1
+        count = layer_params(m) * len(layers)
+        if first:
+            count = count + embedding_params(m)
+        if last:
+            count = count + head_params(m, separate_copy=p > 1)
+        out.append(Chunk(len(layers), count.per_tp_rank(plan.tp), first, last))
+    return tuple(out)
+
+
+def pipeline_send(sc: Scenario, net: Network) -> PipelineSend | None:
+    """One micro-batch's activation between neighbouring virtual stages ([s/cp, b, h] per rank)."""
+    m, plan = sc.model, sc.plan
+    if plan.pp == 1:
+        return None
+    act = m.seq_length // plan.cp * plan.micro_batch_size * m.hidden_size * plan.element_bytes
+    sent = act / plan.tp
+    send = collective_time("sendrecv", sent, layout_for_axis(sc.cluster, plan, "pp"), net)
+    gather = collective_time("allgather", act, layout_for_axis(sc.cluster, plan, "tp"), net) if plan.tp > 1 else 0.0
+    return PipelineSend(sent, send, gather)
+
+
+def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, layer: LayerPasses,
+                    embedding: tuple[PassTime, PassTime], head: tuple[PassTime, PassTime],
+                    chunks: tuple[Chunk, ...], stage: int) -> StageDescription:
+    """One stage kind, described through ``stage``, a stage of that kind."""
+    m, plan, cluster = sc.model, sc.plan, sc.cluster
+    layers = sum(c.layers for c in chunks)
+    fwd, bwd = layer.fwd * layers, layer.bwd * layers
+    if chunks[0].first:
+        fwd, bwd = fwd + embedding[0], bwd + embedding[1]
+    if chunks[-1].last:
+        fwd, bwd = fwd + head[0], bwd + head[1]
+    offload = offload_traffic(m, plan, cluster, stage)
+    ps = None
+    if plan.uses_parameter_servers:
+        tr = ps_traffic(m, plan, cluster, stage)
+        ps = ServerTraffic(tr, ps_times(m, plan, cluster, ctx.net, stage), grad_buckets(tr.worker_bytes, plan),
+                           server_update_time(m, plan, cluster, stage), 2 * ctx.net.inter_latency)
+    per_mb = per_step = 0.0
+    if plan.grad_compression.enabled and plan.dp > 1:
+        nbytes = compression_kernel_bytes(m, plan, stage)  # HBM traffic: memory-bound kernels
+        if plan.shards_gradients:  # ZeRO-2/3 compress every micro-batch's reduce-scatter, per layer
+            per_mb = cost.memory_time(nbytes, kernels=2 * layers)
+        else:
+            per_step = cost.memory_time(nbytes, kernels=4)
+    return StageDescription(
+        chunks=chunks, fwd=fwd, bwd=bwd, recompute=layer.recompute * layers,
+        dp=dp_traffic(m, plan, stage).timed(ctx),
+        offload=offload, offload_s=offload_times(offload, cluster, plan), ps=ps,
+        compression_per_microbatch=per_mb, compression_per_step=per_step,
+        optimizer=gpu_optimizer_time(sc, cost, stage),
+    )
+
+
+def gpu_optimizer_time(sc: Scenario, cost: CostModel, stage: int) -> float:
+    """The optimizer step on the GPU (fused multi-tensor kernels, HBM-bound; cost.py) over the
+    GPU's optimizer partition: zero when the optimizer runs on the CPU (ZeRO-Offload) or on
+    parameter servers."""
+    plan = sc.plan
+    if plan.offload.optimizer != "none" or plan.uses_parameter_servers:
+        return 0.0
+    n = optimizer_shard_params(sc.model, plan, stage)
+    traffic = n * optimizer_bytes_per_param(plan.optimizer, plan.precision, state_bytes(sc.model, plan).grads)
+    return cost.memory_time(traffic, kernels=20)

@@ -1,0 +1,93 @@
+"""simulate(): one optimizer step of a described scenario in the event engine."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from simdist.analytic.result import StepResult
+from simdist.analytic.stage import StepDescription
+from simdist.sim.engine.accounting import async_result, step_result
+from simdist.sim.engine.servers import Servers
+from simdist.sim.engine.state import BackendFactory, Run
+from simdist.sim.engine.step import StepDriver
+from simdist.sim.engine.stragglers import straggler_summary
+from simdist.sim.engine.streams import Streams
+from simdist.sim.lowering import lower
+from simdist.sim.network import FluidBackend
+from simdist.sim.work import Lowered
+
+FIDELITIES = ("symmetric", "full")
+
+
+def simulate(
+    described: StepDescription,
+    fidelity: str = "symmetric",
+    keep_spans: bool = True,
+    stragglers: dict[int, float] | None = None,
+    backend: BackendFactory = FluidBackend,
+) -> StepResult:
+    """Simulate one optimizer step of the described scenario (:func:`simdist.analytic.stage.describe`).
+
+    ``stragglers`` maps a rank to a compute slow-down factor (a negative key -(node+1) slows a
+    whole node); they need full fidelity, which is used when any is given, and the result then
+    also says how the plan absorbs them (a uniform run for comparison; ``extras["stragglers"]``).
+    Asynchronous parameter servers always run in full fidelity. ``backend`` builds the network
+    the transfers run on (:class:`simdist.sim.network.NetworkBackend`).
+    """
+    if fidelity not in FIDELITIES:
+        raise ValueError(f"fidelity must be one of {FIDELITIES}, got {fidelity!r}")
+    sc = described.scenario
+    notes: list[str] = []
+    stragglers = {k: v for k, v in (stragglers or {}).items() if v != 1.0}
+    if stragglers and fidelity == "symmetric":
+        fidelity = "full"
+        notes.append("stragglers given: full fidelity used")
+    if sc.plan.async_parameter_servers and fidelity == "symmetric":
+        fidelity = "full"
+        notes.append("asynchronous parameter servers: full fidelity used (each worker runs at its own pace)")
+    lowered = lower(described)
+    stagger = _async_stagger(described)
+    sim = Simulation(described, lowered, fidelity == "full", keep_spans, stragglers, notes, stagger, backend)
+    result = sim.run()
+    if stragglers:
+        uniform = Simulation(described, lowered, fidelity == "full", False, {}, [], stagger, backend)
+        base = uniform.run()
+        summary, line = straggler_summary(sc, sim.state, result, uniform.state, base)
+        result = replace(result, assumptions=(*result.assumptions, line),
+                         extras={**result.extras, "stragglers": summary})
+    return result
+
+
+def _async_stagger(d: StepDescription) -> float:
+    """Start offset between consecutive replicas in the asynchronous mode: the closed form's
+    cycle over dp, so that the pushes are spread evenly over a cycle from the start (an initial
+    condition only: the simulated steady state does not depend on it)."""
+    if not d.plan.async_parameter_servers:
+        return 0.0
+    from simdist.analytic.steptime import reduce_step
+
+    return reduce_step(d).step_time / d.plan.dp
+
+
+class Simulation:
+    """The parts of one simulation, wired together: the shared state, the streams, the
+    parameter servers and the step driver."""
+
+    def __init__(self, d: StepDescription, lowered: Lowered, full: bool, keep_spans: bool,
+                 stragglers: dict[int, float], notes: list[str], stagger: float, backend: BackendFactory):
+        self.state = Run(d.scenario, lowered, d.net, full, keep_spans, stragglers, notes, backend)
+        self.streams = Streams(self.state)
+        self.servers = Servers(self.state, self.streams, stagger)
+        self.streams.pushed = self.servers.pushed
+        self.driver = StepDriver(self.state, self.streams, self.servers)
+
+    def run(self) -> StepResult:
+        state = self.state
+        env = state.env
+        for sl in state.slices:
+            env.process(self.driver.worker(sl, state.lowered.stages[sl.stage]))
+        if self.servers.async_mode:
+            env.run(until=self.servers.stop)
+            return async_result(state, self.servers)
+        env.run()
+        return step_result(state)

@@ -1,0 +1,274 @@
+"""The step driver: one process per slice runs the pipeline schedule's actions on the compute
+stream, waits for the inputs other stages send, starts the gradient reductions, host copies and
+parameter gathers its tasks make ready (on :mod:`~simdist.sim.engine.streams`), then does what
+comes after the flush: compression kernels of a once-per-step sync, the gradient sync, the
+optimizer, the CPU step of ZeRO-Offload, the parameter all-gather.
+
+Synchronisation points, as in the frameworks: under ZeRO-2/3 a backward returns only when its
+gradient reductions (and, with optimizer offload, their copies to the host) are done (DeepSpeed's
+reduce epilogue, FSDP's post-backward callback); the optimizer waits for the whole gradient sync;
+with Megatron's ``--overlap-param-gather`` the ZeRO-1 parameter all-gather only delays the next
+step's first forward as far as it must. Offload: after the last gradient copy the node's CPU runs
+the optimizer step while the updated parameters go up and the states swap with NVMe (pipelined
+tile by tile, so they run together). Pipeline sends block the sender (Megatron's batched
+isend/irecv is waited for before the next action).
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from simdist.analytic.passes import sync_wait_part
+from simdist.sim.engine.servers import Servers
+from simdist.sim.engine.state import Proc, Run, Slice, Tally
+from simdist.sim.engine.streams import Streams
+from simdist.sim.schedules import Action
+from simdist.sim.work import CommSpec, GradPiece, HostXfer, StageWork, Task
+
+CATEGORY = {"F": "forward", "B": "backward", "W": "backward"}
+
+
+class StepDriver:
+    def __init__(self, run: Run, streams: Streams, servers: Servers):
+        self.run, self.streams, self.servers = run, streams, servers
+        self.env, self.plan, self.net = run.env, run.plan, run.network
+        self.keep_spans = run.keep_spans
+        self.sync_on_tp = sync_wait_part(run.plan) == "tp_comm"
+        self.arrivals: dict[tuple[int, int, int, Action], simpy.Event] = {}
+
+    def worker(self, sl: Slice, work: StageWork) -> Proc:
+        servers = self.servers
+        if not servers.async_mode:
+            yield from self._step(sl, work)
+            return
+        if sl.replica and servers.stagger > 0:
+            yield self.env.timeout(sl.replica * servers.stagger)
+        for cycle in range(servers.target + 1):  # the run stops at the target-th update
+            sl.cycle, sl.tally = cycle, Tally(start=self.env.now)
+            yield from self._step(sl, work)
+            sl.history.append(sl.tally)
+
+
+    def _step(self, sl: Slice, work: StageWork) -> Proc:
+        env, m, t = self.env, self.plan.num_microbatches, sl.tally
+        for action, deps in zip(work.actions, work.deps, strict=True):
+            yield from self._wait(sl, deps)
+            chunk = work.chunks[action.chunk]
+            yield from self._task(sl, action, chunk.task(action.kind, action.microbatch == m - 1))
+            spec = chunk.send_fwd if action.kind == "F" else chunk.send_bwd if action.kind == "B" else None
+            if spec is not None:
+                yield from self._send(sl, action, spec)
+        t.flush_end = env.now
+        if work.flush_compression:
+            start = env.now
+            yield env.timeout(work.flush_compression * sl.factor)
+            self._post(sl, start, "compression", "compress gradients", "compute")
+        for piece in work.flush:
+            self._piece(sl, env.now, piece)
+        yield from self._gradients_done(sl)
+        if work.optimizer:
+            start = env.now
+            yield env.timeout(work.optimizer * sl.factor)
+            self._post(sl, start, "optimizer", "optimizer", "compute")
+        if work.host_step is not None:
+            yield from self._host_step(sl, work.host_step)
+        if work.host_after_optimizer is not None:
+            start = env.now
+            yield self.streams.host(sl, work.host_after_optimizer)
+            self._post(sl, start, "offload", work.host_after_optimizer.name, "host")
+        if work.post_hides_in_forward:
+            yield from self._gather_behind_forward(sl, work)
+            return
+        if work.post_optimizer:
+            start = env.now
+            yield self.streams.submit(sl, "dp", env.now, work.post_optimizer)
+            self._post(sl, start, "dp_comm")
+        t.end = env.now
+
+    def _post(self, sl: Slice, start: float, category: str, name: str = "", stream: str = "",
+              end: float | None = None) -> None:
+        """Record what the slice did or waited for after the flush, from ``start`` to now."""
+        now = self.env.now if end is None else end
+        if now > start:
+            sl.tally.post.append((start, now, category))
+            if name:
+                self.run.span(sl, stream, name, start, now, category)
+
+    def _gradients_done(self, sl: Slice) -> Proc:
+        """Wait for the step's gradient sync: reductions or pushes (dp), the servers' updates
+        (optimizer), the pulls (dp) and the copies to the host (offload)."""
+        for stream, category in (("dp", "dp_comm"), ("update", "optimizer"), ("pull", "dp_comm"),
+                                 ("d2h", "offload")):
+            ev = sl.tails.get(stream)
+            if ev is not None and not ev.processed:
+                start = self.env.now
+                yield ev
+                if stream == "update":  # waiting for the other replicas' pushes is not the update
+                    began = max(start, self.servers.update_began.get(ev, start))
+                    self._post(sl, start, "dp_comm", end=began)
+                    start = began
+                self._post(sl, start, category)
+            if stream == "update" and self.servers.async_mode and sl.stage == 0:
+                self.servers.applied(sl)
+
+    def _host_step(self, sl: Slice, xfer: HostXfer) -> Proc:
+        """ZeRO-Offload's step: the node's CPU updates the states while the updated parameters go
+        up and the states swap with NVMe (DeepSpeed pipelines them tile by tile): the CPU part
+        is optimizer time, what outlasts it offload."""
+        env = self.env
+        start = env.now
+        events = {r: self.streams.flow(sl, r, s) for r, s in xfer.parts}
+        cpu = events.pop("cpu", None)
+        if cpu is not None:
+            yield cpu
+            self._post(sl, start, "optimizer", xfer.name, "host")
+        rest = env.now
+        for ev in events.values():
+            if not ev.processed:
+                yield ev
+        self._post(sl, rest, "offload", "parameter upload / NVMe swap", "host")
+
+    def _gather_behind_forward(self, sl: Slice, work: StageWork) -> Proc:
+        """Megatron's distributed optimizer with --overlap-param-gather: bucket k's all-gather
+        is waited for only before the next step's forward reaches its layers, so what counts in
+        this step is how far the gathers push that forward (each bucket's share of it waits
+        for its gather)."""
+        start, n = self.env.now, len(work.post_optimizer)
+        done = [self.streams.submit(sl, "dp", start, (spec,)) for spec in work.post_optimizer]
+        clock = start  # where the next step's forward would be
+        for ev in done:
+            if not ev.processed:
+                yield ev
+            clock = max(clock, self.env.now) + work.first_forward * sl.factor / n
+        sl.tally.end = max(start, clock - work.first_forward * sl.factor)
+        self.run.span(sl, "compute", "next forward waits for parameters", start, sl.tally.end, "dp_comm")
+
+    def _wait(self, sl: Slice, deps: tuple[tuple[int, Action], ...]) -> Proc:
+        """Wait for the inputs another stage sends; the part of the wait after the send
+        started is exposed pipeline communication, the rest is bubble."""
+        for stage, action in deps:
+            ev = self._arrival(sl.cycle, sl.replica, stage, action)
+            if ev.processed:
+                continue
+            t0 = self.env.now
+            yield ev
+            now = self.env.now
+            exposed = now - max(t0, ev.value)
+            sl.tally.pp += exposed
+            if self.keep_spans:
+                what = f"{action.kind} mb{action.microbatch} chunk{action.chunk}"
+                self.run.span(sl, "compute", "bubble", t0, now - exposed, "idle")
+                self.run.span(sl, "pp", f"recv {what}", now - exposed, now, "pp_comm")
+
+    def _arrival(self, cycle: int, replica: int, stage: int, action: Action) -> simpy.Event:
+        key = (cycle, replica, stage, action)
+        ev = self.arrivals.get(key)
+        if ev is None:
+            ev = self.arrivals[key] = self.env.event()
+        return ev
+
+    def _task(self, sl: Slice, action: Action, task: Task) -> Proc:
+        env, t = self.env, sl.tally
+        start = env.now
+        ready: list[tuple[simpy.Event | None, simpy.Event | None]] = []  # per segment: upload, gather
+        pieces, k = task.pieces, 0  # ordered by segment
+        ahead = 2 if task.overlapped else 1
+        for i, seg in enumerate(task.segments):
+            if task.gathers:
+                while len(ready) < min(i + ahead, len(task.gathers)):  # this layer's (and the next)
+                    ready.append(self._prefetch(sl, task, len(ready)))
+                up, gather = ready[i]
+                if up is not None and not up.processed:
+                    t0 = env.now
+                    yield up
+                    t.offload += env.now - t0
+                if gather is not None and not gather.processed:
+                    t0 = env.now
+                    yield gather
+                    t.dp += env.now - t0
+            length = seg.total(sl.factor)
+            while k < len(pieces) and pieces[k].segment == i:
+                self._piece(sl, env.now + pieces[k].at * length, pieces[k])
+                k += 1
+            yield env.timeout(length)
+            t.compute += seg.compute * sl.factor
+            t.recompute += seg.recompute * sl.factor
+            t.compression += seg.compression * sl.factor
+            t.tp += seg.tp
+            if self.sync_on_tp:
+                t.tp += seg.sync
+            else:
+                t.dp += seg.sync
+            if not task.overlapped and pieces:
+                yield from self._reduced(sl)
+        end = env.now
+        if self.keep_spans:
+            self._task_spans(sl, action, task, start, end)
+        if task.drain:
+            yield from self._drain(sl, end)
+
+    def _reduced(self, sl: Slice) -> Proc:
+        """Wait for the reductions started so far (a segment's gradients, not overlapped)."""
+        tail = sl.tails.get("dp")
+        if tail is not None and not tail.processed:
+            t0 = self.env.now
+            yield tail
+            sl.tally.dp += self.env.now - t0
+            self.run.span(sl, "compute", "wait for gradient reduce-scatter", t0, self.env.now, "dp_comm")
+
+    def _drain(self, sl: Slice, end: float) -> Proc:
+        """ZeRO-2/3: the backward returns when its reductions, then its copies to the host, are done."""
+        env, t = self.env, sl.tally
+        tail = sl.tails.get("dp")
+        if tail is not None and not tail.processed:
+            yield tail
+            t.dp += env.now - end
+            self.run.span(sl, "compute", "wait for gradient reduce-scatter", end, env.now, "dp_comm")
+        tail, start = sl.tails.get("d2h"), env.now
+        if tail is not None and not tail.processed:
+            yield tail
+            t.offload += env.now - start
+            self.run.span(sl, "compute", "wait for gradient copy to host", start, env.now, "offload")
+
+    def _prefetch(self, sl: Slice, task: Task, j: int) -> tuple[simpy.Event | None, simpy.Event | None]:
+        """Segment ``j``'s parameters: the shard fetched from the host (parameter offload), then
+        the all-gather that waits for it (ZeRO-3)."""
+        now = self.env.now
+        xfer = task.uploads[j] if task.uploads else None
+        up = self.streams.submit(sl, "h2d", now, (xfer,)) if xfer is not None else None
+        gathers = task.gathers[j]
+        gather = self.streams.submit(sl, "gather", now, gathers, after=up) if gathers else None
+        return up, gather
+
+    def _piece(self, sl: Slice, ready: float, piece: GradPiece) -> None:
+        """Start a gradient piece's sync at ``ready``, and its copy to the host after it."""
+        done = self.streams.submit(sl, "dp", ready, piece.comms) if piece.comms else None
+        if piece.down is not None:
+            self.streams.submit(sl, "d2h", ready, (piece.down,), after=done)
+
+    def _task_spans(self, sl: Slice, action: Action, task: Task, start: float, end: float) -> None:
+        w = task.work
+        name = f"{action.kind} mb{action.microbatch} chunk{action.chunk}"
+        rec = w.recompute * sl.factor if len(task.segments) == 1 else 0.0
+        if rec > 0:
+            self.run.span(sl, "compute", f"R mb{action.microbatch} chunk{action.chunk}", start, start + rec, "recompute")
+        self.run.span(sl, "compute", name, start + rec, end, CATEGORY[action.kind])
+        if w.tp > 0:
+            self.run.span(sl, "tp", task.tp_name or "tp", end - w.tp - w.sync, end - w.sync, "tp_comm")
+        if w.sync > 0:
+            stream, part = ("tp", "tp_comm") if self.sync_on_tp else ("dp", "dp_comm")
+            self.run.span(sl, stream, "wait for the slowest rank", end - w.sync, end, part)
+        if w.compression > 0:
+            self.run.span(sl, "compute", "compress gradients", end - w.compression * sl.factor, end, "compression")
+
+    def _send(self, sl: Slice, action: Action, spec: CommSpec) -> Proc:
+        """A blocking pipeline send to the stage that needs this action's output."""
+        p = self.plan.pp
+        step = 1 if action.kind == "F" else -1
+        dst = (sl.stage + step) % p
+        start = self.env.now
+        yield self.net.p2p(spec.nbytes, sl.stage, dst, sl.replica, spec.extra_s)
+        sl.tally.pp += self.env.now - start
+        if self.keep_spans:
+            self.run.span(sl, "pp", spec.name, start, self.env.now, "pp_comm")
+        self._arrival(sl.cycle, sl.replica, sl.stage, action).succeed(start)

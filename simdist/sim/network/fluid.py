@@ -1,0 +1,179 @@
+"""Sharing bandwidth in simulated time: the fluid (flow-level) part of the network backend.
+
+While the loads on a link add up to more than 1, every flow on it is slowed by that factor;
+rates are recomputed whenever a flow starts or ends (the bandwidth-sharing idea of flow-level
+network simulators such as SimGrid, Casanova et al. 2014, in its simplest proportional form).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from functools import partial
+
+import simpy
+
+from simdist.sim.network.links import LinkKey, Loads
+
+
+class _Done(simpy.Event):
+    """A flow's completion, fired ``delay`` after the transfer ends (simpy's Timeout does the
+    same: mark the event ok, then schedule it with a delay)."""
+
+    def succeed_in(self, delay: float) -> None:
+        self._ok = True
+        self._value = None
+        self.env.schedule(self, simpy.events.NORMAL, delay)
+
+
+class _Flow:
+    __slots__ = ("arg", "done", "loads", "over", "rate", "remaining", "stamp", "tail", "token")
+
+    def __init__(self, work: float, loads: Loads, done: _Done, now: float, tail: float):
+        self.remaining, self.loads, self.done, self.tail = work, loads, done, tail
+        self.rate, self.stamp, self.token = 0.0, now, 0
+        self.over, self.arg = 0.0, loads[0][0]  # total load of its most loaded link, and which
+
+
+class FluidNetwork:
+    """Flows on shared links: a link whose loads add up to L > 1 slows each of its flows by L;
+    a flow runs at the rate its most overloaded link allows (1 = its solo speed).
+
+    Each flow keeps the total load of its most loaded link, so a change on one link re-rates
+    only the flows it concerns; finish times wait in one heap, woken by one simpy timeout at
+    a time (a rate change leaves a stale entry that its token voids), so a busy network costs
+    one simpy event per flow, not one per rate change.
+
+    With ``track`` it also adds up what each link carries, in seconds of full use (a flow's
+    load times its solo seconds: its bytes over the link's bandwidth), into ``busy``, from which
+    :meth:`busiest` names the bottleneck."""
+
+    def __init__(self, env: simpy.Environment, track: bool = False):
+        self.env = env
+        self._on: dict[LinkKey, dict[_Flow, float]] = {}  # link -> its flows and their loads
+        self._total: dict[LinkKey, float] = {}
+        self.peak_overload = 1.0  # largest slow-down any flow saw (reported in assumptions)
+        self.track = track
+        self.busy: dict[LinkKey, float] = {}  # seconds of full use, per link
+        self._heap: list[tuple[float, int, _Flow, int]] = []  # (finish time, order, flow, token)
+        self._order = 0
+        self._armed: set[float] = set()  # times of pending wake-ups
+
+    def busiest(self, prefix: str = "") -> tuple[LinkKey, float] | None:
+        """The link (whose id starts with ``prefix``) that carried the most, in seconds of full
+        use; ties go to the first in sorted order, so the answer is deterministic."""
+        cands = [(-v, k) for k, v in self.busy.items() if k[0].startswith(prefix) and v > 0]
+        if not cands:
+            return None
+        v, k = min(cands)
+        return k, -v
+
+    def transfer(self, work: float, loads: Loads, tail: float = 0.0) -> simpy.Event:
+        """Start a flow of ``work`` solo seconds; the event fires ``tail`` seconds (latency,
+        fixed extra time) after it has finished."""
+        env = self.env
+        done = _Done(env)
+        if work <= 0.0:
+            done.succeed_in(tail)
+            return done
+        now = env.now
+        flow = _Flow(work, loads, done, now, tail)
+        on, total, track = self._on, self._total, self.track
+        busy = self.busy
+        for key, load in loads:
+            if track:
+                busy[key] = busy.get(key, 0.0) + load * work
+            flows = on.get(key)
+            if flows is None:
+                flows = on[key] = {}
+            flows[flow] = load
+            total[key] = total.get(key, 0.0) + load
+        # the other flows on these links: a total only grew, so it is their new maximum or nothing
+        grown: dict[_Flow, None] = {}
+        for key, _ in loads:
+            t = total[key]
+            for f in on[key]:
+                if t > f.over and f is not flow:
+                    f.over, f.arg = t, key
+                    grown[f] = None
+        if grown:
+            self._rerate(grown)
+        self._rescan(flow)
+        self._rerate((flow,))
+        self._arm()
+        return done
+
+    def _rescan(self, f: _Flow) -> None:
+        total = self._total
+        over, arg = 0.0, f.arg
+        for key, _ in f.loads:
+            t = total[key]
+            if t > over:
+                over, arg = t, key
+        f.over, f.arg = over, arg
+
+    def _rerate(self, flows: Iterable[_Flow]) -> None:
+        """New rates from the flows' ``over``; a flow whose rate changes is advanced to now at its
+        old rate and queued with its new finish time (its old entry is voided by the token)."""
+        now = self.env.now
+        heap = self._heap
+        for f in flows:
+            over = f.over
+            rate = 1.0 / over if over > 1.0 + 1e-9 else 1.0
+            if rate == f.rate:
+                continue  # its queued finish time still holds
+            if rate < 1.0 and over > self.peak_overload:
+                self.peak_overload = over
+            f.remaining -= f.rate * (now - f.stamp)
+            f.stamp = now
+            f.rate = rate
+            f.token += 1
+            self._order += 1
+            heapq.heappush(heap, (now + max(0.0, f.remaining) / rate, self._order, f, f.token))
+
+    def _arm(self) -> None:
+        """Make sure a wake-up is pending for the earliest valid finish time."""
+        heap = self._heap
+        while heap:
+            at, _, f, token = heap[0]
+            if token == f.token:
+                break
+            heapq.heappop(heap)
+        else:
+            return
+        armed = self._armed
+        if armed and min(armed) <= at:
+            return  # an earlier wake-up is pending; it arms the next one
+        armed.add(at)
+        env = self.env
+        env.timeout(at - env.now if at > env.now else 0.0).callbacks.append(partial(self._wake, at))
+
+    def _wake(self, at: float, _event: simpy.Event) -> None:
+        """Finish every flow due by ``at`` (in finish-time, then queueing order)."""
+        self._armed.discard(at)
+        heap = self._heap
+        while heap and heap[0][0] <= at:
+            _, _, flow, token = heapq.heappop(heap)
+            if token == flow.token:
+                self._finish(flow)
+        self._arm()
+
+    def _finish(self, flow: _Flow) -> None:
+        on, total = self._on, self._total
+        flow.token += 1  # no entry of it is valid any more
+        shrunk: dict[_Flow, None] = {}  # flows whose most loaded link got lighter
+        for key, load in flow.loads:
+            flows = on[key]
+            del flows[flow]
+            if flows:
+                total[key] -= load
+                for f in flows:
+                    if f.arg == key:
+                        shrunk[f] = None
+            else:
+                total[key] = 0.0  # no drift accumulates on an idle link
+        for f in shrunk:
+            self._rescan(f)
+        if shrunk:
+            self._rerate(shrunk)
+        flow.done.succeed_in(flow.tail)
