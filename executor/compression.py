@@ -6,7 +6,7 @@ gradient bucket and must return a future of its average):
 
 - ``fp16``: torch's ``default_hooks.fp16_compress_hook`` (cast, all-reduce, cast back);
 - ``bf16``: :func:`bf16_hook`, written here: torch's ``bf16_compress_hook`` refuses to run
-  without NCCL (TORCH-CPU.md), while gloo all-reduces bf16 tensors;
+  without NCCL (torch 2.13, measured on CPU), while gloo all-reduces bf16 tensors;
 - ``powersgd``: torch's ``powerSGD_hook`` (Vogels et al., "PowerSGD: Practical Low-Rank Gradient
   Compression for Distributed Optimization", NeurIPS 2019) at the plan's rank, with
   ``use_error_feedback`` as the plan says and ``start_powerSGD_iter=2``: torch's default (1000)
