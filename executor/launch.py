@@ -53,6 +53,7 @@ from executor.faults import (
     remove_partial_checkpoints,
     result_path,
 )
+from executor.multinode import launch_problems, launch_text, worker_args
 from executor.torchrun import launch
 from simdist.errors import ScenarioError
 from simdist.spec.measurement import Measurement
@@ -214,8 +215,6 @@ def option_problems(scenario: Any, o: Mapping[str, Any], processes: int) -> list
 
 
 def _print_launch(scenario: Any, o: dict[str, Any]) -> int:
-    from executor.multinode import launch_problems, launch_text
-
     nnodes = int(o["nnodes"])
     problems = [str(p) for p in launch_problems(scenario, nnodes)]
     problems += [str(p) for p in run_problems(scenario, scenario.plan.world_size) if not str(p).startswith("--nproc")]
@@ -241,8 +240,6 @@ class RunOutcome:
 
 def _launch(file: str, world: int, o: dict[str, Any]) -> RunOutcome:
     """Start torchrun with ``world`` local processes, watch it, and report (module docstring)."""
-    from executor.multinode import worker_args
-
     run_dir = Path(tempfile.mkdtemp(prefix="simdist-run-"))
     if o.get("checkpoint_every") and not o.get("checkpoint_dir"):
         o = {**o, "checkpoint_dir": str(run_dir / "checkpoints")}

@@ -18,7 +18,6 @@ from typing import Any
 
 from simdist.analytic.flops import model_flops_per_step
 from simdist.analytic.memory import stage_memory
-from simdist.analytic.params import stage_layer_ranges
 from simdist.analytic.steptime import analytic_step
 from simdist.cost import CostModel
 from simdist.errors import Problem
@@ -31,6 +30,7 @@ from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import Scenario, check_consistency
+from simdist.spec.stages import stage_layer_ranges
 from simdist.units import GiB
 
 Progress = Callable[[str, int, int], None]
