@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, measurement
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest
@@ -183,11 +183,7 @@ def test_calibration_view_with_a_stored_run(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("SIMDIST_DB", str(db))
     path = REPO / "scenarios" / "llama3-8b-fsdp-8xh100.yaml"
     sc = load_scenario(path)
-    measured = {"name": sc.name, "scenario_hash": sc.hash(), "world_size": 8, "device": "cuda", "backend": "nccl",
-                "torch_version": "2.13.0", "steps": 2, "step_time_s": 12.0, "step_times_s": [11.9, 12.1],
-                "losses": [10.0, 9.9], "phases_s": {"forward": 3.0, "backward": 6.0, "optimizer": 0.5, "comm": 2.0},
-                "memory": {"peak_gib": 60.0, "per_rank": [{"rank": 0, "model_state_gib": 20.0,
-                                                          "activations_gib": 30.0, "peak_gib": 60.0}]}}
+    measured = measurement(sc.name, sc.hash(), step_time_s=12.0, step_times_s=[11.9, 12.1])
     RunStore(db).add("measurement", measured, scenario_yaml=path.read_text())
     RunStore(db).add("measurement", {"name": "half", "scenario_hash": "x"}, scenario_yaml=path.read_text())
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()

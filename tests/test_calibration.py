@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 import yaml
-from conftest import run_cli
+from conftest import measurement, run_cli
 
 from simdist.calibrate.fit import fit_alpha_beta, fit_profile, ring_terms
 from simdist.calibrate.store import RunStore
@@ -63,19 +63,6 @@ def test_profile_roundtrip_and_version_check(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ScenarioError, match=r"profile\.version"):
         load_profile(path)
-
-
-def measurement(name: str = "local", scenario_hash: str = "abc123", step_time_s: float = 0.01,
-                step_times_s: list[float] | None = None, **extra) -> dict:
-    """A complete measurement JSON object, as `simdist run` writes it."""
-    times = step_times_s or [step_time_s]
-    return {"name": name, "scenario_hash": scenario_hash, "world_size": 2, "device": "cpu", "backend": "gloo",
-            "torch_version": "2.13.0", "steps": len(times), "step_time_s": step_time_s, "step_times_s": times,
-            "losses": [10.0] * len(times), "phases_s": {"forward": None, "backward": None, "optimizer": None,
-                                                         "comm": None},
-            "memory": {"peak_gib": 0.01, "per_rank": [{"rank": 0, "model_state_gib": 0.001,
-                                                      "activations_gib": 0.002, "peak_gib": 0.01}]},
-            **extra}
 
 
 def local_scenario(**plan) -> dict:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import measurement
 
 from simdist.spec.measurement import Measurement
 
@@ -50,12 +51,7 @@ def test_stages_hold_the_same_layers_as_in_the_simulator():
 
 
 def _measurement(name: str, scenario_hash: str) -> Measurement:
-    return Measurement.from_dict({
-        "name": name, "scenario_hash": scenario_hash, "world_size": 2, "device": "cpu", "backend": "gloo",
-        "torch_version": "2.13.0", "steps": 1, "step_time_s": 0.5, "step_times_s": [0.5], "losses": [10.0],
-        "phases_s": {"forward": 0.1, "backward": 0.2, "optimizer": 0.05, "comm": 0.1},
-        "memory": {"peak_gib": 0.1, "per_rank": [{"rank": 0, "model_state_gib": 0.01, "activations_gib": 0.02,
-                                                  "peak_gib": 0.1}]}})
+    return Measurement.from_dict(measurement(name, scenario_hash, step_time_s=0.5))
 
 
 @pytest.mark.parametrize("no_store", [False, True])
