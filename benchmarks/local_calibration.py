@@ -1,4 +1,4 @@
-"""The calibration target on this machine (issue 5): fit on microbenchmarks, the DP run and
+"""The calibration check on this machine: fit on microbenchmarks, the DP run and
 one TP and one ZeRO-3 run of another shape (micro-batch 2: the framework overheads of DTensor
 and FSDP2), then predict plans that were NOT used for fitting (TP, PP 1F1B, PP GPipe, ZeRO-3,
 all at micro-batch 4) at 2 ranks.

@@ -1,7 +1,9 @@
 """The real executor: trains a scenario's model with its plan on this machine, with torch.distributed.
 
-This is the only package in the project that imports ``torch.distributed``. Importing
-``executor`` itself stays light: :mod:`executor.launch` (the ``simdist run`` command) and
+This is the only package in the project that imports ``torch.distributed``, and of simdist it
+imports only the spec (``simdist.spec``, ``simdist.units``, ``simdist.errors``): the plan it runs
+and the measurement it writes. Importing ``executor`` itself stays light: :mod:`executor.launch`
+(what ``simdist run`` calls), :mod:`executor.torchrun` (the one launcher) and
 :mod:`executor.checks` import no torch, so the CLI can refuse a bad plan before paying for
 ``import torch``. The torch-side modules are:
 
@@ -18,7 +20,9 @@ This is the only package in the project that imports ``torch.distributed``. Impo
 - :mod:`executor.ps`: the parameter server (synchronous and asynchronous) on point-to-point gloo;
 - :mod:`executor.checkpoint`: torch.distributed.checkpoint saves (atomic) and resume;
 - :mod:`executor.report`: rank 0's measurement, restart times included;
-- :mod:`executor.worker`: the torchrun worker entry (``python -m executor.worker``).
+- :mod:`executor.worker`: the torchrun worker entry (``python -m executor.worker``);
+- :mod:`executor.bench`: the calibration microbenchmarks (``simdist calibrate``), a torchrun
+  worker too.
 
 Torch-free too: :mod:`executor.faults` (run-directory files: heartbeats, failures, events, the
 checkpoint directory's layout) and :mod:`executor.multinode` (``--print-launch``).

@@ -6,7 +6,7 @@ gradient bucket and must return a future of its average):
 
 - ``fp16``: torch's ``default_hooks.fp16_compress_hook`` (cast, all-reduce, cast back);
 - ``bf16``: :func:`bf16_hook`, written here: torch's ``bf16_compress_hook`` refuses to run
-  without NCCL (TORCH-CPU.md), while gloo all-reduces bf16 tensors;
+  without NCCL (torch 2.13, measured on CPU), while gloo all-reduces bf16 tensors;
 - ``powersgd``: torch's ``powerSGD_hook`` (Vogels et al., "PowerSGD: Practical Low-Rank Gradient
   Compression for Distributed Optimization", NeurIPS 2019) at the plan's rank, with
   ``use_error_feedback`` as the plan says and ``start_powerSGD_iter=2``: torch's default (1000)
@@ -21,7 +21,7 @@ gradient bucket and must return a future of its average):
 Bytes are counted where the hooks call ``torch.distributed.all_reduce`` /
 ``all_gather_into_tensor`` with the data-parallel group, as the size of the buffer (all-reduce:
 the tensor, all-gather: the gathered output), the S of nccl-tests and of
-``simdist.analytic.systems.dp_traffic``. They are counted by wrapping those two functions (calls
+``simdist.analytic.data_parallel.dp_traffic``. They are counted by wrapping those two functions (calls
 with other groups pass straight through): PowerSGD issues its P and Q all-reduces from future
 callbacks, which run on gloo's threads, where the thread-local TorchDispatchMode of
 :class:`executor.measure.CollectiveCensus` does not see them.
@@ -131,7 +131,7 @@ def bf16_hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
 
 
 def topk_count(n: int, ratio: float) -> int:
-    """Entries sent of an n-entry bucket: ratio x n, at least 1 (simdist.analytic.systems.topk_elements)."""
+    """Entries sent of an n-entry bucket: ratio x n, at least 1 (simdist.analytic.compression.topk_elements)."""
     return max(1, min(n, round(ratio * n)))
 
 

@@ -11,56 +11,53 @@ naming its field) before anything starts. Then
   which no rank starts a new step for ``--stall-timeout`` seconds (300 s; at least 120 s
   before every rank has started) is killed as a backstop;
 - on any failure the launcher kills torchrun's process group and every worker pid it recorded
-  (workers outlive a SIGKILLed torchrun in their own sessions, TORCH-CPU.md), prints one line
+  (workers outlive a SIGKILLed torchrun in their own sessions), prints one line
   per rank saying what happened, and exits 1 without writing the measurement;
-- on success rank 0's ``result.json`` is written to ``--out`` atomically (temporary file in the
-  same directory, then ``os.replace``), recorded in the run store (``--db``, as ``simdist
-  predict`` does; ``--no-store`` skips it) and a summary goes to stdout.
+- on success rank 0's ``result.json`` becomes a :class:`simdist.spec.measurement.Measurement`
+  (validated), written to ``--out`` atomically (temporary file in the same directory, then
+  ``os.replace``), and a summary goes to stdout. Recording it in the run store is the
+  ``simdist run`` command's job (simdist.cli.run), not the executor's.
 
-v1.1: ``--checkpoint-every C [--checkpoint-dir D]`` saves every C steps (executor.checkpoint);
-``--max-restarts R`` lets torchrun restart the whole group up to R times after a failure, and
+Checkpoints and restarts: ``--checkpoint-every C [--checkpoint-dir D]`` saves every C steps
+(executor.checkpoint); ``--max-restarts R`` lets torchrun restart the whole group up to R times after a failure, and
 the restarted workers resume from the newest checkpoint; ``--fault RANK:STEP:crash|hang`` (may
 be repeated: the i-th fires on attempt i) injects the failure. In the parameter-server modes the
 servers run as extra processes beside the ``--nproc`` workers. After a failed run the launcher
 removes unfinished checkpoint directories (complete ones stay) and names the restarts it took.
 ``--print-launch --nnodes M`` prints the multi-node commands instead (executor.multinode).
 
-The public entry point is :func:`run_command`; :func:`add_run_arguments` declares its options
-on an argparse parser (``simdist run`` uses both).
+The public entry points are :func:`execute` (the exit code and the measurement) and
+:func:`run_command` (the exit code only); :func:`add_run_arguments` declares their options on an
+argparse parser. :func:`microbenchmarks` starts the calibration microbenchmarks
+(:mod:`executor.bench`) through the same launcher (:mod:`executor.torchrun`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
+import json
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from executor.checks import run_problems
 from executor.faults import (
     diagnose,
-    heartbeat_path,
     parse_fault,
-    pid_path,
     read_events,
     read_json,
     remove_partial_checkpoints,
     result_path,
 )
+from executor.multinode import launch_problems, launch_text, worker_args
+from executor.torchrun import launch
 from simdist.errors import ScenarioError
-from simdist.spec.files import write_json_atomic
+from simdist.spec.measurement import Measurement
 from simdist.spec.scenario import load_scenario
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULTS: dict[str, Any] = {
     "nproc": None,
@@ -73,8 +70,6 @@ DEFAULTS: dict[str, Any] = {
     "seed": 1234,
     "device": "auto",
     "verbose": False,
-    "db": None,
-    "no_store": False,
     "checkpoint_every": None,
     "checkpoint_dir": None,
     "max_restarts": 0,
@@ -101,9 +96,6 @@ def add_run_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=DEFAULTS["device"],
                    help="auto: CUDA with nccl when there are enough GPUs, else CPU with gloo")
     p.add_argument("--verbose", action="store_true", help="echo all torchrun output, not only progress")
-    p.add_argument("--db", default=None, help="run store (SQLite) to record the measurement in "
-                   "(default: $SIMDIST_DB or the user's data directory)")
-    p.add_argument("--no-store", action="store_true", help="do not record the measurement in the run store")
     p.add_argument("--fault", action="append", default=None,
                    help="RANK:STEP:crash|hang: make RANK crash or hang at STEP (0-based, warm-up included); "
                         "given several times, the i-th fires on attempt i (to test restarts)")
@@ -142,6 +134,11 @@ def run_command(args: argparse.Namespace | Mapping[str, Any] | None = None, /, *
     arguments override it: ``run_command(file="s.yaml", nproc=2, steps=3, out="m.json")``.
     Exit codes: 0 done, 1 the run failed (a rank crashed, hung or timed out), 2 bad input.
     """
+    return execute(args, **kwargs).code
+
+
+def execute(args: argparse.Namespace | Mapping[str, Any] | None = None, /, **kwargs: Any) -> RunOutcome:
+    """:func:`run_command`, returning the measurement of a successful run too."""
     o = _options(args, kwargs)
     o["faults"] = _fault_list(o.get("fault"))
     try:
@@ -149,18 +146,18 @@ def run_command(args: argparse.Namespace | Mapping[str, Any] | None = None, /, *
     except ScenarioError as exc:
         for problem in exc.problems:
             _err(str(problem))
-        return 2
+        return RunOutcome(2)
     if o["print_launch"]:
-        return _print_launch(scenario, o)
+        return RunOutcome(_print_launch(scenario, o))
     if o["nproc"] is None:
         _err("--nproc: required (the number of local processes), unless --print-launch")
-        return 2
+        return RunOutcome(2)
     problems = [str(p) for p in run_problems(scenario, int(o["nproc"]))]
     problems += option_problems(scenario, o, total_processes(scenario))
     if problems:
         for line in problems:
             _err(line)
-        return 2
+        return RunOutcome(2)
     return _launch(scenario.source_path or o["file"], total_processes(scenario), o)
 
 
@@ -218,8 +215,6 @@ def option_problems(scenario: Any, o: Mapping[str, Any], processes: int) -> list
 
 
 def _print_launch(scenario: Any, o: dict[str, Any]) -> int:
-    from executor.multinode import launch_problems, launch_text
-
     nnodes = int(o["nnodes"])
     problems = [str(p) for p in launch_problems(scenario, nnodes)]
     problems += [str(p) for p in run_problems(scenario, scenario.plan.world_size) if not str(p).startswith("--nproc")]
@@ -232,149 +227,49 @@ def _print_launch(scenario: Any, o: dict[str, Any]) -> int:
     return 0
 
 
-# --- torchrun ---------------------------------------------------------------------------------
+# --- the run ---------------------------------------------------------------------------------
 
 
-def torchrun_command(file: str, nproc: int, run_dir: str, o: Mapping[str, Any]) -> list[str]:
-    from executor.multinode import worker_args
+@dataclass
+class RunOutcome:
+    """What ``simdist run`` did: the exit code and, on success, the measurement."""
 
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        f"--max-restarts={int(o.get('max_restarts') or 0)}", "--monitor-interval=0.2",
-        *worker_args(file, run_dir, o),
-    ]
+    code: int
+    measurement: Measurement | None = None
 
 
-def worker_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # torchrun otherwise shares its rendezvous store with the workers; see TORCH-CPU.md (restarts)
-    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
-class _Pump(threading.Thread):
-    """Copies torchrun's output to the log file; echoes progress lines (or all, verbose)."""
-
-    def __init__(self, stream: Any, log_path: Path, verbose: bool):
-        super().__init__(daemon=True)
-        self.stream, self.log_path, self.verbose = stream, log_path, verbose
-
-    def run(self) -> None:
-        with open(self.log_path, "w", encoding="utf-8", errors="replace") as log:
-            for raw in iter(self.stream.readline, b""):
-                line = raw.decode("utf-8", errors="replace")
-                log.write(line)
-                log.flush()
-                if self.verbose or line.startswith("[rank "):
-                    sys.stderr.write(line)
-                    sys.stderr.flush()
-
-
-STARTUP_GRACE_S = 120.0  # before every rank has reported once (imports, rendezvous)
-
-
-def _stalled_for(run_dir: Path, world: int, started: float) -> tuple[float, float]:
-    """(seconds since the last heartbeat of any rank, the stall limit that applies now): until
-    every rank has written a heartbeat, the clock runs from the launch and the limit is at least
-    STARTUP_GRACE_S, so a slow start on a loaded host is not taken for a stall."""
-    times = []
-    for r in range(world):
-        beat = read_json(heartbeat_path(run_dir, r))
-        if beat:
-            times.append(float(beat.get("time", started)))
-    if len(times) < world:
-        return time.time() - started, STARTUP_GRACE_S
-    return time.time() - max(times), 0.0
-
-
-def _is_our_worker(pid: int, run_dir: Path) -> bool:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return False
-    return "executor.worker" in cmdline and str(run_dir) in cmdline
-
-
-def _kill_everything(proc: subprocess.Popen[bytes], run_dir: Path, world: int) -> None:
-    """SIGTERM torchrun's process group, then SIGKILL it and any recorded worker left behind."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    _reap_workers(run_dir, world)
-
-
-def _reap_workers(run_dir: Path, world: int) -> list[int]:
-    """SIGKILL recorded workers still alive (checked by their command line); returns their pids."""
-    killed = []
-    for r in range(world):
-        try:
-            pid = int(pid_path(run_dir, r).read_text())
-        except (OSError, ValueError):
-            continue
-        if _is_our_worker(pid, run_dir):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-    return killed
-
-
-def _launch(file: str, world: int, o: dict[str, Any]) -> int:
+def _launch(file: str, world: int, o: dict[str, Any]) -> RunOutcome:
     """Start torchrun with ``world`` local processes, watch it, and report (module docstring)."""
     run_dir = Path(tempfile.mkdtemp(prefix="simdist-run-"))
-    log_path = run_dir / "torchrun.log"
     if o.get("checkpoint_every") and not o.get("checkpoint_dir"):
         o = {**o, "checkpoint_dir": str(run_dir / "checkpoints")}
-    cmd = torchrun_command(file, world, str(run_dir), o)
-    started = time.time()
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=worker_env(), start_new_session=True)
-    pump = _Pump(proc.stdout, log_path, bool(o["verbose"]))
-    pump.start()
-    stalled = False
-    try:
-        while proc.poll() is None:
-            time.sleep(0.2)
-            idle, floor = _stalled_for(run_dir, world, started)
-            if idle > max(floor, float(o["stall_timeout"])):
-                stalled = True
-                _kill_everything(proc, run_dir, world)
-    except KeyboardInterrupt:
-        _kill_everything(proc, run_dir, world)
-        pump.join(timeout=5)
+    done = launch(worker_args(file, str(run_dir), o), world, run_dir, max_restarts=int(o.get("max_restarts") or 0),
+                  verbose=bool(o["verbose"]), heartbeats=world, stall_timeout=float(o["stall_timeout"]))
+    if done.interrupted:
         _remove_partial_checkpoints(o)
-        _err(f"simdist run: interrupted; torchrun and its workers were stopped (log: {log_path})")
-        return 130
-    pump.join(timeout=5)
-    leftovers = _reap_workers(run_dir, world)
+        _err(f"simdist run: interrupted; torchrun and its workers were stopped (log: {done.log_path})")
+        return RunOutcome(130)
     result = read_json(result_path(run_dir))
-    if proc.returncode == 0 and result is not None and not stalled:
+    if done.ok and result is not None:
+        measurement = Measurement.from_dict(result)
         if o["out"]:
-            write_json_atomic(Path(o["out"]), result)
-        if not o["no_store"]:
-            _store_measurement(result, file, o["db"])
-        print(summary(result, o["out"]))
+            measurement.save(Path(o["out"]))
+        print(summary(measurement, o["out"]))
         shutil.rmtree(run_dir, ignore_errors=True)
-        return 0
+        return RunOutcome(0, measurement)
     _remove_partial_checkpoints(o)
     restarts = _attempts(run_dir)
     tried = (f" after {restarts} restart(s) (--max-restarts {int(o.get('max_restarts') or 0)})"
              if int(o.get("max_restarts") or 0) > 0 else "")
-    _err(f"simdist run: the run failed{tried} (torchrun exit code {proc.returncode}); no measurement written")
-    if stalled:
+    _err(f"simdist run: the run failed{tried} (torchrun exit code {done.returncode}); no measurement written")
+    if done.stalled:
         _err(f"no rank made progress for {float(o['stall_timeout']):g} s; the run was killed")
     for line in diagnose(run_dir, world, float(o["pg_timeout"])):
         _err(line)
-    if leftovers:
-        _err(f"killed {len(leftovers)} worker process(es) left behind: {leftovers}")
-    _err(f"full log: {log_path}")
-    return 1
+    if done.leftovers:
+        _err(f"killed {len(done.leftovers)} worker process(es) left behind: {done.leftovers}")
+    _err(f"full log: {done.log_path}")
+    return RunOutcome(1)
 
 
 def _attempts(run_dir: Path) -> int:
@@ -389,46 +284,51 @@ def _remove_partial_checkpoints(o: Mapping[str, Any]) -> None:
             _err(f"removed the unfinished checkpoint {path}")
 
 
-def _store_measurement(result: dict[str, Any], file: str, db: str | None) -> None:
-    """Keep the measurement in the run store (as ``simdist predict`` keeps predictions); a store
-    problem never fails the run."""
-    import sqlite3
-
-    from simdist.calibrate.store import RunStore
-
-    try:
-        RunStore(db).add("measurement", result, Path(file).read_text(encoding="utf-8"))
-    except (OSError, sqlite3.Error) as exc:
-        _err(f"warning: measurement not stored ({exc})")
-
-
-def summary(m: Mapping[str, Any], out: str | None) -> str:
+def summary(m: Measurement, out: str | None) -> str:
     """A short human-readable summary of a measurement."""
-    ph = m["phases_s"]
     fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
     lines = [
-        f"{m['name']}: {m['world_size']} ranks on {m['device']} ({m['backend']}, torch {m['torch_version']}), "
-        f"{m['steps']} measured steps",
-        f"  step time     {m['step_time_s']:.4f} s (median)",
-        f"  phases        forward {fmt(ph['forward'])}  backward {fmt(ph['backward'])}  "
-        f"optimizer {fmt(ph['optimizer'])}  comm {fmt(ph['comm'])} s",
-        f"  losses        {', '.join(f'{x:.4f}' for x in m['losses'])}",
-        f"  memory peak   {m['memory']['peak_gib'] * 1024:.2f} MiB",
+        f"{m.name}: {m.world_size} ranks on {m.device} ({m.backend}, torch {m.torch_version}), "
+        f"{m.steps} measured steps",
+        f"  step time     {m.step_time_s:.4f} s (median)",
+        "  phases        " + "  ".join(f"{k} {fmt(m.phase(k))}" for k in ("forward", "backward", "optimizer", "comm"))
+        + " s",
+        f"  losses        {', '.join(f'{x:.4f}' for x in m.losses)}",
+        f"  memory peak   {m.peak_gib * 1024:.2f} MiB",
     ]
-    if m.get("compression"):
-        c = m["compression"]
+    x = m.extras
+    if x.get("compression"):
+        c = x["compression"]
         lines.append(f"  compression   {c['method']}: {c['dp_bytes_per_step'] / 2**20:.3f} MiB per rank and step")
-    if m.get("ps"):
-        p = m["ps"]
+    if x.get("ps"):
+        p = x["ps"]
         lines.append(f"  param server  {p['mode']}, {p['workers']} workers, {p['servers']} servers: "
                      f"{p['bytes_per_server_per_step'] / 2**20:.3f} MiB per server and step, "
                      f"staleness mean {p['staleness']['mean']:.2f} max {p['staleness']['max']}")
-    if m.get("restarts"):
-        shown = "-" if m.get("restart_s") is None else f"{m['restart_s']:.2f} s"
-        lines.append(f"  restarts      {m['restarts']} (restart time {shown}, {m.get('lost_steps', 0)} steps redone)")
+    if x.get("restarts"):
+        shown = "-" if x.get("restart_s") is None else f"{x['restart_s']:.2f} s"
+        lines.append(f"  restarts      {x['restarts']} (restart time {shown}, {x.get('lost_steps', 0)} steps redone)")
     if out:
         lines.append(f"  measurement   {out}")
     return "\n".join(lines)
+
+
+# --- calibration microbenchmarks ---------------------------------------------------------------
+
+
+def microbenchmarks(nproc: int, quick: bool = False, timeout: float = 1800.0) -> dict[str, Any]:
+    """Run :mod:`executor.bench` on ``nproc`` ranks (at least 2, for the collectives) through the
+    launcher and return rank 0's raw timings; RuntimeError (with the log's path) if it fails."""
+    run_dir = Path(tempfile.mkdtemp(prefix="simdist-bench-"))
+    out = run_dir / "bench.json"
+    worker = ["-m", "executor.bench", "--run-dir", str(run_dir), "--out", str(out), *(["--quick"] if quick else [])]
+    done = launch(worker, max(2, nproc), run_dir, verbose=True, timeout=timeout)
+    if not done.ok or not out.exists():
+        why = "interrupted" if done.interrupted else "timed out" if done.timed_out else f"exit code {done.returncode}"
+        raise RuntimeError(f"the microbenchmarks failed ({why}); log: {done.log_path}")
+    data = json.loads(out.read_text(encoding="utf-8"))
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return data
 
 
 def main(argv: list[str] | None = None) -> int:

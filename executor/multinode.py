@@ -4,7 +4,7 @@ Each node runs one torchrun agent with the c10d rendezvous (PyTorch's elastic la
 https://pytorch.org/docs/stable/elastic/run.html): ``--nnodes M --nproc-per-node N
 --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID``. The agents meet at HOST:PORT (the
 first node; the c10d store is hosted by the agent that reaches it first there), agree on the ranks
-(with c10d, arrival order decides the node ranks; TORCH-CPU.md) and start N workers each; the
+(with c10d, arrival order decides the node ranks) and start N workers each; the
 workers read RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT from the
 environment torchrun sets (:mod:`executor.worker`). N is the plan's ranks per node, plus, in the
 parameter-server modes, the servers placed on each node (``parameter_servers / M``).
@@ -78,7 +78,7 @@ def torchrun_args(nnodes: int, nproc: int, endpoint: str, run_id: str, max_resta
             "--monitor-interval", "0.5"]
 
 
-ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"  # TORCH-CPU.md: restarts need it
+ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"  # restarts need it (see executor.torchrun.worker_env)
 
 
 def launch_text(scenario: Scenario, file: str, nnodes: int, o: Mapping[str, Any]) -> str:

@@ -1,7 +1,7 @@
 """Apply a ParallelPlan to the model with PyTorch's own APIs.
 
 Order (as in torchtitan's ``parallelize_llama``): build the full model from one seed, keep this
-rank's pipeline chunks (:func:`simdist.analytic.params.stage_layer_ranges`), tensor parallel
+rank's pipeline chunks (:func:`simdist.spec.stages.stage_layer_ranges`), tensor parallel
 (DTensor ``parallelize_module``), then data parallel over the ``dp`` mesh dimension:
 
 ============  =======================================================================
@@ -47,9 +47,9 @@ from executor import optim
 from executor.checks import split_backward_pipeline
 from executor.model import Transformer, build_model, lm_loss, stage_module
 from executor.optim import NormSync, sharded_groups
-from simdist.analytic.params import stage_layer_ranges
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan, RankCoord, rank_coord
+from simdist.spec.stages import stage_layer_ranges
 
 # plan.schedule -> torch.distributed.pipelining schedule class. zero-bubble: ZB-H1 of Qi et al.
 # 2024 (arXiv:2401.10241) as ScheduleInterleavedZeroBubble, which runs with one chunk per rank;

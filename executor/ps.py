@@ -25,7 +25,7 @@ Server" (OSDI'14), and BytePS's even partition of the parameters:
 Ranks: per node ``workers_per_node`` workers then ``servers_per_node`` servers (the plan's
 placement: servers on the training nodes, spread evenly); a worker's index is its dp rank.
 Bytes are counted per message (tensor bytes; the async header of 2 floats included) and reported
-per server and step, the figure of ``simdist.analytic.systems.ps_traffic`` (``per_server_bytes``:
+per server and step, the figure of ``simdist.analytic.param_server.ps_traffic`` (``per_server_bytes``:
 the server's in + out).
 """
 
@@ -80,7 +80,7 @@ class Layout:
 
 
 def server_count(plan: ParallelPlan, num_nodes: int) -> int:
-    """``plan.parameter_servers``, or one per node (simdist.analytic.systems.ps_server_count)."""
+    """``plan.parameter_servers``, or one per node (simdist.analytic.param_server.ps_server_count)."""
     return plan.parameter_servers or num_nodes
 
 

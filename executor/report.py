@@ -1,4 +1,5 @@
-"""Rank 0's measurement: the contract's keys from every rank's report, plus the v1.1 extras.
+"""Rank 0's measurement (a :class:`simdist.spec.measurement.Measurement`): the contract's keys
+from every rank's report, plus extras.
 
 Each training rank reports its per-step records (loss, wall time, phases) of the measured
 steps, its model-state and activation bytes and its collectives of the instrumented step; with
@@ -6,14 +7,14 @@ gradient compression the bytes its hooks put on the wire; in the parameter-serve
 server reports its traffic, memory and the staleness it saw. The restart history comes from the
 run directory's ``events.jsonl`` (:func:`restart_history`).
 
-Extra keys (beyond the contract's v1 measurement):
+Extra keys (beyond the contract's measurement):
 
 - ``comm_bytes_per_step``: per kind, the mean over ranks of the bytes (buffer sizes, the S of
-  nccl-tests) of the collectives of one step, as simdist.analytic.systems counts them;
+  nccl-tests) of the collectives of one step, as simdist.analytic.data_parallel counts them;
 - ``compression``: method and ``dp_bytes_per_step`` (mean over ranks, per kind and in total) of
   the gradient sync the hooks did (executor.compression);
 - ``ps``: workers, servers, ``bytes_per_server_per_step`` (in + out, mean over servers, the
-  ``per_server_bytes`` of simdist.analytic.systems.ps_traffic), ``worker_bytes_per_step`` (one
+  ``per_server_bytes`` of simdist.analytic.param_server.ps_traffic), ``worker_bytes_per_step`` (one
   push), the staleness histogram (async) and each server's report;
 - ``restarts``, ``restart_s`` (mean seconds from a failure to the restarted group being ready
   to train again: detection, restart, re-initialisation and checkpoint load, the goodput model's
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 
 from executor.faults import read_events
+from simdist.spec.measurement import Measurement
 from simdist.spec.scenario import Scenario
 
 GIB = 2**30
@@ -72,8 +74,9 @@ def _mean(values: list[float]) -> float:
 
 def assemble(scenario: Scenario, ranks: list[dict[str, Any]], servers: list[dict[str, Any]],
              device: torch.device, backend: str, args: argparse.Namespace, attempt: int,
-             run_dir: Path) -> dict[str, Any]:
-    """The contract's measurement (plus extras) from every training rank's and server's report."""
+             run_dir: Path) -> Measurement:
+    """The contract's measurement (plus extras) from every training rank's and server's report,
+    validated (a malformed measurement fails here, before it is written)."""
     plan = scenario.plan
     ranks = sorted(ranks, key=lambda r: r["rank"])
     steps = args.steps
@@ -151,7 +154,7 @@ def assemble(scenario: Scenario, ranks: list[dict[str, Any]], servers: list[dict
     if saves:
         out["checkpoint"] = {"every": args.checkpoint_every, "saves": saves[0]["saves"],
                              "save_s": max(s["save_s"] for s in saves)}
-    return out
+    return Measurement.from_dict(out)
 
 
 def ps_summary(plan: Any, ranks: list[dict[str, Any]], servers: list[dict[str, Any]]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ number is ``TORCHELASTIC_RESTART_COUNT``. The i-th ``--fault`` fires on attempt 
 appends its start, resume, failure and hang to ``events.jsonl`` in the run directory, from which
 rank 0 measures the restart time (:func:`executor.report.restart_history`).
 
-Process life follows /work/shared/TORCH-CPU.md: the process group gets a small timeout (its
+Process life (torch 2.13 on CPU/gloo, measured): the process group gets a small timeout (its
 sub-groups too, see :func:`executor.parallelize.build_mesh`), and every worker ends with
 flush + ``destroy_process_group`` + ``os._exit`` (a plain interpreter exit sometimes aborts
 after destroy_process_group on gloo, and torchrun then reports the job failed).
@@ -273,10 +273,10 @@ class Worker:
         if self.rank == 0:
             ranks = [r for r in everyone if r["role"] == "worker"]
             servers = [r for r in everyone if r["role"] == "server"]
-            result = assemble(scenario, ranks, servers, device, backend, self.args, self.attempt, self.run_dir)
-            write_json_atomic(result_path(self.run_dir), result)
+            measurement = assemble(scenario, ranks, servers, device, backend, self.args, self.attempt, self.run_dir)
+            measurement.save(result_path(self.run_dir))
             if self.args.out:
-                write_json_atomic(Path(self.args.out), result)
+                measurement.save(Path(self.args.out))
         self.beat("done")
 
     def barrier(self, device: torch.device, group: dist.ProcessGroup | None) -> None:

@@ -1,25 +1,23 @@
-"""Plotly figure builders for the dashboard: pure functions of predictions -> plotly Figure.
+"""Plotly figure builders for the dashboard and the CLI's HTML output: pure functions of
+predictions (and of the dashboard's rows and sweep points) -> plotly Figure.
 
 Nothing here imports Streamlit or runs a prediction, so every builder is testable on its own.
-The second half holds the small pure helpers the dashboard needs around them: flattening and
-diffing scenario dicts, the variants of a sweep, and turning the (optional) plan-search and
-run-store results into plain table rows.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from simdist.results import BREAKDOWN_KEYS, Prediction, Span
-from simdist.units import fmt_seconds, parse_bandwidth
+from simdist.units import fmt_seconds
+
+if TYPE_CHECKING:
+    from simdist.dashboard.sweep import SweepPoint
 
 # --- colours and labels ---------------------------------------------------------------------
 
@@ -266,17 +264,6 @@ def compare_figure(a: Prediction, b: Prediction, labels: Sequence[str] = ("pinne
     return _layout(fig, f"Step time: {fmt_seconds(a.step_time_s)} vs {fmt_seconds(b.step_time_s)}", 280)
 
 
-@dataclasses.dataclass(frozen=True)
-class SweepPoint:
-    x: float
-    label: str
-    step_time_s: float | None = None  # None: the variant was not a valid scenario
-    mfu: float | None = None
-    peak_gib: float | None = None
-    fits: bool | None = None
-    problem: str = ""
-
-
 def sweep_figure(points: Sequence[SweepPoint], x_title: str, log_x: bool = False) -> go.Figure:
     """Step time (left axis) and MFU (right axis) against one knob; OOM points marked x."""
     ok = [p for p in points if p.step_time_s is not None]
@@ -303,144 +290,6 @@ def sweep_figure(points: Sequence[SweepPoint], x_title: str, log_x: bool = False
     return _layout(fig, title)
 
 
-SWEEPS: dict[str, tuple[str, ...]] = {
-    # name -> path of the field in the scenario dict
-    "nodes": ("cluster", "num_nodes"),
-    "micro-batch size": ("plan", "micro_batch_size"),
-    "inter-node bandwidth": ("cluster", "inter_node", "bandwidth"),
-    "intra-node bandwidth": ("cluster", "intra_node", "bandwidth"),
-}
-
-
-def sweep_variants(raw: Mapping[str, Any], sweep: str, values: Iterable[Any]) -> list[tuple[Any, dict[str, Any]]]:
-    """Copies of the scenario dict ``raw`` with the swept field set to each value."""
-    path = SWEEPS[sweep]
-    out = []
-    for v in values:
-        d = copy.deepcopy(dict(raw))
-        node = d
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        node[path[-1]] = v
-        d.get("plan", {}).pop("dp", None)  # derived from the world size
-        out.append((v, d))
-    return out
-
-
-def sweep_x(sweep: str, value: Any) -> float:
-    """The numeric x of a sweep value: bandwidths in Gb/s (inter-node) or GB/s (intra-node)."""
-    if sweep == "inter-node bandwidth":
-        return parse_bandwidth(value) * 8 / 1e9
-    if sweep == "intra-node bandwidth":
-        return parse_bandwidth(value) / 1e9
-    return float(value)
-
-
-def default_sweep_values(sweep: str, current: Any) -> list[Any]:
-    """A sensible range around the current value of a sweep."""
-    if sweep == "nodes":
-        n = int(current)
-        return sorted({max(1, n // 4), max(1, n // 2), n, 2 * n, 4 * n})
-    if sweep == "micro-batch size":
-        return [1, 2, 4, 8, 16]
-    if sweep == "inter-node bandwidth":
-        return ["50 Gb/s", "100 Gb/s", "200 Gb/s", "400 Gb/s", "800 Gb/s"]
-    return ["64 GB/s", "150 GB/s", "300 GB/s", "450 GB/s", "900 GB/s"]
-
-
-def parse_values(text: str, sweep: str) -> list[Any]:
-    """Comma-separated sweep values from a text box (whole numbers, or bandwidth strings)."""
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if sweep in ("nodes", "micro-batch size"):
-        out = []
-        for t in items:
-            try:
-                out.append(int(t))
-            except ValueError:
-                raise ValueError(f"{t!r} is not a whole number") from None
-        return out
-    for t in items:
-        parse_bandwidth(t)  # raises UnitError (a ValueError) naming the bad item
-    return items
-
-
-# --- diffs ------------------------------------------------------------------------------------
-
-
-def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"plan": {"tp": 8}} -> {"plan.tp": 8}."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, Mapping):
-            out.update(flatten(v, key))
-        else:
-            out[key] = v
-    return out
-
-
-def diff_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(field, a's value, b's value) for every flattened field that differs (None = absent)."""
-    fa, fb = flatten(a), flatten(b)
-    keys = list(fa) + [k for k in fb if k not in fa]
-    return [(k, fa.get(k), fb.get(k)) for k in keys if fa.get(k) != fb.get(k)]
-
-
-def metric_deltas(a: Prediction, b: Prediction) -> dict[str, tuple[float, float, float]]:
-    """(a, b, relative change b/a - 1) of step time, tokens/s, MFU and peak memory."""
-    out = {}
-    for name, va, vb in (
-        ("step_time_s", a.step_time_s, b.step_time_s),
-        ("tokens_per_s", a.tokens_per_s, b.tokens_per_s),
-        ("mfu", a.mfu, b.mfu),
-        ("peak_gib", a.peak_gib, b.peak_gib),
-    ):
-        out[name] = (va, vb, (vb / va - 1.0) if va else math.nan)
-    return out
-
-
-# --- plan search and run store (optional modules) ---------------------------------------------
-
-
-def plain(obj: Any) -> dict[str, Any]:
-    """A shallow dict view of a dict, a dataclass or an object with ``to_dict()``."""
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    if hasattr(obj, "to_dict"):
-        return dict(obj.to_dict())
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-    if hasattr(obj, "_asdict"):
-        return dict(obj._asdict())
-    return dict(getattr(obj, "__dict__", {}))
-
-
-_PLAN_COLUMNS = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
-                 ("virtual_pipeline_stages", "vpp"), ("schedule", "schedule"),
-                 ("zero_stage", "zero"), ("sequence_parallel", "sp"), ("recompute", "recompute"),
-                 ("micro_batch_size", "mbs"))
-
-
-def search_rows(result: Any) -> list[dict[str, Any]]:
-    """Table rows (fastest first) from a plan-search result: the contract's
-    ``{"plans": [{"plan": {...}, "step_time_s", "mfu", "peak_gib", "fits"}]}`` (or an object
-    with ``to_dict()`` giving it), or a list of such entries."""
-    data = result if isinstance(result, list | tuple) else plain(result).get("plans", [])
-    rows = []
-    for i, entry in enumerate(data, start=1):
-        e = plain(entry)
-        plan = plain(e.get("plan", {}))
-        row: dict[str, Any] = {"rank": i}
-        for key, col in _PLAN_COLUMNS:
-            row[col] = plan.get(key)
-        for key in ("step_time_s", "mfu", "peak_gib", "fits", "engine"):
-            row[key] = e.get(key)
-        row["label"] = e.get("label") or " ".join(f"{c}={row[c]}" for _, c in _PLAN_COLUMNS
-                                                  if row[c] is not None)
-        rows.append(row)
-    return rows
-
-
 def search_figure(rows: Sequence[Mapping[str, Any]], capacity_gib: float | None = None,
                   baseline: Mapping[str, Any] | None = None) -> go.Figure:
     """Step time against peak memory for the ranked plans (and the scenario's own plan)."""
@@ -465,34 +314,6 @@ def search_figure(rows: Sequence[Mapping[str, Any]], capacity_gib: float | None 
     fig.update_xaxes(title="peak memory per GPU (GiB)")
     fig.update_yaxes(title="step time (s)")
     return _layout(fig, f"Top {len(rows)} plans: step time vs memory")
-
-
-CALIBRATION_QUANTITIES = ("forward_s", "backward_s", "optimizer_s", "comm_s", "model_state_gib",
-                          "activations_gib")
-
-
-def calibration_rows(comparisons: Iterable[Any]) -> list[dict[str, Any]]:
-    """One row per measured scenario: measured and predicted step time, the error, the run's
-    spread, and the error of each other quantity both sides have.
-
-    A comparison is ``simdist.calibrate.compare.Comparison`` (or a dict with its fields:
-    ``name``, ``measured`` and ``predicted`` dicts of quantities, ``spread``).
-    """
-    rows = []
-    for comp in comparisons:
-        c = plain(comp)
-        meas, pred = c.get("measured") or {}, c.get("predicted") or {}
-        m, p = meas.get("step_time_s"), pred.get("step_time_s")
-        if not m or p is None:
-            continue
-        row: dict[str, Any] = {"name": str(c.get("name", "?")), "measured_s": float(m),
-                               "predicted_s": float(p), "error": float(p) / float(m) - 1.0,
-                               "spread": float(c.get("spread") or 0.0)}
-        for key in CALIBRATION_QUANTITIES:
-            if meas.get(key) and pred.get(key) is not None:
-                row[f"{key} error"] = pred[key] / meas[key] - 1.0
-        rows.append(row)
-    return rows
 
 
 def calibration_figure(rows: Sequence[Mapping[str, Any]]) -> go.Figure:

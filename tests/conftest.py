@@ -30,6 +30,19 @@ def base_scenario(**plan) -> dict:
     }
 
 
+def measurement(name: str = "local", scenario_hash: str = "abc123", step_time_s: float = 0.01,
+                step_times_s: list[float] | None = None, **extra) -> dict:
+    """A complete measurement JSON object, as `simdist run` writes it (phases not separated)."""
+    times = step_times_s or [step_time_s]
+    return {"name": name, "scenario_hash": scenario_hash, "world_size": 2, "device": "cpu", "backend": "gloo",
+            "torch_version": "2.13.0", "steps": len(times), "step_time_s": step_time_s, "step_times_s": times,
+            "losses": [10.0] * len(times),
+            "phases_s": {"forward": None, "backward": None, "optimizer": None, "comm": None},
+            "memory": {"peak_gib": 0.01, "per_rank": [{"rank": 0, "model_state_gib": 0.001,
+                                                      "activations_gib": 0.002, "peak_gib": 0.01}]},
+            **extra}
+
+
 def run_cli(*args: str):
     """Run `simdist ARGS` in a subprocess; returns CompletedProcess (text)."""
     import subprocess

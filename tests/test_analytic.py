@@ -1,9 +1,9 @@
-"""The analytic model against published figures (sources in tests/data/validation)."""
+"""The analytic model against published figures (sources in simdist/validate/data)."""
 
 import csv
 
 import pytest
-from conftest import DATA, base_scenario
+from conftest import base_scenario
 
 from simdist import catalog
 from simdist.analytic.flops import (
@@ -39,7 +39,9 @@ def test_parameter_counts_within_1_percent(name, published):
 
 
 def _memory_rows():
-    with open(DATA / "validation" / "memory.csv", newline="") as fh:
+    from simdist.validate import packaged_data_dir
+
+    with open(packaged_data_dir() / "memory.csv", newline="") as fh:
         return {r["id"]: r for r in csv.DictReader(fh)}
 
 

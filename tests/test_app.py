@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, measurement
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest
@@ -38,7 +38,7 @@ def expected_step_time(path: Path) -> str:
     sc = load_scenario(path)
     try:
         pred = predict(sc, engine="des", keep_spans=False)
-    except Exception:  # no (or a failing) DES engine: the app falls back the same way
+    except Exception:  # a failing DES engine: the app falls back the same way
         pred = predict(sc, engine="analytic", keep_spans=False)
     return fmt_seconds(pred.step_time_s)
 
@@ -177,24 +177,24 @@ def test_sweep(at: AppTest) -> None:
 
 
 def test_calibration_view_with_a_stored_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    store = pytest.importorskip("simdist.calibrate.store")
-    pytest.importorskip("simdist.calibrate.compare")
+    from simdist.calibrate.store import RunStore
+
     db = tmp_path / "runs.db"
     monkeypatch.setenv("SIMDIST_DB", str(db))
     path = REPO / "scenarios" / "llama3-8b-fsdp-8xh100.yaml"
     sc = load_scenario(path)
-    store.RunStore(db).add("measurement", {"name": sc.name, "scenario_hash": sc.hash(), "world_size": 8,
-                                           "step_time_s": 12.0, "step_times_s": [11.9, 12.1]},
-                           scenario_yaml=path.read_text())
+    measured = measurement(sc.name, sc.hash(), step_time_s=12.0, step_times_s=[11.9, 12.1])
+    RunStore(db).add("measurement", measured, scenario_yaml=path.read_text())
+    RunStore(db).add("measurement", {"name": "half", "scenario_hash": "x"}, scenario_yaml=path.read_text())
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     assert not at.exception
     table = next(d.value for d in at.dataframe if "measured_s" in d.value.columns)
     assert list(table["name"]) == [sc.name]
     assert table["measured_s"][0] == 12.0
+    assert any(c.value.startswith("skipped half (run 2): measurement.") for c in at.caption)
 
 
 def test_search_tab_ranks_and_loads_a_plan(at: AppTest) -> None:
-    pytest.importorskip("simdist.search")
     at.sidebar.selectbox(key="src_file").select("llama3-8b-fsdp-8xh100.yaml").run()
     at.number_input(key="search_top").set_value(5).run()
     at.button(key="run_search").click().run()
@@ -243,23 +243,22 @@ def test_upload_scenario_yaml_with_problems(at: AppTest) -> None:
     assert any(e.value.startswith("file: bad.yaml could not be read") for e in at.sidebar.error)
 
 
-def test_without_the_optional_modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No DES engine, no search, no run store: the analytic engine and friendly notes, no crash."""
+@pytest.mark.parametrize("name", ["simdist.sim.engine", "simdist.search", "simdist.calibrate.store",
+                                  "simdist.trace.perfetto"])
+def test_a_missing_module_fails_loudly(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every part of simdist the page uses is installed with it: a missing one is a broken install,
+    shown as the ImportError itself, never as a friendly "not available yet" note."""
     import streamlit as st
 
     monkeypatch.setenv("SIMDIST_DB", str(tmp_path / "runs.db"))
-    for name in ("simdist.sim.engine", "simdist.search", "simdist.calibrate.store", "simdist.trace.perfetto"):
-        monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
-    st.cache_resource.clear()  # predictions cached by earlier tests would hide the fallback
+    for module in [m for m in sys.modules if m.startswith("simdist.dashboard")]:
+        monkeypatch.delitem(sys.modules, module)  # imported again by the page, from scratch
+    monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
+    st.cache_resource.clear()
     try:
         at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-        assert not at.exception and not at.error
-        sc = load_scenario(REPO / "scenarios" / "gpt3-175b-1024xa100.yaml")
-        assert metric(at, "Step time") == fmt_seconds(predict(sc, engine="analytic").step_time_s)
-        assert any("discrete-event engine is not available yet" in w.value for w in at.warning)
-        infos = " ".join(i.value for i in at.info)
-        assert "timeline comes from the discrete-event engine" in infos
-        assert "Plan search is not available yet" in infos and "run store is not available yet" in infos
+        assert at.exception and any(name in e.message for e in at.exception), at.exception
+        assert not at.metric
     finally:
         st.cache_resource.clear()
 
@@ -298,7 +297,7 @@ def test_calibration_profile_upload(at: AppTest) -> None:
 def test_a_failing_engine_falls_back_to_analytic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import streamlit as st
 
-    engine = pytest.importorskip("simdist.sim.engine")
+    from simdist.sim import engine
 
     def boom(*args: object, **kwargs: object) -> None:
         raise RuntimeError("engine bug")

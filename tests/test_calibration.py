@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 import yaml
-from conftest import run_cli
+from conftest import measurement, run_cli
 
 from simdist.calibrate.fit import fit_alpha_beta, fit_profile, ring_terms
 from simdist.calibrate.store import RunStore
@@ -103,15 +103,17 @@ def test_compare_reports_errors_per_quantity(tmp_path):
     d = local_scenario()
     sc = scenario_from_dict(d)
     pred = predicted_quantities(sc, prof)
-    meas = {"name": "local", "scenario_hash": sc.hash(), "step_time_s": pred["step_time_s"] * 1.25,
-            "step_times_s": [pred["step_time_s"] * x for x in (1.2, 1.25, 1.3)],
-            "phases_s": {"forward": pred["forward_s"]},
-            "memory": {"per_rank": [{"rank": 0, "model_state_gib": pred["model_state_gib"], "activations_gib": 0.0}]}}
+    meas = measurement(scenario_hash=sc.hash(), step_time_s=pred["step_time_s"] * 1.25,
+                       step_times_s=[pred["step_time_s"] * x for x in (1.2, 1.25, 1.3)])
+    meas["phases_s"] = {"forward": pred["forward_s"], "backward": None}
+    meas["memory"]["per_rank"] = [{"rank": 0, "model_state_gib": pred["model_state_gib"], "activations_gib": 0.0,
+                                   "peak_gib": pred["model_state_gib"]}]
     c = compare_one(meas, yaml.safe_dump(d), prof)
     assert c.error("step_time_s") == pytest.approx(1 / 1.25 - 1)
     assert c.error("model_state_gib") == pytest.approx(0.0)
     assert c.spread == pytest.approx(0.1 / 1.25)
     assert math.isfinite(c.predicted["backward_s"])
+    assert "backward_s" not in c.measured  # a phase the executor could not separate is not compared
 
 
 def test_runs_and_compare_cli(tmp_path):
@@ -120,13 +122,15 @@ def test_runs_and_compare_cli(tmp_path):
     prof.save(tmp_path / "p.json")
     d = local_scenario()
     sc = scenario_from_dict(d)
-    RunStore(db).add("measurement", {"name": "local", "scenario_hash": sc.hash(), "step_time_s": 0.01,
-                                     "step_times_s": [0.01]}, yaml.safe_dump(d))
+    RunStore(db).add("measurement", measurement(scenario_hash=sc.hash()), yaml.safe_dump(d))
+    RunStore(db).add("measurement", measurement(name="broken", scenario_hash="bad", step_time_s=-1.0), yaml.safe_dump(d))
     r = run_cli("runs", "--db", str(db))
     assert r.returncode == 0 and sc.hash() in r.stdout
     r = run_cli("compare", "--db", str(db), "--profile", str(tmp_path / "p.json"), "--html", str(tmp_path / "c.html"))
     assert r.returncode == 0, r.stderr
     assert "step_time_s" in r.stdout and (tmp_path / "c.html").stat().st_size > 1000
+    # a stored payload that is not a measurement is named and skipped, never half-used
+    assert "skipped broken (run 2): measurement.step_time_s: must be a positive number of seconds" in r.stderr
 
 
 def test_calibrate_from_saved_benchmarks(tmp_path):
@@ -180,3 +184,37 @@ def test_sync_waits_add_a_fraction_of_compute_in_both_engines(plan, part):
         # plans without the software layer have no such sync points
         assert predict(dp, profile=waits, engine=engine).step_time_s == pytest.approx(
             predict(dp, profile=prof, engine=engine).step_time_s)
+
+
+# --- the measurement file ----------------------------------------------------------------------------
+
+
+def test_measurement_round_trips_with_its_extras(tmp_path):
+    from simdist.spec.measurement import Measurement, load_measurement
+
+    d = measurement(step_time_s=0.2, step_times_s=[0.3, 0.2, 0.1], restarts=1, restart_s=2.5,
+                    ps={"bytes_per_server_per_step": 10.0})
+    m = Measurement.from_dict(d)
+    assert m.step_times_s == (0.3, 0.2, 0.1) and m.per_rank[0].activations_gib == 0.002
+    assert m.extras == {"restarts": 1, "restart_s": 2.5, "ps": {"bytes_per_server_per_step": 10.0}}
+    assert m.spread == pytest.approx(1.0)
+    assert list(m.to_dict()) == list(d) and m.to_dict() == d  # the same JSON, keys in order
+    m.save(tmp_path / "m.json")
+    assert load_measurement(tmp_path / "m.json") == m
+
+
+def test_bad_measurement_names_every_field(tmp_path):
+    from simdist.spec.measurement import Measurement, load_measurement
+
+    d = measurement(step_times_s=[0.1, 0.1])
+    d.update(steps=3, world_size=0, device=None, losses=[1.0, float("nan")])
+    d["phases_s"]["comm"] = -1.0
+    del d["memory"]["per_rank"][0]["peak_gib"]
+    with pytest.raises(ScenarioError) as err:
+        Measurement.from_dict(d)
+    fields = {p.field for p in err.value.problems}
+    assert fields == {"measurement.world_size", "measurement.device", "measurement.step_times_s",
+                      "measurement.losses[1]", "measurement.phases_s.comm", "measurement.memory.per_rank[0].peak_gib"}
+    (tmp_path / "m.json").write_text("{not json")
+    with pytest.raises(ScenarioError, match="not valid JSON"):
+        load_measurement(tmp_path / "m.json")

@@ -60,3 +60,27 @@ def test_every_bundled_scenario_predicts():
             p = predict(sc, engine=engine, keep_spans=False)
             assert p.step_time_s > 0 and 0 < p.mfu < 1, (path.name, engine)
             assert sum(p.breakdown_s.values()) == pytest.approx(p.step_time_s, rel=0.01)
+
+
+def test_every_command_module_declares_its_options():
+    from simdist.cli import COMMANDS
+
+    for name, _, _ in COMMANDS:
+        r = run_cli(name, "--help")
+        assert r.returncode == 0 and f"simdist {name}" in r.stdout, (name, r.stderr)
+
+
+def test_a_command_imports_only_its_own_module():
+    """`simdist predict` starts fast: no search, executor, validation, plotly or torch import."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from simdist.cli import main; "
+            "assert main(['predict', 'scenarios/llama3-8b-fsdp-8xh100.yaml', '--engine', 'analytic', "
+            "'--no-store', '--json']) == 0; "
+            "heavy = [m for m in ('simdist.search', 'executor', 'simdist.validate', 'plotly', 'torch', "
+            "'simdist.cli.search', 'simdist.cli.run') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    done = subprocess.run([sys.executable, "-c", code], cwd=SCENARIOS[0].parent.parent, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

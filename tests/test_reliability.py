@@ -1,5 +1,5 @@
 """Failures, checkpoints and goodput (simdist.reliability, `simdist goodput`), against the
-formulas (shared/validation/breadth.csv BR-E37, BR-E38) and published fleet figures."""
+formulas (simdist/validate/data/breadth.csv BR-E37, BR-E38) and published fleet figures."""
 
 from __future__ import annotations
 
@@ -200,9 +200,9 @@ def test_bad_reliability_exits_2_from_the_cli(tmp_path):
 
 
 def test_breadth_validation_runs_and_reports_every_row():
-    from simdist.validation_breadth import breadth_table, run_breadth
+    from simdist.validate import breadth_table, run_breadth
 
-    results = run_breadth(REPO / "tests" / "data" / "validation")
+    results = run_breadth()
     ids = {r.row_id for r in results}
     assert {"BR-A23", "BR-A26", "BR-D01", "BR-D16", "BR-D44", "BR-D51", "BR-E24", "BR-E02", "BR-E03"} <= ids
     assert all(math.isfinite(r.predicted) and r.predicted > 0 for r in results)

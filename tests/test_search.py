@@ -20,7 +20,6 @@ from simdist.search import (
     Constraints,
     Evaluator,
     canonical,
-    des_available,
     enumerate_plans,
     peak_memory,
     rerank_count,
@@ -244,7 +243,6 @@ def test_apply_gives_a_valid_scenario(small, small_result):
 # --- the discrete-event re-ranking --------------------------------------------------------
 
 
-@pytest.mark.skipif(not des_available()[0], reason="discrete-event engine not installed")
 def test_rerank_uses_the_discrete_event_engine(small):
     r = search(small, Constraints(top=3, rerank=4, rerank_window=10.0), workers=1)
     assert r.engine == "des" and r.counts_by_engine["des"] == 4

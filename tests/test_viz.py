@@ -10,6 +10,7 @@ import pytest
 from conftest import REPO, base_scenario
 
 from simdist import viz
+from simdist.dashboard import diff, sweep, tables
 from simdist.predict import predict
 from simdist.results import Prediction, Span, StageMemoryReport
 from simdist.spec.scenario import scenario_from_dict
@@ -42,8 +43,10 @@ def pipeline_spans(stages: int = 2, microbatches: int = 4, t: float = 1.0) -> li
     return spans
 
 
-def test_viz_does_not_import_streamlit() -> None:
-    code = "import sys, simdist.viz; assert 'streamlit' not in sys.modules, 'viz imported streamlit'"
+@pytest.mark.parametrize("module", ["simdist.viz", "simdist.dashboard.knobs", "simdist.dashboard.diff",
+                                    "simdist.dashboard.sweep", "simdist.dashboard.tables"])
+def test_figures_and_dashboard_logic_do_not_import_streamlit(module: str) -> None:
+    code = f"import sys, {module}; assert 'streamlit' not in sys.modules, '{module} imported streamlit'"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 
@@ -150,7 +153,7 @@ def test_compare_figure_and_deltas() -> None:
     assert list(compute.y) == ["pinned", "current"] and list(compute.x) == [6.0, 6.0]
     bubble = next(t for t in fig.data if t.name == "pipeline bubble")
     assert list(bubble.x) == [1.5, 1.0]
-    d = viz.metric_deltas(a, b)
+    d = diff.metric_deltas(a, b)
     assert d["step_time_s"] == (10.0, 8.0, pytest.approx(-0.2))
     assert d["peak_gib"][2] == pytest.approx(0.0)
 
@@ -158,42 +161,42 @@ def test_compare_figure_and_deltas() -> None:
 def test_flatten_and_diff_fields() -> None:
     a = {"plan": {"tp": 8, "pp": 2}, "cluster": {"gpu": "a100-80gb"}}
     b = {"plan": {"tp": 4, "pp": 2}, "cluster": {"gpu": "h200", "num_nodes": 2}}
-    assert viz.flatten(a) == {"plan.tp": 8, "plan.pp": 2, "cluster.gpu": "a100-80gb"}
-    assert viz.diff_fields(a, b) == [("plan.tp", 8, 4), ("cluster.gpu", "a100-80gb", "h200"),
+    assert diff.flatten(a) == {"plan.tp": 8, "plan.pp": 2, "cluster.gpu": "a100-80gb"}
+    assert diff.diff_fields(a, b) == [("plan.tp", 8, 4), ("cluster.gpu", "a100-80gb", "h200"),
                                      ("cluster.num_nodes", None, 2)]
-    assert viz.diff_fields(a, a) == []
+    assert diff.diff_fields(a, a) == []
 
 
 def test_sweep_variants_set_the_field_and_drop_dp() -> None:
     raw = base_scenario(dp=8)
-    variants = viz.sweep_variants(raw, "inter-node bandwidth", ["100 Gb/s", "400 Gb/s"])
+    variants = sweep.sweep_variants(raw, "inter-node bandwidth", ["100 Gb/s", "400 Gb/s"])
     assert [v for v, _ in variants] == ["100 Gb/s", "400 Gb/s"]
     assert variants[1][1]["cluster"]["inter_node"] == {"bandwidth": "400 Gb/s"}
     assert "dp" not in variants[0][1]["plan"]
     assert raw["plan"]["dp"] == 8 and "inter_node" not in raw["cluster"]  # the input is not touched
-    (_, nodes2), = viz.sweep_variants(raw, "nodes", [2])
+    (_, nodes2), = sweep.sweep_variants(raw, "nodes", [2])
     assert nodes2["cluster"]["num_nodes"] == 2
     assert scenario_from_dict(nodes2).world_size == 16
 
 
 def test_sweep_values_and_x() -> None:
-    assert viz.default_sweep_values("nodes", 8) == [2, 4, 8, 16, 32]
-    assert viz.default_sweep_values("nodes", 1) == [1, 2, 4]
-    assert viz.parse_values("1, 2,4", "micro-batch size") == [1, 2, 4]
-    assert viz.parse_values("200 Gb/s, 400 Gb/s", "inter-node bandwidth") == ["200 Gb/s", "400 Gb/s"]
+    assert sweep.default_sweep_values("nodes", 8) == [2, 4, 8, 16, 32]
+    assert sweep.default_sweep_values("nodes", 1) == [1, 2, 4]
+    assert sweep.parse_values("1, 2,4", "micro-batch size") == [1, 2, 4]
+    assert sweep.parse_values("200 Gb/s, 400 Gb/s", "inter-node bandwidth") == ["200 Gb/s", "400 Gb/s"]
     with pytest.raises(ValueError, match="'x' is not a whole number"):
-        viz.parse_values("1, x", "nodes")
+        sweep.parse_values("1, x", "nodes")
     with pytest.raises(ValueError):
-        viz.parse_values("200", "inter-node bandwidth")  # a bare number is not a bandwidth
-    assert viz.sweep_x("inter-node bandwidth", "200 Gb/s") == pytest.approx(200.0)
-    assert viz.sweep_x("intra-node bandwidth", "300 GB/s") == pytest.approx(300.0)
-    assert viz.sweep_x("nodes", 4) == 4.0
+        sweep.parse_values("200", "inter-node bandwidth")  # a bare number is not a bandwidth
+    assert sweep.sweep_x("inter-node bandwidth", "200 Gb/s") == pytest.approx(200.0)
+    assert sweep.sweep_x("intra-node bandwidth", "300 GB/s") == pytest.approx(300.0)
+    assert sweep.sweep_x("nodes", 4) == 4.0
 
 
 def test_sweep_figure_marks_oom_and_skips_invalid() -> None:
-    points = [viz.SweepPoint(x=1, label="1", step_time_s=2.0, mfu=0.5, peak_gib=40, fits=True),
-              viz.SweepPoint(x=2, label="2", step_time_s=1.0, mfu=0.45, peak_gib=90, fits=False),
-              viz.SweepPoint(x=0, label="3", problem="plan.dp: ...")]
+    points = [sweep.SweepPoint(x=1, label="1", step_time_s=2.0, mfu=0.5, peak_gib=40, fits=True),
+              sweep.SweepPoint(x=2, label="2", step_time_s=1.0, mfu=0.45, peak_gib=90, fits=False),
+              sweep.SweepPoint(x=0, label="3", problem="plan.dp: ...")]
     fig = viz.sweep_figure(points, "nodes", log_x=True)
     step, mfu = fig.data
     assert list(step.y) == [2.0, 1.0] and list(mfu.y) == [50.0, 45.0]
@@ -205,9 +208,9 @@ def test_sweep_figure_marks_oom_and_skips_invalid() -> None:
 
 def test_sweep_over_real_predictions() -> None:
     points = []
-    for value, d in viz.sweep_variants(base_scenario(), "micro-batch size", [1, 2, 4]):
+    for value, d in sweep.sweep_variants(base_scenario(), "micro-batch size", [1, 2, 4]):
         p = predict(scenario_from_dict(d), engine="analytic", keep_spans=False)
-        points.append(viz.SweepPoint(x=value, label=str(value), step_time_s=p.step_time_s, mfu=p.mfu,
+        points.append(sweep.SweepPoint(x=value, label=str(value), step_time_s=p.step_time_s, mfu=p.mfu,
                                      peak_gib=p.peak_gib, fits=p.fits))
     fig = viz.sweep_figure(points, "micro-batch size")
     assert len(fig.data[0].x) == 3 and all(t > 0 for t in fig.data[0].y)
@@ -225,7 +228,7 @@ CONTRACT_SEARCH = {
 
 
 def test_search_rows_from_contract_json() -> None:
-    rows = viz.search_rows(CONTRACT_SEARCH)
+    rows = tables.search_rows(CONTRACT_SEARCH)
     assert [r["rank"] for r in rows] == [1, 2]
     assert rows[0]["tp"] == 8 and rows[0]["zero"] == 1 and rows[0]["sp"] is True
     assert rows[1]["schedule"] is None and rows[1]["fits"] is False
@@ -236,10 +239,10 @@ def test_search_rows_from_contract_json() -> None:
 
 
 def test_search_rows_from_the_real_search() -> None:
-    search = pytest.importorskip("simdist.search")
+    from simdist import search
     sc = scenario_from_dict(base_scenario())
     result = search.search(sc, search.Constraints(top=5, engine="analytic"))
-    rows = viz.search_rows(result)
+    rows = tables.search_rows(result)
     assert 1 <= len(rows) <= 5
     times = [r["step_time_s"] for r in rows]
     assert times == sorted(times)
@@ -252,7 +255,7 @@ def test_calibration_rows_and_figure() -> None:
          "spread": 0.1},
         {"name": "no-time", "measured": {}, "predicted": {"step_time_s": 1.0}},
     ]
-    rows = viz.calibration_rows(comps)
+    rows = tables.calibration_rows(comps)
     assert len(rows) == 1
     assert rows[0]["error"] == pytest.approx(0.1) and rows[0]["forward_s error"] == pytest.approx(-0.2)
     fig = viz.calibration_figure(rows)
@@ -263,9 +266,10 @@ def test_calibration_rows_and_figure() -> None:
 
 
 def test_calibration_rows_from_compare_objects() -> None:
-    compare = pytest.importorskip("simdist.calibrate.compare")
+    from simdist.calibrate import compare
+
     c = compare.Comparison("x", "h", {"step_time_s": 1.0}, {"step_time_s": 0.9}, 0.0)
-    (row,) = viz.calibration_rows([c])
+    (row,) = tables.calibration_rows([c])
     assert row["name"] == "x" and row["error"] == pytest.approx(-0.1)
 
 
@@ -277,7 +281,6 @@ def test_figures_from_a_real_prediction_serialize() -> None:
 
 
 def test_timeline_from_the_discrete_event_engine() -> None:
-    pytest.importorskip("simdist.sim.engine")
     sc = scenario_from_dict(base_scenario(pp=4, global_batch_size=64))
     pred = predict(sc, engine="des")
     assert pred.spans

@@ -16,7 +16,7 @@ import math
 from dataclasses import replace
 
 from simdist.predict import predict
-from simdist.validation import build_cases, default_data_dir
+from simdist.validate import build_cases
 
 GEMM = [round(0.40 + 0.025 * i, 3) for i in range(23)]
 ATTN = [round(0.10 + 0.025 * i, 3) for i in range(27)]
@@ -24,9 +24,9 @@ ATTN = [round(0.10 + 0.025 * i, 3) for i in range(27)]
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data")
+    ap.add_argument("--data", help="validation data folder (default: the copy shipped with simdist)")
     args = ap.parse_args()
-    cases, _ = build_cases(args.data or default_data_dir())
+    cases, _ = build_cases(args.data)
     by_gpu: dict[str, list] = {}
     for c in cases:
         by_gpu.setdefault(c.scenario.cluster.gpu.name, []).append(c)

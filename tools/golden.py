@@ -34,17 +34,20 @@ ENGINES = ("analytic", "des")
 
 def cases() -> list[dict]:
     """[{"id", "kind": "file" | "dict", "input"}] in a stable order."""
-    from simdist.validation import _candidates, row_to_scenario_dict
+    from simdist.validate.rows import packaged_data_dir
+    from simdist.validate.training import candidates, row_to_scenario_dict, unsupported
 
     out = [{"id": f"scenario:{p.name}", "kind": "file", "input": str(p.relative_to(REPO))}
            for p in sorted((REPO / "scenarios").glob("*.yaml"))]
     import csv
 
-    data = REPO / "tests" / "data" / "validation" / "training_runs.csv"
+    data = packaged_data_dir() / "training_runs.csv"
     with open(data, newline="", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
+            if [why for why in unsupported(row) if why != "plan (tp/pp) not stated"]:
+                continue  # rows that do not map to a scenario yet (MoE, CP, FP8 recipes, ...)
             base = row_to_scenario_dict(row)
-            ov = _candidates(row, base)[0]
+            ov = candidates(row, base)[0]
             out.append({"id": f"row:{row['run_id']}", "kind": "dict", "input": row_to_scenario_dict(row, ov)})
     return out
 

@@ -24,12 +24,12 @@ from simdist.analytic.params import (
     layer_params,
     matrix_shapes,
     params_per_rank,
-    stage_layer_ranges,
     total_params,
 )
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
+from simdist.spec.stages import stage_layer_ranges
 
 
 @dataclass(frozen=True, slots=True)

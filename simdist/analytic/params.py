@@ -13,6 +13,7 @@ from functools import cache
 
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
+from simdist.spec.stages import stage_layer_ranges
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,24 +83,6 @@ def head_params(m: ModelSpec, separate_copy: bool) -> ParamCount:
 
 def total_params(m: ModelSpec) -> int:
     return (layer_params(m) * m.num_layers + embedding_params(m) + head_params(m, False)).total
-
-
-@cache
-def stage_layer_ranges(num_layers: int, pp: int, v: int = 1) -> tuple[tuple[range, ...], ...]:
-    """Layer indices of each (stage, chunk). Virtual stage k = chunk*pp + stage holds the k-th
-    contiguous slice of layers (Megatron's interleaved assignment). When pp*v does not divide
-    the layers, the middle virtual stages take one extra layer each (the first and last already
-    carry the embedding and the LM head)."""
-    n = pp * v
-    base, extra = divmod(num_layers, n)
-    order = [*range(1, n - 1), 0, n - 1] if n > 2 else list(range(n))
-    gets_extra = set(order[:extra])
-    sizes = [base + (1 if k in gets_extra else 0) for k in range(n)]
-    starts = [sum(sizes[:k]) for k in range(n)]
-    return tuple(
-        tuple(range(starts[c * pp + s], starts[c * pp + s] + sizes[c * pp + s]) for c in range(v))
-        for s in range(pp)
-    )
 
 
 def stage_num_layers(m: ModelSpec, plan: ParallelPlan, stage: int) -> int:

@@ -37,10 +37,11 @@ from simdist.analytic.param_server import (
     ps_traffic,
     server_update_time,
 )
-from simdist.analytic.params import embedding_params, head_params, layer_params, stage_layer_ranges
+from simdist.analytic.params import embedding_params, head_params, layer_params
 from simdist.analytic.passes import OpTimer, PassTime
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
+from simdist.spec.stages import stage_layer_ranges
 
 
 @dataclass(frozen=True, slots=True)

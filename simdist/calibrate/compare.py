@@ -1,15 +1,24 @@
-"""Predicted vs measured: step time, phases and memory for each measured scenario."""
+"""Predicted vs measured: step time, phases and memory for each measured scenario.
+
+Measurements are read as :class:`simdist.spec.measurement.Measurement` (validated: a stored
+payload that is not a measurement is reported, never half-used).
+"""
 
 from __future__ import annotations
 
-import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from simdist.errors import ScenarioError
+from simdist.spec.measurement import Measurement
 from simdist.spec.profile import CalibrationProfile
 from simdist.units import GiB
+
+if TYPE_CHECKING:
+    from simdist.calibrate.store import RunStore
 
 
 @dataclass(frozen=True)
@@ -29,16 +38,17 @@ class Comparison:
 
 def predicted_quantities(scenario, profile: CalibrationProfile | None) -> dict[str, float]:
     """Step time, phases and per-rank memory the model predicts, in the measurement's terms."""
+    from simdist.analytic.collectives import Network
+    from simdist.analytic.cost import CostModel
     from simdist.analytic.memory import activation_bytes, model_state_bytes
-    from simdist.analytic.steptime import Timer, stage_time
-    from simdist.cost import CostModel
+    from simdist.analytic.stage import describe
+    from simdist.analytic.steptime import stage_time
     from simdist.predict import predict
-    from simdist.sim.collectives import Network
 
     pred = predict(scenario, profile=profile, engine="analytic", keep_spans=False)
     plan, model = scenario.plan, scenario.model
-    timer = Timer(scenario, CostModel(scenario.cluster.gpu, plan.precision, profile), Network.of(scenario.cluster, profile))
-    st = [stage_time(timer, s) for s in range(plan.pp)]
+    d = describe(scenario, CostModel(scenario.cluster.gpu, plan.precision, profile), Network.of(scenario.cluster, profile))
+    st = [stage_time(d, s) for s in d.stages]
     busiest = max(range(plan.pp), key=lambda s: st[s].total)
     m = plan.num_microbatches
     b = pred.breakdown_s
@@ -58,7 +68,8 @@ def predicted_quantities(scenario, profile: CalibrationProfile | None) -> dict[s
 def predicted_traffic(scenario) -> dict[str, float]:
     """Bytes the executor counts (gradient-sync bytes per rank and step with compression, bytes
     per parameter server and step) and the restart time, as the model has them."""
-    from simdist.analytic.systems import dp_traffic, ps_traffic
+    from simdist.analytic.data_parallel import dp_traffic
+    from simdist.analytic.param_server import ps_traffic
 
     plan, out = scenario.plan, {}
     if plan.uses_parameter_servers:
@@ -70,40 +81,53 @@ def predicted_traffic(scenario) -> dict[str, float]:
     return out
 
 
-def measured_quantities(meas: dict[str, Any]) -> dict[str, float]:
-    phases = meas.get("phases_s", {})
-    ranks = meas.get("memory", {}).get("per_rank", [])
-    out = {"step_time_s": float(meas["step_time_s"])}
+def measured_quantities(m: Measurement) -> dict[str, float]:
+    """The measurement's step time, phases, per-rank memory maxima, traffic and restarts."""
+    out = {"step_time_s": m.step_time_s}
     for k in ("forward", "backward", "optimizer", "comm"):
-        if k in phases:
-            out[f"{k}_s"] = float(phases[k])
-    if ranks:
-        out["model_state_gib"] = max(float(r.get("model_state_gib", 0)) for r in ranks)
-        out["activations_gib"] = max(float(r.get("activations_gib", 0)) for r in ranks)
-    if (meas.get("compression") or {}).get("dp_bytes_per_step") is not None:
-        out["dp_bytes_per_step"] = float(meas["compression"]["dp_bytes_per_step"])
-    if meas.get("ps"):
-        out["ps_bytes_per_server"] = float(meas["ps"]["bytes_per_server_per_step"])
-    if meas.get("restarts"):
-        out["restarts"] = float(meas["restarts"])
-        if meas.get("restart_s") is not None:
-            out["restart_s"] = float(meas["restart_s"])
+        value = m.phase(k)  # None: the executor could not separate this phase
+        if value is not None:
+            out[f"{k}_s"] = value
+    if m.per_rank:
+        out["model_state_gib"] = max(r.model_state_gib for r in m.per_rank)
+        out["activations_gib"] = max(r.activations_gib for r in m.per_rank)
+    x = m.extras
+    if (x.get("compression") or {}).get("dp_bytes_per_step") is not None:
+        out["dp_bytes_per_step"] = float(x["compression"]["dp_bytes_per_step"])
+    if x.get("ps"):
+        out["ps_bytes_per_server"] = float(x["ps"]["bytes_per_server_per_step"])
+    if x.get("restarts"):
+        out["restarts"] = float(x["restarts"])
+        if x.get("restart_s") is not None:
+            out["restart_s"] = float(x["restart_s"])
     return out
 
 
-def spread(meas: dict[str, Any]) -> float:
-    times = meas.get("step_times_s") or [meas["step_time_s"]]
-    med = statistics.median(times)
-    return (max(times) - min(times)) / med if med else 0.0
-
-
-def compare_one(meas: dict[str, Any], scenario_yaml: str, profile: CalibrationProfile | None,
+def compare_one(meas: Measurement | Mapping[str, Any], scenario_yaml: str, profile: CalibrationProfile | None,
                 base_dir: str = ".") -> Comparison:
+    """One measurement (or its JSON object, validated here) against the prediction of its scenario."""
     from simdist.spec.scenario import scenario_from_dict
 
+    m = meas if isinstance(meas, Measurement) else Measurement.from_dict(meas)
     sc = scenario_from_dict(yaml.safe_load(scenario_yaml), base_dir)
-    return Comparison(meas.get("name", sc.name), meas.get("scenario_hash", sc.hash()),
-                      measured_quantities(meas), predicted_quantities(sc, profile), spread(meas))
+    return Comparison(m.name, m.scenario_hash, measured_quantities(m), predicted_quantities(sc, profile), m.spread)
+
+
+def compare_stored(store: RunStore, profile: CalibrationProfile | None, scenario_hash: str | None = None
+                   ) -> tuple[list[Comparison], list[str]]:
+    """The newest stored measurement of each scenario against its prediction, and one line per
+    stored measurement that could not be compared (naming it and the problem)."""
+    latest = {}
+    for r in store.runs("measurement", scenario_hash):
+        if r.scenario_yaml:
+            latest[r.scenario_hash] = r
+    comparisons, skipped = [], []
+    for r in latest.values():
+        try:
+            comparisons.append(compare_one(r.payload, r.scenario_yaml or "", profile))
+        except ScenarioError as exc:
+            skipped.append(f"{r.name} (run {r.id}): {exc.problems[0]}")
+    return comparisons, skipped
 
 
 def comparison_figure(rows: list[Comparison]):

@@ -2,7 +2,7 @@
 
 Compute: efficiency = achieved FLOP/s / the device's best GEMM FLOP/s, per op size (FLOPs for
 GEMM and attention, bytes for memory-bound ops). Links: the alpha-beta model of
-simdist.sim.collectives (t = steps x alpha + factor x S / beta, nccl-tests' factors) fitted by
+simdist.analytic.collectives (t = steps x alpha + factor x S / beta, nccl-tests' factors) fitted by
 least squares on relative error, one (alpha, beta) per collective kind, since gloo's
 algorithms differ by kind. Residuals are the RMS relative error of each fit.
 """

@@ -1,4 +1,5 @@
-"""Catalogs as data files: GPUs, cluster presets and model presets, each figure with its source."""
+"""Catalogs as data files: GPUs, cluster presets, model presets and link generations, each
+figure with its source."""
 
 from __future__ import annotations
 
@@ -31,3 +32,8 @@ def clusters() -> dict[str, dict[str, Any]]:
 
 def models() -> dict[str, dict[str, Any]]:
     return _load("models")
+
+
+def links() -> dict[str, dict[str, Any]]:
+    """Link generations by where they sit ("intra_node", "inter_node"): label -> bandwidth, source."""
+    return _load("links")

@@ -75,7 +75,7 @@ class ParallelPlan:
     tp_comm_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron-Core/TE)
     # ZeRO-3 gather unit: "layer" (FSDP wraps each block: one collective per layer and pass) or
     # "module" (DeepSpeed ZeRO-3 fetches each submodule's parameters with its own collective,
-    # at a bus-bandwidth ceiling of its own: simdist.analytic.systems.DEEPSPEED_ZERO3_BUSBW)
+    # at a bus-bandwidth ceiling of its own: simdist.analytic.collectives.DEEPSPEED_ZERO3_BUSBW)
     zero3_fetch: Zero3Fetch = "layer"
     # v1.1
     dp_shard: int = 0  # 0 -> dp (shard over all DP ranks)

@@ -1,5 +1,5 @@
-"""Contract v1.1 in the executor: hybrid sharding, compression, parameter servers, LAMB/LARS,
-checkpoints, restarts after a crash or a hang, and the multi-node launch.
+"""The systems beyond 3D parallelism in the executor: hybrid sharding, compression, parameter
+servers, LAMB/LARS, checkpoints, restarts after a crash or a hang, and the multi-node launch.
 
 Every torchrun start costs seconds on a small CPU host, so the runs combine checks: the HSDP run
 uses LAMB, checkpoints and survives a crash; the synchronous parameter-server run uses LARS on
@@ -26,8 +26,9 @@ torch = pytest.importorskip("torch")
 
 from executor.launch import run_command  # noqa: E402
 from executor.train import reference_losses  # noqa: E402
+from simdist.analytic.data_parallel import dp_traffic  # noqa: E402
 from simdist.analytic.memory import model_state_bytes  # noqa: E402
-from simdist.analytic.systems import dp_traffic, ps_traffic  # noqa: E402
+from simdist.analytic.param_server import ps_traffic  # noqa: E402
 from simdist.spec.scenario import Scenario, load_scenario  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -38,7 +39,7 @@ LOSS_RTOL = 1e-4  # fp32 against a one-process run (the brief's bound)
 
 def run(tmp_path: Path, name: str, nproc: int, **opts: Any) -> tuple[Scenario, dict[str, Any]]:
     out = tmp_path / f"{name}.json"
-    code = run_command(file=str(SCENARIOS / f"{name}.yaml"), nproc=nproc, out=str(out), no_store=True, **opts)
+    code = run_command(file=str(SCENARIOS / f"{name}.yaml"), nproc=nproc, out=str(out), **opts)
     assert code == 0, f"simdist run {name} exited {code}"
     return load_scenario(SCENARIOS / f"{name}.yaml"), json.loads(out.read_text())
 
@@ -171,7 +172,7 @@ def test_compressed_training_learns_and_sends_what_the_simulator_predicts(tmp_pa
 def test_past_max_restarts_the_run_fails_cleanly(tmp_path, capsys):
     path = SCENARIOS / "tiny-ddp.yaml"
     ckpt, out = tmp_path / "ckpt", tmp_path / "m.json"
-    code = run_command(file=str(path), nproc=2, steps=3, warmup=1, out=str(out), no_store=True,
+    code = run_command(file=str(path), nproc=2, steps=3, warmup=1, out=str(out),
                        checkpoint_every=1, checkpoint_dir=str(ckpt), max_restarts=1,
                        fault=["1:2:crash", "0:3:crash"])
     err = capsys.readouterr().err

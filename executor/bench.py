@@ -1,9 +1,11 @@
 """Microbenchmarks, run by torchrun on every rank at once (so compute and communication see
 the same contention as a real run): GEMMs from tiny to model-sized, attention, memory-bound
 ops, and collectives over message sizes at every available group size. Rank 0 writes the raw
-timings as JSON (atomically). Started by `simdist calibrate`; imports torch.
+timings as JSON (atomically); simdist.calibrate.fit turns them into a profile. Started by
+`simdist calibrate` through the executor's launcher (:func:`executor.launch.microbenchmarks`);
+imports torch.
 
-    torchrun --standalone --nproc-per-node N -m simdist.calibrate.bench_worker --out FILE [--quick]
+    torchrun --standalone --nproc-per-node N -m executor.bench --run-dir DIR --out FILE [--quick]
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from executor.faults import pid_path
+from simdist.spec.files import write_json_atomic
 
 GEMM_SHAPES = [(m, n, k) for m, n, k in [
     (64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 256, 256), (512, 512, 512),
@@ -134,9 +139,12 @@ def bench_collectives(quick: bool, progress) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--run-dir", help="the launcher's run directory: each rank records its pid there")
     ap.add_argument("--quick", action="store_true", help="fewer, smaller sizes (tests)")
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     args = ap.parse_args(argv)
+    if args.run_dir:  # the launcher kills a worker left behind by its pid
+        pid_path(args.run_dir, int(os.environ["RANK"])).write_text(str(os.getpid()))
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
@@ -154,8 +162,6 @@ def main(argv: list[str] | None = None) -> int:
             progress.update(1)
     result["collectives"] = bench_collectives(args.quick, progress)
     if rank == 0:
-        from simdist.spec.files import write_json_atomic
-
         progress.close()
         write_json_atomic(args.out, result)
     dist.barrier()

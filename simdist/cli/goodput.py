@@ -12,6 +12,7 @@ import json
 import math
 from typing import Any
 
+from simdist.cli.inputs import add_profile_argument, load_profile_arg
 from simdist.errors import Problem, ScenarioError
 
 # multiples of the optimum to tabulate, and round intervals users think in
@@ -22,7 +23,7 @@ _ROUND_S = (5 * 60, 15 * 60, 30 * 60, 3600, 3 * 3600, 6 * 3600, 24 * 3600)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="scenario YAML with a reliability section")
     p.add_argument("--engine", default="analytic", choices=("des", "analytic"))
-    p.add_argument("--profile", help="calibration profile JSON from `simdist calibrate`")
+    add_profile_argument(p)
     p.add_argument("--html", help="write a plotly chart of goodput against the interval (HTML)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
 
@@ -82,13 +83,8 @@ def main(args: argparse.Namespace) -> int:
     sc = load_scenario(args.file)
     if sc.reliability is None:
         raise ScenarioError(Problem("reliability", "is required for `simdist goodput` (gpu_mtbf, "
-                                    "checkpoint_bandwidth, ...; see CONTRACT.md v1.1)"))
-    profile = None
-    if args.profile:
-        from simdist.spec.profile import load_profile
-
-        profile = load_profile(args.profile)
-    pred = predict(sc, profile=profile, engine=args.engine, keep_spans=False)
+                                    "checkpoint_bandwidth, ...; see docs/scenario-format.md)"))
+    pred = predict(sc, profile=load_profile_arg(args.profile), engine=args.engine, keep_spans=False)
     data = goodput_table(sc, pred)
     if args.html:
         from simdist.spec.files import write_text_atomic

@@ -1,5 +1,5 @@
-"""Breadth validation: the published figures of shared/validation/breadth.csv whose configuration
-is stated well enough to predict, each predicted from the mechanism (never fitted to the row).
+"""The breadth report: the published figures of breadth.csv whose configuration is stated well
+enough to predict, each predicted from the mechanism (never fitted to the row).
 
 Rows and what is compared (the measured value is read from breadth.csv by row id):
 - BR-A23..A26 (DeepSpeed on Azure NDm A100 v4, 2022): ZeRO-3 data parallelism with the optimizer
@@ -16,22 +16,21 @@ Rows and what is compared (the measured value is read from breadth.csv by row id
   scenario (a bound: the row passes when the prediction is above 90 %).
 
 Where a row leaves something unstated, the choice is named in the row's ``assumed`` text.
-
-The lead's validation report calls :func:`run_breadth` and prints :func:`breadth_table`
-(``python -m simdist.validation_breadth`` prints it alone).
+``simdist validate --breadth`` prints :func:`breadth_table` of :func:`run_breadth`.
 """
 
 from __future__ import annotations
 
-import csv
-import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from simdist.analytic.flops import megatron_flops_per_step
 from simdist.spec.scenario import Scenario, scenario_from_dict
+from simdist.validate.rows import data_dir, error_summary, first_number, read_csv
+
+# the bundled scenario BR-E03 is predicted with (present in a clone of the repository)
+LLAMA3_405B = Path(__file__).resolve().parents[2] / "scenarios" / "llama3.1-405b-16384xh100.yaml"
 
 # Kokolis et al. HPCA'25 (breadth.csv BR-E29): RSC-1 (16k A100) node failure rate
 RSC1_NODE_FAILURES_PER_NODE_DAY = 6.5e-3
@@ -57,16 +56,15 @@ class BreadthResult:
         return self.predicted / self.measured - 1.0
 
 
-def read_rows(data_dir: Path) -> dict[str, dict[str, str]]:
-    with open(data_dir / "breadth.csv", newline="", encoding="utf-8") as fh:
-        return {r["row_id"]: r for r in csv.DictReader(fh)}
+def read_rows(folder: Path) -> dict[str, dict[str, str]]:
+    return {r["row_id"]: r for r in read_csv(folder / "breadth.csv")}
 
 
 def _value(row: dict[str, str]) -> float:
-    m = re.search(r"[-+]?\d+(?:\.\d+)?", row["value"].replace(",", ""))
-    if not m:
+    value = first_number(row["value"])
+    if value is None:
         raise ValueError(f"{row['row_id']}: no number in {row['value']!r}")
-    return float(m.group(0))
+    return value
 
 
 def _predict(d: dict[str, Any], engine: str):
@@ -262,9 +260,8 @@ def _reliability(rows: dict[str, dict[str, str]], engine: str) -> list[BreadthRe
     from simdist.predict import predict
     from simdist.spec.scenario import load_scenario
 
-    path = Path(__file__).resolve().parent.parent / "scenarios" / "llama3.1-405b-16384xh100.yaml"
-    if path.is_file():
-        sc = load_scenario(path)
+    if LLAMA3_405B.is_file():  # not in a pip install: the row is then left out
+        sc = load_scenario(LLAMA3_405B)
         g = predict(sc, engine=engine, keep_spans=False).extras["goodput"]["expected_goodput"]
         r = rows["BR-E03"]
         out.append(BreadthResult("BR-E03", r["topic"], "Llama 3 405B effective training time", "goodput", "%",
@@ -276,23 +273,15 @@ def _reliability(rows: dict[str, dict[str, str]], engine: str) -> list[BreadthRe
 # --- report -----------------------------------------------------------------------------------
 
 
-def run_breadth(data_dir: Path | None = None, engine: str = "analytic") -> list[BreadthResult]:
+def run_breadth(data: str | Path | None = None, engine: str = "analytic") -> list[BreadthResult]:
     """Predict every breadth row listed in the module docstring; one BreadthResult per row."""
-    if data_dir is None:
-        from simdist.validation import default_data_dir
-
-        data_dir = default_data_dir()
-    rows = read_rows(Path(data_dir))
+    rows = read_rows(data_dir(data))
     return _azure(rows, engine) + _zeropp(rows, engine) + _fsdp(rows, engine) + _reliability(rows, engine)
 
 
 def summarize_breadth(results: list[BreadthResult]) -> dict[str, dict[str, float]]:
     """Mean and max |error| per topic (speed-up rows count under their topic)."""
-    groups: dict[str, list[float]] = {}
-    for r in results:
-        groups.setdefault(r.topic, []).append(r.error)
-    return {g: {"n": len(e), "mae": sum(abs(x) for x in e) / len(e), "max": max(abs(x) for x in e)}
-            for g, e in groups.items()}
+    return error_summary(((r.topic, r.error) for r in results), overall=False)
 
 
 def breadth_table(results: list[BreadthResult], rows: bool = True) -> str:
@@ -316,18 +305,3 @@ def breadth_table(results: list[BreadthResult], rows: bool = True) -> str:
                 seen.add(r.assumed)
                 out.append(f"  {r.row_id}: {r.assumed}")
     return "\n".join(out)
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m simdist.validation_breadth")
-    p.add_argument("--data", type=Path)
-    p.add_argument("--engine", default="analytic", choices=("des", "analytic"))
-    args = p.parse_args(argv)
-    print(breadth_table(run_breadth(args.data, args.engine)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,19 +1,19 @@
-"""Validation report: predict the published training runs in the validation data and print
-measured vs predicted step time with the error per row, per group and overall.
+"""The training-runs report: predict the published training runs of training_runs.csv and
+compare the step time, per row, per source and overall.
 
 A report, not a gate. Rows that leave part of the plan unstated (micro-batch size, interleaving)
 are predicted with the fastest setting that fits among the usual choices, as the authors tuned
 their runs; the row says so. Step time is measured directly where the source gives it, else
 derived from the reported TFLOP/s with the source's own FLOP formula (see each group's notes).
+
+Rows the simulator cannot express yet are skipped, each with its reasons (:func:`unsupported`):
+mixture-of-experts rows, context-parallel rows, FP8-recipe rows, rows whose plan, batch or
+model dimensions are unstated, GPUs without a cluster preset, and frameworks whose defaults are
+not mapped to a scenario (only Megatron-LM, Megatron-Core and MosaicML llm-foundry are).
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
-import os
-import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,17 +21,7 @@ from typing import Any
 from simdist.analytic.flops import megatron_flops_per_step, model_flops_per_step
 from simdist.errors import ScenarioError
 from simdist.spec.scenario import Scenario, scenario_from_dict
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def default_data_dir() -> Path:
-    for cand in (os.environ.get("SIMDIST_VALIDATION_DIR"), REPO.parent / "shared" / "validation",
-                 REPO / "tests" / "data" / "validation"):
-        if cand and (Path(cand) / "training_runs.csv").is_file():
-            return Path(cand)
-    raise FileNotFoundError("validation data not found; pass --data DIR")
-
+from simdist.validate.rows import cell_float, cell_int, data_dir, error_summary, read_csv
 
 # --- mapping a published row to a scenario ------------------------------------------------
 
@@ -43,18 +33,40 @@ _GPU_CLUSTER = {
 }
 
 
-def _int(v: str) -> int | None:
-    v = (v or "").strip()
-    return int(float(v)) if v else None
+# frameworks whose defaults row_to_scenario_dict maps (by the start of the row's framework)
+MAPPED_FRAMEWORKS = ("MosaicML", "Megatron-LM", "Megatron-Core")
 
 
-def _float(v: str) -> float | None:
-    m = re.match(r"\s*([-+]?\d+(?:\.\d+)?)", v or "")
-    return float(m.group(1)) if m else None
+def unsupported(row: dict[str, str]) -> list[str]:
+    """Why a row cannot be predicted yet (empty: it can), one "kind: detail" reason each."""
+    why = []
+    if not all(row[k].strip() for k in ("layers", "hidden", "heads")):
+        why.append("model dimensions not stated: the row names the model only")
+    ep, cp = cell_int(row.get("ep")) or 1, cell_int(row.get("cp")) or 1
+    if ep > 1:
+        why.append(f"mixture of experts: ep={ep}, experts are not in the simulator yet")
+    if cp > 1:
+        why.append(f"context parallel: cp={cp}, the row mapping does not carry cp yet")
+    precision = row["precision"].strip()
+    if "fp8" in precision.lower() and precision.lower() != "amp_fp8":
+        why.append(f"FP8 recipe: {precision!r}, the simulator has no FP8 recipes yet")
+    if row["num_gpus"] and int(row["num_gpus"]) > 8 and not row["tp"].strip() and not row["dp"].strip():
+        why.append("plan (tp/pp) not stated")
+    unstated = [k for k in ("num_gpus", "seq_len", "global_batch") if not row[k].strip()]
+    if unstated:
+        why.append(f"cells not stated: {', '.join(unstated)}")
+    if row["gpu_type"].strip().lower() not in _GPU_CLUSTER:
+        why.append(f"GPU not mapped: {row['gpu_type']!r} is not in the row mapping's GPU table")
+    if not row["framework"].startswith(MAPPED_FRAMEWORKS):
+        why.append(f"framework not mapped: {row['framework']!r} (only the defaults of "
+                   f"{', '.join(MAPPED_FRAMEWORKS)} are)")
+    return why
 
 
 @dataclass
 class Case:
+    """A predictable row: its scenario and what was measured."""
+
     run_id: str
     group: str
     label: str
@@ -72,9 +84,9 @@ def row_to_scenario_dict(row: dict[str, str], plan_overrides: dict[str, Any] | N
     h = int(row["hidden"])
     model: dict[str, Any] = {
         "num_layers": int(row["layers"]), "hidden_size": h, "num_attention_heads": int(row["heads"]),
-        "num_kv_heads": _int(row["kv_heads"]) or int(row["heads"]),
-        "ffn_hidden_size": _int(row["ffn_hidden"]) or 4 * h,
-        "vocab_size": _int(row["vocab"]) or 51200, "seq_length": int(row["seq_len"]),
+        "num_kv_heads": cell_int(row["kv_heads"]) or int(row["heads"]),
+        "ffn_hidden_size": cell_int(row["ffn_hidden"]) or 4 * h,
+        "vocab_size": cell_int(row["vocab"]) or 51200, "seq_length": int(row["seq_len"]),
         "mlp": "gelu",
     }
     if mosaic:  # MPT: no biases, ALiBi, tied embeddings, no dropout (llm-foundry yamls)
@@ -83,13 +95,13 @@ def row_to_scenario_dict(row: dict[str, str], plan_overrides: dict[str, Any] | N
         model.update(bias=True, position_embedding="learned", tie_embeddings=True,
                      dropout=not mcore)
     gpus = int(row["num_gpus"])
-    gpn = min(gpus, _int(row["gpus_per_node"]) or 8)
+    gpn = min(gpus, cell_int(row["gpus_per_node"]) or 8)
     preset = _GPU_CLUSTER[row["gpu_type"].strip().lower()]
     if preset == "dgx-2":
         gpn = min(gpus, 16)
     cluster: dict[str, Any] = {"preset": preset, "num_nodes": max(1, gpus // gpn), "gpus_per_node": gpn}
     link = row["inter_node_link"]
-    if "RoCE" in link and (gbps := _float(link)):
+    if "RoCE" in link and (gbps := cell_float(link)):
         cluster["inter_node"] = {"kind": "roce", "nics_per_node": 8, "bandwidth": f"{gbps / 8:g} Gb/s"}
     zero_text = row["zero_stage_fsdp"]
     zero = 3 if ("ZeRO-3" in zero_text or "FULL_SHARD" in zero_text) else 2 if "SHARD_GRAD_OP" in zero_text else 0
@@ -97,7 +109,7 @@ def row_to_scenario_dict(row: dict[str, str], plan_overrides: dict[str, Any] | N
     precision = "fp8" if "fp8" in prec else ("fp16" if (megatron_2021 or "2020" in framework) else "bf16")
     if "V100" in row["gpu_type"]:
         precision = "fp16"
-    tp, pp = _int(row["tp"]) or 1, _int(row["pp"]) or 1
+    tp, pp = cell_int(row["tp"]) or 1, cell_int(row["pp"]) or 1
     recompute = "full" if row["recompute"].startswith("full") else "none"
     if "includes recompute" in row["measured_hfu"]:  # the FLOP count the source reports says so
         recompute = "full"
@@ -108,7 +120,7 @@ def row_to_scenario_dict(row: dict[str, str], plan_overrides: dict[str, Any] | N
     plan: dict[str, Any] = {
         "tp": tp, "pp": pp, "zero_stage": zero, "recompute": recompute,
         "global_batch_size": int(row["global_batch"]), "precision": precision,
-        "micro_batch_size": _int(row["micro_batch"]) or 1,
+        "micro_batch_size": cell_int(row["micro_batch"]) or 1,
         "flash_attention": mosaic or mcore,
         "sequence_parallel": mcore and tp > 1,
         "overlap_grad_reduce": not megatron_2021 and "2020" not in framework,
@@ -125,10 +137,10 @@ def row_to_scenario_dict(row: dict[str, str], plan_overrides: dict[str, Any] | N
 
 
 def _measured(row: dict[str, str], sc: Scenario) -> tuple[float, str] | None:
-    step = _float(row["measured_step_s"]) or _float(row["derived_step_s"])
+    step = cell_float(row["measured_step_s"]) or cell_float(row["derived_step_s"])
     if step:
         return step, "step time"
-    tflops = _float(row["measured_tflops_per_gpu"])
+    tflops = cell_float(row["measured_tflops_per_gpu"])
     if not tflops:
         return None
     n = sc.world_size
@@ -137,7 +149,7 @@ def _measured(row: dict[str, str], sc: Scenario) -> tuple[float, str] | None:
     return model_flops_per_step(sc.model, sc.plan) / (tflops * 1e12 * n), "TFLOP/s (model FLOPs)"
 
 
-def _candidates(row: dict[str, str], base: dict[str, Any]) -> list[dict[str, Any]]:
+def candidates(row: dict[str, str], base: dict[str, Any]) -> list[dict[str, Any]]:
     """Unstated micro-batch size and interleaving: the usual choices."""
     mbs = [None] if row["micro_batch"].strip() else [1, 2, 4, 8]
     pp, layers = base["plan"]["pp"], base["model"]["num_layers"]
@@ -156,21 +168,21 @@ def _candidates(row: dict[str, str], base: dict[str, Any]) -> list[dict[str, Any
     return out
 
 
-def build_cases(data_dir: Path) -> tuple[list[Case], list[tuple[str, str]]]:
+def build_cases(data: str | Path | None = None) -> tuple[list[Case], list[tuple[str, str]]]:
+    """The predictable rows of training_runs.csv as cases, and (run_id, reasons) of the rest."""
     from simdist.predict import predict
 
     cases: list[Case] = []
     skipped: list[tuple[str, str]] = []
-    with open(data_dir / "training_runs.csv", newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
-    for row in rows:
+    for row in read_csv(data_dir(data) / "training_runs.csv"):
         rid = row["run_id"]
-        if row["num_gpus"] and int(row["num_gpus"]) > 8 and not row["tp"].strip() and not row["dp"].strip():
-            skipped.append((rid, "plan (tp/pp) not stated"))
+        why = unsupported(row)
+        if why:
+            skipped.append((rid, "; ".join(why)))
             continue
         base = row_to_scenario_dict(row)
         best: tuple[tuple[bool, float], Scenario, list[str]] | None = None
-        for ov in _candidates(row, base):
+        for ov in candidates(row, base):
             try:
                 sc = scenario_from_dict(row_to_scenario_dict(row, ov))
             except ScenarioError:
@@ -204,62 +216,16 @@ class Result:
         return self.predicted_s / self.case.measured_step_s - 1.0
 
 
-def run(data_dir: Path, engine: str = "analytic") -> tuple[list[Result], list[tuple[str, str]]]:
+def run_training(data: str | Path | None = None, engine: str = "analytic"
+                 ) -> tuple[list[Result], list[tuple[str, str]]]:
+    """Every predictable row predicted by ``engine``, and (run_id, reasons) of the skipped rows."""
     from simdist.predict import predict
 
-    cases, skipped = build_cases(data_dir)
+    cases, skipped = build_cases(data)
     results = [Result(c, predict(c.scenario, engine=engine, keep_spans=False).step_time_s) for c in cases]
     return results, skipped
 
 
 def summarize(results: list[Result]) -> dict[str, dict[str, float]]:
-    groups: dict[str, list[float]] = {}
-    for r in results:
-        groups.setdefault(r.case.group, []).append(r.error)
-    groups["overall"] = [r.error for r in results]
-    return {g: {"n": len(e), "mae": sum(abs(x) for x in e) / len(e), "bias": sum(e) / len(e),
-                "max": max(abs(x) for x in e)} for g, e in groups.items() if e}
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", type=Path, help="folder with training_runs.csv (default: shared/validation)")
-    p.add_argument("--engine", default="analytic", choices=("des", "analytic"))
-    p.add_argument("--rows", action="store_true", help="print every row, not only the summary")
-    p.add_argument("--breadth", action="store_true",
-                   help="also predict the fully stated rows of breadth.csv (offload, ZeRO++, FSDP, reliability)")
-
-
-def main(args: argparse.Namespace) -> int:
-    from simdist.table import table
-
-    data = args.data or default_data_dir()
-    results, skipped = run(data, args.engine)
-    if args.rows:
-        rows = []
-        for r in results:
-            c = r.case
-            p = c.scenario.plan
-            plan = f"tp{p.tp} pp{p.pp} dp{p.dp} v{p.virtual_pipeline_stages} mb{p.micro_batch_size} z{p.zero_stage} {p.recompute}"
-            rows.append([c.run_id, c.label, c.scenario.world_size, plan, c.measured_step_s, r.predicted_s,
-                         f"{r.error:+.1%}", ", ".join(c.tuned) + (" (tuned)" if c.tuned else "")])
-        print(table(["run", "model", "GPUs", "plan", "measured s", "predicted s", "error", "unstated"], rows,
-                    align="llrlrrrl"))
-        print()
-    summary = summarize(results)
-    print(table(["group", "rows", "mean |error|", "mean error", "max |error|"],
-                [[g, int(s["n"]), f"{s['mae']:.1%}", f"{s['bias']:+.1%}", f"{s['max']:.1%}"]
-                 for g, s in summary.items()], align="lrrrr"))
-    if args.breadth:
-        from simdist.validation_breadth import breadth_table, run_breadth
-
-        print("\n" + breadth_table(run_breadth(data)))
-    if skipped:
-        print(f"\nskipped {len(skipped)} rows: " + "; ".join(f"{r} ({why})" for r, why in skipped[:12])
-              + (" ..." if len(skipped) > 12 else ""))
-    return 0
-
-
-if __name__ == "__main__":
-    ns = argparse.ArgumentParser()
-    add_arguments(ns)
-    sys.exit(main(ns.parse_args()))
+    """Rows, mean |error|, bias and max |error| per source group and overall."""
+    return error_summary((r.case.group, r.error) for r in results)

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import argparse
 
+from simdist.cli.inputs import add_profile_argument, add_straggler_arguments, load_inputs
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="scenario YAML")
-    parser.add_argument("-o", "--output", default="trace.json", help="trace file to write (default trace.json)")
-    parser.add_argument("--profile", help="calibration profile JSON from `simdist calibrate`")
-    parser.add_argument("--fidelity", default="symmetric", choices=("symmetric", "full"),
-                        help="symmetric: one rank per pipeline stage; full: every rank")
-    parser.add_argument("--straggler", action="append", default=[], metavar="RANK:FACTOR",
-                        help="slow one GPU (RANK:FACTOR) or a node (node:N:FACTOR); full fidelity")
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="scenario YAML")
+    p.add_argument("-o", "--output", default="trace.json", help="trace file to write (default trace.json)")
+    add_profile_argument(p)
+    add_straggler_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:
-    from simdist.cli import load_inputs
     from simdist.predict import predict
     from simdist.spec.plan import rank_coord
     from simdist.trace.perfetto import write_trace

@@ -12,6 +12,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from simdist.cli.inputs import add_profile_argument, load_profile_arg
 from simdist.errors import Collector, Problem, ScenarioError
 from simdist.spec.plan import RECOMPUTE, SCHEDULES
 
@@ -47,11 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="plans re-timed by the discrete-event engine (default max(20, top); 0: none)")
     p.add_argument("--rerank-window", default="0.2", metavar="F",
                    help="beyond the top K, re-time only plans within this fraction of the K-th's time (default 0.2)")
-    p.add_argument("--engine", default="auto", help="re-ranking engine: auto (des when installed), des, analytic")
+    p.add_argument("--engine", default="auto",
+                   help="re-ranking engine: auto or des (the discrete-event engine re-times the top plans), "
+                        "analytic (the closed form alone)")
     p.add_argument("--keep-dominated", action="store_true",
                    help="also rank plans another plan beats on both step time and memory")
     p.add_argument("--workers", metavar="N", help="worker processes (default: the CPUs available)")
-    p.add_argument("--profile", help="calibration profile JSON from `simdist calibrate`")
+    add_profile_argument(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
 
 
@@ -158,14 +161,10 @@ def main(args: argparse.Namespace) -> int:
     problems += [p for p in constraints.problems(scenario) if p.field not in flagged]
     if problems:
         raise ScenarioError(problems)
-    profile = None
-    if args.profile:
-        from simdist.spec.profile import load_profile
-
-        profile = load_profile(args.profile)
     bars = ProgressBars(enabled=not args.no_progress)
     try:
-        result = search(scenario, constraints, progress=bars, profile=profile, workers=workers)
+        result = search(scenario, constraints, progress=bars, profile=load_profile_arg(args.profile),
+                        workers=workers)
     finally:
         bars.close()
     if args.csv:

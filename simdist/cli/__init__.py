@@ -1,0 +1,82 @@
+"""The `simdist` command: one module per command in this package.
+
+Each command module declares ``add_arguments(parser)`` and runs ``main(args) -> exit code``.
+Only the module of the command asked for is imported (``simdist predict`` never imports the
+search, the executor or plotly), so the command starts fast.
+
+Exit codes: 0 done; 1 the command ran and says it failed (no plan fits, a run failed);
+2 bad input, one line per problem naming the field or flag, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from simdist.errors import ScenarioError
+
+EXIT_BAD_INPUT = 2
+
+# (command, help, module): the module holds add_arguments(parser) and main(args)
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("predict", "predict one step of a scenario", "simdist.cli.predict"),
+    ("list", "list catalog entries", "simdist.cli.catalogs"),
+    ("trace", "write a Chrome/Perfetto trace of one simulated step", "simdist.cli.trace"),
+    ("validate", "predict the public validation runs and report the error", "simdist.cli.validate"),
+    ("search", "find the fastest plan that fits", "simdist.cli.search"),
+    ("run", "run a scenario for real with torchrun and measure it", "simdist.cli.run"),
+    ("calibrate", "microbenchmark this machine and fit a calibration profile", "simdist.cli.calibrate"),
+    ("runs", "list stored measurements and predictions", "simdist.cli.runs"),
+    ("compare", "predicted vs measured for stored runs", "simdist.cli.compare"),
+    ("goodput", "goodput against the checkpoint interval", "simdist.cli.goodput"),
+    ("import", "turn a DeepSpeed or Accelerate config into a scenario", "simdist.importers"),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(requested=next((a for a in argv if not a.startswith("-")), None))
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        return int(args.func(args) or 0)
+    except ScenarioError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own exit code 2 matches ours
+        self.print_usage(sys.stderr)
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def build_parser(requested: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only the ``requested`` command's module is imported and declares its options."""
+    from simdist import __version__
+
+    p = _Parser(prog="simdist", description="Predict distributed LLM training step time, memory and the best plan.")
+    p.add_argument("--version", action="version", version=f"simdist {__version__}")
+    sub = p.add_subparsers(title="commands", parser_class=_Parser)
+    for name, helptext, module_name in COMMANDS:
+        sp = sub.add_parser(name, help=helptext)
+        if name == requested:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sp)
+            sp.set_defaults(func=module.main)
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Predictions and sweeps cached across the dashboard's reruns (Streamlit caches).
+
+A knob change reruns the whole page; the prediction of a scenario already seen (same hash,
+name, engine and profile) comes from the cache, so going back to a plan is instant.
+"""
+
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+from simdist.dashboard.sweep import SweepPoint, sweep_points
+from simdist.errors import ScenarioError
+from simdist.predict import predict
+from simdist.results import Prediction
+from simdist.spec.profile import CalibrationProfile
+from simdist.spec.scenario import Scenario
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def cached_predict(key: str, _scenario: Scenario, engine: str,
+                   _profile: CalibrationProfile | None = None) -> Prediction:
+    """One prediction per (scenario hash + name + profile, engine); the Scenario itself is not hashed.
+
+    cache_resource, not cache_data: a Prediction is frozen, and copying one with 50,000 spans
+    out of cache_data's pickle on every rerun costs a quarter of a second.
+    """
+    return predict(_scenario, profile=_profile, engine=engine, keep_spans=engine == "des")  # type: ignore[arg-type]
+
+
+def run_predict(scenario: Scenario, engine: str, profile: CalibrationProfile | None,
+                profile_key: str) -> tuple[Prediction, str]:
+    """The prediction with the chosen engine, and a note; when the discrete-event engine fails
+    on this scenario (a bug in it), the closed form's prediction with a note that says so."""
+    key = f"{scenario.hash()}:{scenario.name}:{profile_key}"
+    if engine == "des":
+        try:
+            return cached_predict(key, scenario, "des", profile), ""
+        except (ScenarioError, ImportError):  # bad input is shown by field; a broken install loudly
+            raise
+        except Exception as exc:  # an engine bug must not take the page down; the note shows it
+            note = f"The discrete-event engine failed ({type(exc).__name__}: {exc}); showing the analytic engine."
+            return cached_predict(key, scenario, "analytic", profile), note
+    return cached_predict(key, scenario, "analytic", profile), ""
+
+
+@st.cache_data(max_entries=128, show_spinner=False)
+def cached_sweep(raw_json: str, base_dir: str, sweep: str, values_json: str, profile_key: str,
+                 _profile: CalibrationProfile | None) -> list[SweepPoint]:
+    """:func:`simdist.dashboard.sweep.sweep_points`, keyed by the scenario dict's JSON."""
+    return sweep_points(json.loads(raw_json), base_dir, sweep, json.loads(values_json), _profile)

@@ -1,0 +1,233 @@
+"""Sizing and timing candidate plans: the memory model of one stage of each kind, the
+closed-form step time, the discrete-event re-timing, and the process pool that shares the work.
+
+The passes run in ``workers`` forked processes (Linux), with results in the same order as
+serially, so a search gives the same answer with any number of workers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from functools import cache
+from typing import Any
+
+from simdist.analytic.collectives import Network
+from simdist.analytic.cost import CostModel
+from simdist.analytic.flops import model_flops_per_step
+from simdist.analytic.memory import stage_memory
+from simdist.analytic.steptime import analytic_step
+from simdist.errors import Problem
+from simdist.results import Prediction
+from simdist.search.results import PlanResult
+from simdist.search.space import Candidate, Constraints, Enumeration, candidate_of
+from simdist.spec.cluster import ClusterSpec
+from simdist.spec.model import ModelSpec
+from simdist.spec.plan import ParallelPlan
+from simdist.spec.profile import CalibrationProfile
+from simdist.spec.scenario import Scenario, check_consistency
+from simdist.spec.stages import stage_layer_ranges
+from simdist.units import GiB
+
+Progress = Callable[[str, int, int], None]
+"""``progress(stage, done, total)``: called as plans are timed ("analytic", then "des")."""
+
+
+@cache
+def distinct_stages(num_layers: int, pp: int, v: int) -> tuple[int, ...]:
+    """The first stage of each kind: stages that hold the same number of layers in each chunk,
+    and are alike in holding the embedding (first) or the LM head (last), hold the same states
+    and differ only in the micro-batches in flight, which never grow with the stage index
+    (simdist.analytic.memory.in_flight), so the first of each kind has the largest peak."""
+    ranges = stage_layer_ranges(num_layers, pp, v)
+    firsts: dict[tuple[bool, bool, tuple[int, ...]], int] = {}
+    for s in range(pp):
+        firsts.setdefault((s == 0, s == pp - 1, tuple(len(r) for r in ranges[s])), s)
+    return tuple(firsts.values())
+
+
+def peak_memory(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None = None
+                ) -> tuple[float, float]:
+    """(GPU bytes, host bytes) at the peak over the pipeline stages: the same maximum as
+    ``memory_per_stage`` (a test checks it), sizing one stage of each kind only."""
+    kinds = distinct_stages(model.num_layers, plan.pp, plan.virtual_pipeline_stages)
+    stages = [stage_memory(model, plan, s, cluster) for s in kinds]
+    return max(s.peak for s in stages), max(s.host for s in stages)
+
+
+class Evaluator:
+    """Times and sizes candidates of one scenario with one cost model and network."""
+
+    def __init__(self, scenario: Scenario, profile: CalibrationProfile | None = None):
+        self.scenario, self.profile = scenario, profile
+        self.model, self.cluster = scenario.model, scenario.cluster
+        self.base_plan = scenario.plan
+        self.cost = CostModel(self.cluster.gpu, self.base_plan.precision, profile)
+        self.net = Network.of(self.cluster, profile)
+        self.capacity = self.cluster.gpu.memory_bytes
+        self.host_capacity = (self.cluster.host.cpu_memory_bytes / self.cluster.gpus_per_node
+                              if self.cluster.host is not None else None)
+
+    def plan(self, cand: Candidate) -> ParallelPlan:
+        """The scenario's plan with the searched fields of ``cand`` (ZeRO shards over all of dp)."""
+        return replace(self.base_plan, tp=cand.tp, pp=cand.pp, dp=cand.dp, cp=cand.cp,
+                       virtual_pipeline_stages=cand.v, schedule=cand.schedule, zero_stage=cand.zero,
+                       sequence_parallel=cand.sp, recompute=cand.recompute,
+                       micro_batch_size=cand.mbs, dp_shard=cand.dp)
+
+    def problems(self, plan: ParallelPlan) -> list[Problem]:
+        return check_consistency(self.model, self.cluster, plan)
+
+    def memory(self, plan: ParallelPlan) -> tuple[float, float]:
+        """(peak GPU bytes, peak host bytes) over the pipeline stages."""
+        return peak_memory(self.model, plan, self.cluster)
+
+    def fits(self, peak: float, host: float, headroom: float = 0.0) -> bool:
+        ok = peak <= self.capacity * (1 - headroom)
+        if host > 0 and self.host_capacity is not None:
+            ok = ok and host <= self.host_capacity
+        return ok
+
+    def analytic_time(self, plan: ParallelPlan) -> float:
+        return analytic_step(replace(self.scenario, plan=plan), self.cost, self.net).step_time
+
+    def des(self, plan: ParallelPlan) -> Prediction:
+        from simdist.predict import predict
+
+        return predict(replace(self.scenario, plan=plan), self.profile, engine="des", keep_spans=False)
+
+    def mfu(self, plan: ParallelPlan, step_time: float) -> float:
+        flops = model_flops_per_step(self.model, plan)
+        return flops / (step_time * self.cluster.world_size * self.cost.peak)
+
+
+
+# --- running plans in worker processes ---------------------------------------------------
+
+_WORKER_EVALUATOR: Evaluator | None = None
+
+
+def _init_worker(scenario: Scenario, profile: CalibrationProfile | None) -> None:
+    global _WORKER_EVALUATOR
+    _WORKER_EVALUATOR = Evaluator(scenario, profile)
+
+
+def _in_worker(task: tuple[Callable[[Evaluator, Any], Any], Any]) -> Any:
+    fn, item = task
+    assert _WORKER_EVALUATOR is not None
+    return fn(_WORKER_EVALUATOR, item)
+
+
+def default_workers() -> int:
+    """Worker processes: the CPUs this process may use (up to 8) on Linux, where they are forked
+    with every cache already warm; 1 (no pool) elsewhere."""
+    if sys.platform != "linux":
+        return 1
+    return max(1, min(8, len(os.sched_getaffinity(0))))
+
+
+class Runner:
+    """Maps ``fn(evaluator, item)`` over items, in forked worker processes when ``workers > 1``.
+    Results come back in the order of the items, so a search gives the same answer with any
+    number of workers."""
+
+    def __init__(self, scenario: Scenario, profile: CalibrationProfile | None, workers: int | None):
+        self.scenario, self.profile = scenario, profile
+        self.ev = Evaluator(scenario, profile)
+        self.workers = default_workers() if workers is None else max(1, workers)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def map(self, fn: Callable[[Evaluator, Any], Any], items: list[Any]) -> Iterator[Any]:
+        if self.workers <= 1 or len(items) <= 1:
+            return (fn(self.ev, item) for item in items)
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers, mp_context=multiprocessing.get_context("fork"),
+                initializer=_init_worker, initargs=(self.scenario, self.profile))
+        return self._pool.map(_in_worker, [(fn, item) for item in items])
+
+
+
+# --- the closed-form pass -----------------------------------------------------------------
+
+
+_CHUNK = 128  # plans per task of the closed-form pass
+
+
+def evaluate_all(runner: Runner, enum: Enumeration, c: Constraints,
+                  progress: Progress | None) -> list[PlanResult]:
+    """Memory for every representative, the closed-form step time for those that fit."""
+    items = [(cand, g.variants, tuple(sorted(g.equivalent))) for cand, g in enum.groups.items()]
+    chunks = [(items[i:i + _CHUNK], c.memory_headroom) for i in range(0, len(items), _CHUNK)]
+    out: list[PlanResult] = []
+    done = 0
+    for chunk_results in runner.map(_evaluate_chunk, chunks):
+        for r in chunk_results:
+            if isinstance(r, PlanResult):
+                out.append(r)
+            else:  # the grid's rules missed a cross-field check: count it as invalid
+                cand, field_name = r
+                enum.invalid[f"rejected by the validator ({field_name})"] += enum.groups.pop(cand).variants
+        done += len(chunk_results)
+        if progress:
+            progress("analytic", done, len(items))
+    return out
+
+
+def _evaluate_chunk(ev: Evaluator, task: tuple[list[tuple[Candidate, int, tuple[str, ...]]], float]
+                    ) -> list[PlanResult | tuple[Candidate, str]]:
+    chunk, headroom = task
+    return [_evaluate(ev, cand, variants, equivalent, headroom) for cand, variants, equivalent in chunk]
+
+
+def _evaluate(ev: Evaluator, cand: Candidate, variants: int, equivalent: tuple[str, ...],
+              headroom: float) -> PlanResult | tuple[Candidate, str]:
+    plan = ev.plan(cand)
+    problems = ev.problems(plan)
+    if problems:
+        return cand, problems[0].field
+    peak, host = ev.memory(plan)
+    feasible = ev.fits(peak, host, headroom)
+    result = PlanResult(candidate=cand, global_batch_size=plan.global_batch_size, precision=plan.precision,
+                        peak_gib=peak / GiB, capacity_gib=ev.capacity / GiB, fits=ev.fits(peak, host),
+                        feasible=feasible, variants=variants, equivalent=equivalent)
+    if feasible:
+        t = ev.analytic_time(plan)
+        result.analytic_step_time_s, result.mfu, result.status = t, ev.mfu(plan, t), "ranked"
+    return result
+
+
+def des_time(ev: Evaluator, plan: ParallelPlan) -> tuple[float | None, str]:
+    """The discrete-event step time of ``plan``, or None and why it failed."""
+    try:
+        return ev.des(plan).step_time_s, ""
+    except Exception as exc:  # one failing plan must not lose the whole search
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def des_cost(plan: ParallelPlan) -> int:
+    """Rough relative cost of simulating ``plan``: the events grow with the pipeline's tasks."""
+    return plan.num_microbatches * plan.pp * plan.virtual_pipeline_stages
+
+
+def baseline(ev: Evaluator, c: Constraints) -> PlanResult:
+    """The scenario's own plan, sized and timed by the closed form (the DES re-times it with
+    the top plans)."""
+    plan = ev.base_plan
+    peak, host = ev.memory(plan)
+    t = ev.analytic_time(plan)
+    return PlanResult(candidate=candidate_of(plan), global_batch_size=plan.global_batch_size,
+                      precision=plan.precision, peak_gib=peak / GiB, capacity_gib=ev.capacity / GiB,
+                      fits=ev.fits(peak, host), feasible=ev.fits(peak, host, c.memory_headroom),
+                      analytic_step_time_s=t, mfu=ev.mfu(plan, t), status="ranked")
