@@ -10,7 +10,7 @@ import yaml
 from conftest import DATA, run_cli
 
 from simdist.errors import Collector, ScenarioError
-from simdist.spec.deepspeed import fields_from_ds_dict
+from simdist.io.deepspeed import plan_fields
 from simdist.spec.scenario import load_scenario, scenario_from_dict
 
 DS = DATA / "deepspeed"
@@ -78,7 +78,7 @@ def test_zeropp_keys():
 ])
 def test_bad_values_are_named(cfg, field):
     c = Collector("plan.deepspeed_config")
-    fields_from_ds_dict(cfg, {}, scenario("ds_zeropp.json").cluster, c)
+    plan_fields(cfg, {}, scenario("ds_zeropp.json").world_size, c)
     assert f"plan.deepspeed_config.{field}" in {p.field for p in c.problems}, c.problems
 
 
