@@ -117,10 +117,15 @@ def short_repr(value: object, limit: int = 60) -> str:
     expanded, and the text is shortened to ``limit`` characters."""
     import reprlib
 
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"a {value.bit_length()}-bit integer"
     r = reprlib.Repr()
     r.maxlevel, r.maxlist, r.maxdict, r.maxtuple, r.maxset = 2, 4, 4, 4, 4
     r.maxstring, r.maxother, r.maxlong = limit, limit, 40
-    text = r.repr(value)
+    try:
+        text = r.repr(value)
+    except ValueError:  # e.g. an integer beyond Python's digit limit inside a container
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 GiB = 2.0**30

@@ -149,6 +149,8 @@ def parse_yaml(text: str, source: str, field: str = "file") -> Any:
         raise ScenarioError(_yaml_problem(field, source, exc)) from None
     except RecursionError:
         raise ScenarioError(Problem(field, f"{source}: nested too deeply")) from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise ScenarioError(Problem(field, f"{source}: {_one_line(str(exc))[:200]}")) from None
     finally:
         loader.dispose()
 
@@ -165,6 +167,8 @@ def parse_json(text: str, source: str, field: str) -> Any:
                                     "(not valid JSON)")) from None
     except RecursionError:  # not reached after the depth check; kept as a last line of defence
         raise ScenarioError(Problem(field, f"{source}: nested too deeply")) from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise ScenarioError(Problem(field, f"{source}: {_one_line(str(exc))[:200]}")) from None
 
 
 def _json_depth(text: str) -> int:

@@ -156,7 +156,7 @@ def value_problem(fs: FieldSpec, v: Any, check: str | None = None) -> str | None
         if isinstance(v, bool) or not isinstance(v, int) or not _in_range(v, check):
             return f"must be {_INT_WORDS.get(check, 'a whole number')}, got {short_repr(v)}"
         if abs(v) > MAX_INT:
-            return f"{v:.3g} is too large (the limit is 2^53)"
+            return f"{short_repr(v)} is too large (the limit is 2^53)"
     elif kind == "float":
         if isinstance(v, bool) or not isinstance(v, int | float):
             return f"must be {_FLOAT_WORDS[check]}, got {short_repr(v)}"
@@ -227,10 +227,11 @@ def validate(obj: Any) -> None:
 
 
 def parse_fields(cls: type, raw: Any, c: Collector, *, skip: frozenset[str] = frozenset(),
-                 hint: str = "") -> dict[str, Any] | None:
+                 hint: str = "", missing: bool = True) -> dict[str, Any] | None:
     """Constructor arguments of ``cls`` from the YAML mapping ``raw``; problems go to ``c``
     (whose prefix names the section). None when ``raw`` is not a mapping. ``skip``: keys that
-    belong to another field; ``hint``: appended to "is required"."""
+    belong to another field; ``hint``: appended to "is required"; ``missing``: report missing
+    required fields (not after a preset that failed, which would have given them)."""
     if not isinstance(raw, Mapping):
         c.add("", f"must be a mapping, got {short_repr(raw)}")
         return None
@@ -247,7 +248,7 @@ def parse_fields(cls: type, raw: Any, c: Collector, *, skip: frozenset[str] = fr
         if present and value is None and (fs.meta.get("null_is_default") and not fs.optional):
             present = False
         if not present:
-            if fs.required or fs.meta.get("yaml_required"):
+            if missing and (fs.required or fs.meta.get("yaml_required")):
                 c.add(fs.key, "is required" + (f" ({hint})" if hint and fs.required else ""))
             continue
         sub = Collector(_join(c.prefix, fs.key))
@@ -313,7 +314,7 @@ def _number(value: Any, meta: Mapping[str, Any], c: Collector) -> Any:
             return _BAD
     if isinstance(value, int) and not isinstance(value, bool):
         if abs(value) > MAX_INT:
-            c.add("", f"{value:.3g} is too large")
+            c.add("", f"{short_repr(value)} is too large (the limit is 2^53)")
             return _BAD
         return float(value) * meta.get("scale", 1.0)
     if isinstance(value, float):

@@ -57,7 +57,7 @@ def read_text(path: str | Path, field: str, limit: int = MAX_INPUT_BYTES) -> str
     if len(data) > limit:  # grew while being read
         raise ScenarioError(Problem(field, f"{shown} is larger than the limit of {limit:,} bytes"))
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark is not content
     except UnicodeDecodeError as exc:
         raise ScenarioError(Problem(field, f"{shown} is not UTF-8 text (byte 0x{data[exc.start]:02x} "
                                     f"at offset {exc.start})")) from None

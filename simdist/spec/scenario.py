@@ -181,7 +181,8 @@ def _model(raw: Mapping[str, Any], base: Path, outer: Collector) -> ModelSpec | 
         c.problems.extend(hc.problems)
     trusted = {"source": values.pop("source")} if "source" in values else {}
     merged = {**values, **{k: v for k, v in raw.items() if k not in ("preset", "hf_config")}}
-    args = parse_fields(ModelSpec, merged, c, hint="give it, a preset, or an hf_config")
+    args = parse_fields(ModelSpec, merged, c, hint="give it, a preset, or an hf_config",
+                        missing=not c.problems)
     model = build(ModelSpec, {**args, **trusted}, c, local=False) if args is not None and not c.problems else None
     outer.problems.extend(c.problems)
     return model
@@ -205,7 +206,7 @@ def _cluster(raw: Mapping[str, Any], outer: Collector) -> tuple[ClusterSpec | No
             values[key] = {**values[key], **value}
         else:
             values[key] = value
-    args = parse_fields(ClusterSpec, values, c, hint="give it or a preset")
+    args = parse_fields(ClusterSpec, values, c, hint="give it or a preset", missing=not c.problems)
     cluster = None
     if args is not None and not c.problems:
         cluster = build(ClusterSpec, {**args, "name": preset or "custom"}, c, local=False)
