@@ -98,8 +98,8 @@ def _hostile_name(kind: str) -> str:
     ('"text"', "must hold a JSON object, not a string"),
     ("{'a': 1}", "(not valid JSON)"),
     ("[" * 100_000 + "]" * 100_000, "nested more than 64 levels deep"),
-    ("{" + '"a":' * 1 + "1" + "}" * 1, None),
-])
+    ('{"a": 1}', None),
+], ids=["array", "string", "python-dict", "deep-100000", "object"])
 def test_json_shape_and_depth(tmp_path, text, expected):
     (tmp_path / "c.json").write_text(text)
     if expected is None:
@@ -122,7 +122,7 @@ def test_json_shape_and_depth(tmp_path, text, expected):
     ('{"zero_optimization": {"offload_param": "cpu"}}', "zero_optimization.offload_param"),
     ('{"bf16": true}', "bf16"),
     ('{"optimizer": {"type": 7}}', "optimizer.type"),
-    ('{"train_batch_size": ' + "9" * 5000 + "}", None),
+    pytest.param('{"train_batch_size": ' + "9" * 5000 + "}", None, id="5000-digit-integer"),
 ])
 def test_deepspeed_values_of_the_wrong_type_or_not_finite(tmp_path, config, field):
     (tmp_path / "ds.json").write_text(config)
