@@ -158,3 +158,26 @@ def test_a_byte_order_mark_is_not_an_error(tmp_path):
     (tmp_path / "c.json").write_bytes(b"\xef\xbb\xbf" + (DATA / "hf" / "llama3-8b.json").read_bytes())
     d = {**base_scenario(), "model": {"hf_config": "c.json"}}
     assert scenario_from_dict(d, tmp_path).model.num_layers == 32
+
+
+@pytest.mark.parametrize("config", ["/dev/zero", "nope.json", "nope.yaml"])
+def test_simdist_import_of_a_hostile_config(tmp_path, config):
+    path = config if config.startswith("/") else str(tmp_path / config)
+    r = run_cli("import", path, "--model", "llama2-7b", "--cluster", "dgx-a100-80gb")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.startswith(f"error: config: {path}")
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ('{"version": 1, "device": "x", "peak_flops": NaN}', "--profile.peak_flops"),
+    ('{"version": 1, "device": "x", "links": {"intra": {"latency_s": -1, "bandwidth_bytes_per_s": 1e9}}}',
+     "--profile.links.intra.latency_s"),
+    ('{"version": 1, "device": "x", "links": [1]}', "--profile"),
+    ("[1]", "--profile"),
+])
+def test_calibration_profiles_are_read_as_carefully(tmp_path, text, field):
+    from simdist.spec.profile import load_profile
+
+    (tmp_path / "p.json").write_text(text)
+    with pytest.raises(ScenarioError) as exc:
+        load_profile(tmp_path / "p.json")
+    assert field in {p.field for p in exc.value.problems}

@@ -1,4 +1,4 @@
-"""Scenario loading and validation (CONTRACT.md: presets + overrides, units, bad input)."""
+"""Scenario loading and validation (docs/scenario-format.md: presets + overrides, units, bad input)."""
 
 import json
 

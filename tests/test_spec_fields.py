@@ -12,8 +12,9 @@ from conftest import REPO, SCENARIOS, base_scenario
 
 from simdist.errors import Collector, ScenarioError
 from simdist.spec.cluster import ClusterSpec, GpuSpec, HostSpec, LinkSpec
-from simdist.spec.fields import field_problems, parse_fields, spec_fields
+from simdist.spec.fields import field_problems, spec_fields
 from simdist.spec.model import ModelSpec
+from simdist.spec.parse import parse_fields
 from simdist.spec.plan import SCHEDULES, GradCompression, Offload, ParallelPlan
 from simdist.spec.reliability import Reliability
 from simdist.spec.scenario import load_scenario, scenario_from_dict

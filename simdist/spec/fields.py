@@ -9,8 +9,9 @@ the unit parser (``"25 MiB"``), the range (positive, >= 1, a fraction), a shorth
 
 Two functions read that description:
 
-- :func:`parse_fields`: a YAML mapping -> constructor arguments, reporting unknown keys, missing
-  required fields, wrong types, unit and range errors, every one naming its field;
+- :func:`simdist.spec.parse.parse_fields`: a YAML mapping -> constructor arguments, reporting
+  unknown keys, missing required fields, wrong types, unit and range errors, every one naming
+  its field;
 - :func:`field_problems`: the same type and range checks on values already built, which every
   spec dataclass runs in ``__post_init__`` (:func:`validate`), so a spec object built in code is
   held to the rules of one read from a file.
@@ -22,18 +23,16 @@ in floating point), so nothing downstream overflows.
 from __future__ import annotations
 
 import copy
-import difflib
 import math
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from functools import cache
 from typing import Any, Literal, get_args, get_origin
 
 from simdist.errors import Collector, Problem, ScenarioError
 from simdist.units import (
-    UnitError,
     parse_bandwidth,
     parse_duration,
     parse_rate,
@@ -44,7 +43,7 @@ from simdist.units import (
 MAX_INT = 2**53
 Check = Literal["positive", "nonneg", "at_least_1", "fraction", "any"]
 Unit = Literal["size", "bandwidth", "duration", "rate"]
-_UNIT_PARSERS: dict[str, Callable[[object], float]] = {
+UNIT_PARSERS: dict[str, Callable[[object], float]] = {
     "size": parse_size, "bandwidth": parse_bandwidth, "duration": parse_duration, "rate": parse_rate}
 
 
@@ -132,13 +131,13 @@ def _kind(tp: Any) -> tuple[str, bool, tuple[Any, ...], type | None]:
 
 # --- checking values --------------------------------------------------------------------------
 
-_INT_WORDS = {"positive": "a positive whole number", "at_least_1": "a positive whole number",
+INT_WORDS = {"positive": "a positive whole number", "at_least_1": "a positive whole number",
               "nonneg": "a whole number >= 0", "any": "a whole number"}
-_FLOAT_WORDS = {"positive": "a positive number", "at_least_1": "a number >= 1",
+FLOAT_WORDS = {"positive": "a positive number", "at_least_1": "a number >= 1",
                 "nonneg": "a number >= 0", "fraction": "a fraction in (0, 1]", "any": "a number"}
 
 
-def _in_range(x: float, check: str) -> bool:
+def in_range(x: float, check: str) -> bool:
     if check in ("positive", "at_least_1") and not (x > 0 if check == "positive" else x >= 1):
         return False
     if check == "nonneg" and x < 0:
@@ -153,17 +152,17 @@ def value_problem(fs: FieldSpec, v: Any, check: str | None = None) -> str | None
         return None if fs.optional else f"must be {_expected(fs)}, got null"
     kind = fs.kind
     if kind == "int":
-        if isinstance(v, bool) or not isinstance(v, int) or not _in_range(v, check):
-            return f"must be {_INT_WORDS.get(check, 'a whole number')}, got {short_repr(v)}"
+        if isinstance(v, bool) or not isinstance(v, int) or not in_range(v, check):
+            return f"must be {INT_WORDS.get(check, 'a whole number')}, got {short_repr(v)}"
         if abs(v) > MAX_INT:
             return f"{short_repr(v)} is too large (the limit is 2^53)"
     elif kind == "float":
         if isinstance(v, bool) or not isinstance(v, int | float):
-            return f"must be {_FLOAT_WORDS[check]}, got {short_repr(v)}"
+            return f"must be {FLOAT_WORDS[check]}, got {short_repr(v)}"
         if not math.isfinite(v) or abs(v) > 1e300:
             return f"must be a finite number, got {short_repr(v)}"
-        if not _in_range(v, check):
-            return f"must be {_FLOAT_WORDS[check]}, got {short_repr(v)}"
+        if not in_range(v, check):
+            return f"must be {FLOAT_WORDS[check]}, got {short_repr(v)}"
     elif kind == "bool":
         if not isinstance(v, bool):
             return f"must be true or false, got {short_repr(v)}"
@@ -182,7 +181,7 @@ def value_problem(fs: FieldSpec, v: Any, check: str | None = None) -> str | None
 
 
 def _expected(fs: FieldSpec) -> str:
-    return {"int": _INT_WORDS.get(fs.check, "a whole number"), "float": _FLOAT_WORDS.get(fs.check, "a number"),
+    return {"int": INT_WORDS.get(fs.check, "a whole number"), "float": FLOAT_WORDS.get(fs.check, "a number"),
             "bool": "true or false", "str": "text", "choice": "one of " + ", ".join(map(str, fs.choices)),
             "mapping": "a mapping", "spec": "a mapping"}[fs.kind]
 
@@ -194,8 +193,8 @@ def _mapping_problem(fs: FieldSpec, v: Any, check: str) -> str | None:
     for k, x in v.items():
         if not isinstance(k, str) or (allowed and k not in allowed):
             return f"{short_repr(k)} is not one of {', '.join(allowed)}"
-        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or not _in_range(x, check):
-            return f"{k}: must be {_FLOAT_WORDS[check]}, got {short_repr(x)}"
+        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or not in_range(x, check):
+            return f"{k}: must be {FLOAT_WORDS[check]}, got {short_repr(x)}"
     return None
 
 
@@ -223,171 +222,8 @@ def validate(obj: Any) -> None:
         raise ScenarioError(problems)
 
 
-# --- parsing YAML -----------------------------------------------------------------------------
-
-
-def parse_fields(cls: type, raw: Any, c: Collector, *, skip: frozenset[str] = frozenset(),
-                 hint: str = "", missing: bool = True) -> dict[str, Any] | None:
-    """Constructor arguments of ``cls`` from the YAML mapping ``raw``; problems go to ``c``
-    (whose prefix names the section). None when ``raw`` is not a mapping. ``skip``: keys that
-    belong to another field; ``hint``: appended to "is required"; ``missing``: report missing
-    required fields (not after a preset that failed, which would have given them)."""
-    if not isinstance(raw, Mapping):
-        c.add("", f"must be a mapping, got {short_repr(raw)}")
-        return None
-    specs = spec_fields(cls)
-    by_key = {fs.key.split(".")[0]: fs for fs in specs if fs.key}
-    for key in raw:
-        if not isinstance(key, str) or (key not in by_key and key not in skip):
-            c.add(_key_text(key), _unknown(key, by_key))
-    out: dict[str, Any] = {}
-    for fs in specs:
-        if not fs.key:
-            continue
-        present, value = _lookup(raw, fs.key)
-        if present and value is None and (fs.meta.get("null_is_default") and not fs.optional):
-            present = False
-        if not present:
-            if missing and (fs.required or fs.meta.get("yaml_required")):
-                c.add(fs.key, "is required" + (f" ({hint})" if hint and fs.required else ""))
-            continue
-        sub = Collector(_join(c.prefix, fs.key))
-        converted = convert(fs, value, sub, skip=frozenset(k.split(".", 1)[1] for k in _dotted(specs, fs.key)))
-        c.problems.extend(sub.problems)
-        if converted is not _BAD:
-            out[fs.name] = converted
-    return out
-
-
-_BAD = object()
-
-
-def convert(fs: FieldSpec, value: Any, c: Collector, skip: frozenset[str] = frozenset()) -> Any:
-    """One YAML value -> the field's value (``_BAD`` after reporting a problem into ``c``)."""
-    meta = fs.meta
-    n0 = len(c.problems)
-    if meta.get("auto") is not None and value == meta["auto"]:
-        return None
-    if value is not None and meta.get("shorthand") and not isinstance(value, Mapping):
-        value = meta["shorthand"](value)
-    if meta.get("prepare"):
-        value = meta["prepare"](value, c)
-        if value is None:
-            return _BAD
-    if fs.kind == "spec":
-        if value is None and meta.get("null_is_default"):
-            return fs.default
-        if value is None and fs.optional:
-            return None
-        args = parse_fields(fs.nested, value, c, skip=skip)  # type: ignore[arg-type]
-        if args is None or len(c.problems) > n0:
-            return _BAD
-        obj = build(fs.nested, args, c)  # type: ignore[arg-type]
-        return obj if obj is not None and len(c.problems) == n0 else _BAD
-    if value is not None and meta.get("unit"):
-        try:
-            value = _UNIT_PARSERS[meta["unit"]](value)
-        except UnitError as exc:
-            c.add("", str(exc))
-            return _BAD
-    elif value is not None and fs.kind == "float":
-        value = _number(value, meta, c)
-        if value is _BAD:
-            return _BAD
-    elif value is not None and fs.kind == "mapping":
-        value = _scaled_mapping(fs, value, c)
-        if value is _BAD:
-            return _BAD
-    why = value_problem(fs, value)
-    if why:
-        c.add("", why)
-        return _BAD
-    return value
-
-
-def _number(value: Any, meta: Mapping[str, Any], c: Collector) -> Any:
-    if isinstance(value, str) and meta.get("numeric_text"):
-        try:
-            value = float(value.strip()) if value.strip().isascii() else value
-        except ValueError:
-            c.add("", f"must be a number, got {short_repr(value)}")
-            return _BAD
-    if isinstance(value, int) and not isinstance(value, bool):
-        if abs(value) > MAX_INT:
-            c.add("", f"{short_repr(value)} is too large (the limit is 2^53)")
-            return _BAD
-        return float(value) * meta.get("scale", 1.0)
-    if isinstance(value, float):
-        return value * meta.get("scale", 1.0)
-    return value
-
-
-def _scaled_mapping(fs: FieldSpec, value: Any, c: Collector) -> Any:
-    if not isinstance(value, Mapping):
-        c.add("", f"must be a mapping, got {short_repr(value)}")
-        return _BAD
-    out: dict[str, Any] = {}
-    allowed = fs.meta.get("keys") or ()
-    for k, x in value.items():
-        if not isinstance(k, str) or (allowed and k not in allowed):
-            c.add(_key_text(k), f"unknown key (one of {', '.join(allowed)})")
-            continue
-        x2 = _number(x, fs.meta, Collector(_join(c.prefix, k)))
-        if isinstance(x2, bool) or not isinstance(x2, float) or not math.isfinite(x2) or not _in_range(x2, fs.check):
-            c.add(k, f"must be {_FLOAT_WORDS[fs.check]}, got {short_repr(x)}")
-            continue
-        out[k] = x2
-    return out if len(out) == len(value) else _BAD
-
-
-def build(cls: type, args: dict[str, Any], c: Collector, local: bool = True) -> Any:
-    """``cls(**args)`` (None after reporting its type and range problems into ``c``); with
-    ``local``, the object's own cross-field ``problems()`` are reported too."""
-    try:
-        obj = cls(**args)
-    except ScenarioError as exc:
-        for p in exc.problems:
-            c.add(p.field, p.message)
-        return None
-    if local and callable(getattr(obj, "problems", None)):
-        for p in obj.problems():
-            c.add(p.field, p.message)
-    return obj
-
-
 def since(fs: FieldSpec) -> tuple[int, ...]:
     return tuple(int(x) for x in str(fs.meta.get("since", "1.0")).split("."))
-
-
-def _lookup(raw: Mapping[str, Any], key: str) -> tuple[bool, Any]:
-    head, _, rest = key.partition(".")
-    if head not in raw:
-        return False, None
-    if not rest:
-        return True, raw[head]
-    inner = raw[head]
-    if isinstance(inner, Mapping) and rest in inner:
-        return True, inner[rest]
-    return False, None
-
-
-def _dotted(specs: tuple[FieldSpec, ...], head: str) -> list[str]:
-    return [fs.key for fs in specs if "." in fs.key and fs.key.split(".")[0] == head]
-
-
-def _join(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix and key else (key or prefix)
-
-
-def _key_text(key: Any) -> str:
-    return key if isinstance(key, str) and len(key) <= 60 else short_repr(key, 40)
-
-
-def _unknown(key: Any, by_key: Mapping[str, FieldSpec]) -> str:
-    if not isinstance(key, str):
-        return "unknown field (field names are text)"
-    close = difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.8)
-    return "unknown field" + (f"; did you mean {close[0]}?" if close else "")
 
 
 def yaml_keys(cls: type) -> list[str]:
@@ -414,7 +250,3 @@ def legacy_view(obj: Any) -> dict[str, Any]:
             continue
         out[fs.name] = legacy_view(v) if is_dataclass(v) and not isinstance(v, type) else copy.deepcopy(v)
     return out
-
-
-def field_doc(f: Field[Any]) -> str:
-    return str(f.metadata.get("doc", "")) if f.metadata else ""

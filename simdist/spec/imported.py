@@ -18,7 +18,7 @@ from simdist import catalog
 from simdist.errors import Collector, Problem, ScenarioError
 from simdist.io.accelerate import scenario_fields
 from simdist.spec.fields import FieldSpec, spec_fields
-from simdist.spec.files import read_yaml
+from simdist.spec.files import read_json_object, read_yaml
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import scenario_from_dict
 
@@ -40,6 +40,7 @@ def import_config(path: Path, model: str, cluster: str, *, nodes: int | None = N
     if micro_batch_size:
         plan["micro_batch_size"] = micro_batch_size
     if path.suffix.lower() == ".json":
+        read_json_object(path, "config")  # a readable JSON object, or one problem naming the argument
         plan["deepspeed_config"] = str(path.resolve())
         notes.append(f"plan read from the DeepSpeed config {path.name}")
     else:

@@ -87,6 +87,7 @@ class ModelSpec:
             object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
         if self.attention == "mla" and self.v_head_dim == 0:
             object.__setattr__(self, "v_head_dim", self.head_dim)
+        validate(self)  # the derived values too (4 * a huge hidden_size is out of range)
 
     @property
     def kv_dim(self) -> int:

@@ -23,9 +23,10 @@ from simdist.io import deepspeed as ds_io
 from simdist.io.hf import fields_from_hf_config
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.consistency import check_consistency
-from simdist.spec.fields import build, legacy_view, parse_fields
+from simdist.spec.fields import legacy_view
 from simdist.spec.files import read_json_object, read_yaml
 from simdist.spec.model import ModelSpec
+from simdist.spec.parse import build, parse_fields
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.reliability import Reliability
 from simdist.units import short_repr
