@@ -124,7 +124,8 @@ def _prepare_gpu(raw: Any, c: Collector) -> Any:
     out = {**base, **{k: v for k, v in raw.items() if k != "like"}}
     if isinstance(raw.get("efficiency"), Mapping):
         out["efficiency"] = {**base.get("efficiency", {}), **raw["efficiency"]}
-    out.setdefault("source", f"like {like}")
+    if "source" not in raw:
+        out["source"] = f"figures not stated taken from {like} ({base.get('source', 'catalog')})"
     return out
 
 

@@ -159,8 +159,10 @@ def value_problem(fs: FieldSpec, v: Any, check: str | None = None) -> str | None
     elif kind == "float":
         if isinstance(v, bool) or not isinstance(v, int | float):
             return f"must be {FLOAT_WORDS[check]}, got {short_repr(v)}"
-        if not math.isfinite(v) or abs(v) > 1e300:
+        if not math.isfinite(v):
             return f"must be a finite number, got {short_repr(v)}"
+        if abs(v) > 1e300:
+            return f"{short_repr(v)} is too large"
         if not in_range(v, check):
             return f"must be {FLOAT_WORDS[check]}, got {short_repr(v)}"
     elif kind == "bool":

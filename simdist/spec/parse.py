@@ -33,10 +33,10 @@ def parse_fields(cls: type, raw: Any, c: Collector, *, skip: frozenset[str] = fr
         c.add("", f"must be a mapping, got {short_repr(raw)}")
         return None
     specs = spec_fields(cls)
-    by_key = {fs.key.split(".")[0]: fs for fs in specs if fs.key}
+    known = {fs.key.split(".")[0] for fs in specs if fs.key}
     for key in raw:
-        if not isinstance(key, str) or (key not in by_key and key not in skip):
-            c.add(_key_text(key), _unknown(key, by_key))
+        if not isinstance(key, str) or (key not in known and key not in skip):
+            c.add(_key_text(key), _unknown(key, known))
     out: dict[str, Any] = {}
     for fs in specs:
         if not fs.key:
@@ -176,8 +176,8 @@ def _key_text(key: Any) -> str:
     return key if isinstance(key, str) and len(key) <= 60 else short_repr(key, 40)
 
 
-def _unknown(key: Any, by_key: Mapping[str, FieldSpec]) -> str:
+def _unknown(key: Any, known: set[str]) -> str:
     if not isinstance(key, str):
         return "unknown field (field names are text)"
-    close = difflib.get_close_matches(key, list(by_key), n=1, cutoff=0.8)
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
     return "unknown field" + (f"; did you mean {close[0]}?" if close else "")
