@@ -7,10 +7,13 @@ A bare number where a unit is expected is an error, never a guess.
 
 from __future__ import annotations
 
+import math
 import re
 
-_NUMBER = r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
-_PATTERN = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-z/ ]+?)\s*$")
+# ASCII digits only: Python's \d and float() also accept full-width and other Unicode digits
+_NUMBER = r"([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)"
+_PATTERN = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-z/ µ]+?)\s*$", re.ASCII)
+_MAX_TEXT = 64  # a quantity is a short string; longer input is refused before any regex work
 
 _SI = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 _BIN = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
@@ -29,11 +32,14 @@ def _split(text: object, kind: str) -> tuple[float, str]:
     if isinstance(text, bool | int | float):
         raise UnitError(f"{text!r} has no unit; write the {kind} with its unit, e.g. {_EXAMPLES[kind]}")
     if not isinstance(text, str):
-        raise UnitError(f"expected a {kind} such as {_EXAMPLES[kind]}, got {text!r}")
-    m = _PATTERN.match(text)
+        raise UnitError(f"expected a {kind} such as {_EXAMPLES[kind]}, got {short_repr(text)}")
+    m = _PATTERN.match(text) if len(text) <= _MAX_TEXT else None
     if not m:
-        raise UnitError(f"{text!r} is not a {kind}; write e.g. {_EXAMPLES[kind]}")
-    return float(m.group(1)), m.group(2).replace(" ", "")
+        raise UnitError(f"{short_repr(text)} is not a {kind}; write e.g. {_EXAMPLES[kind]}")
+    value = float(m.group(1))
+    if not math.isfinite(value):
+        raise UnitError(f"{text!r}: the number is too large")
+    return value, m.group(2).replace(" ", "")
 
 
 _EXAMPLES = {
@@ -96,12 +102,31 @@ def parse_rate(text: object, what: str = "params") -> float:
 
 
 def _positive(value: float, text: object, kind: str, allow_zero: bool = False) -> float:
+    if not math.isfinite(value):
+        raise UnitError(f"{text!r}: the {kind} is too large")
     if value < 0 or (value == 0 and not allow_zero):
         raise UnitError(f"{text!r}: a {kind} must be positive")
     return value
 
 
 # --- formatting (for tables and messages) -------------------------------------------------
+
+
+def short_repr(value: object, limit: int = 60) -> str:
+    """``repr`` for error messages, bounded: nested containers are cut (reprlib) before they are
+    expanded, and the text is shortened to ``limit`` characters."""
+    import reprlib
+
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"a {value.bit_length()}-bit integer"
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxdict, r.maxtuple, r.maxset = 2, 4, 4, 4, 4
+    r.maxstring, r.maxother, r.maxlong = limit, limit, 40
+    try:
+        text = r.repr(value)
+    except ValueError:  # e.g. an integer beyond Python's digit limit inside a container
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 GiB = 2.0**30
 

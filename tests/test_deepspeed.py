@@ -10,7 +10,7 @@ import yaml
 from conftest import DATA, run_cli
 
 from simdist.errors import Collector, ScenarioError
-from simdist.spec.deepspeed import fields_from_ds_dict
+from simdist.io.deepspeed import plan_fields
 from simdist.spec.scenario import load_scenario, scenario_from_dict
 
 DS = DATA / "deepspeed"
@@ -61,9 +61,12 @@ def test_bucket_sizes_are_elements_and_zero2_offload():
 
 
 def test_zeropp_keys():
-    p = scenario("ds_zeropp.json").plan
-    assert (p.dp_shard, p.zero_quantized_weights, p.grad_compression.method) == (8, True, "int8")
-    assert p.global_batch_size == 8  # micro 1 x accumulation 1 x dp 8
+    """hpZ is a secondary weight partition (contract 1.2 zero_hpz_partition_size), not HSDP:
+    the optimizer states and gradients stay sharded over all of dp (issue 15 item 7)."""
+    p = scenario("ds_zeropp.json", nodes=2).plan
+    assert (p.zero_hpz_partition_size, p.dp_shard, p.dp) == (8, 16, 16)
+    assert (p.zero_quantized_weights, p.grad_compression.method) == (True, "int8")
+    assert p.global_batch_size == 16  # micro 1 x accumulation 1 x dp 16
 
 
 @pytest.mark.parametrize(("cfg", "field"), [
@@ -78,7 +81,7 @@ def test_zeropp_keys():
 ])
 def test_bad_values_are_named(cfg, field):
     c = Collector("plan.deepspeed_config")
-    fields_from_ds_dict(cfg, {}, scenario("ds_zeropp.json").cluster, c)
+    plan_fields(cfg, {}, scenario("ds_zeropp.json").world_size, c)
     assert f"plan.deepspeed_config.{field}" in {p.field for p in c.problems}, c.problems
 
 
@@ -130,7 +133,7 @@ def test_import_accelerate_hybrid_shard_with_offload(tmp_path):
     ("FULL_SHARD", 3, 16), ("SHARD_GRAD_OP", 2, 16), ("NO_SHARD", 0, 16), ("HYBRID_SHARD_ZERO2", 2, 8), (2, 2, 16),
 ])
 def test_import_accelerate_strategies(tmp_path, strategy, zero, shard):
-    from simdist.importers import import_config
+    from simdist.spec.imported import import_config
 
     cfg = tmp_path / "a.yaml"
     cfg.write_text(yaml.safe_dump({"distributed_type": "FSDP", "num_machines": 2, "num_processes": 16,
@@ -148,7 +151,7 @@ def test_import_bad_strategy_exits_2():
 
 
 def test_import_accelerate_deepspeed_config_file_keeps_its_batch(tmp_path):
-    from simdist.importers import import_config
+    from simdist.spec.imported import import_config
 
     cfg = tmp_path / "acc.yaml"
     cfg.write_text(yaml.safe_dump({"distributed_type": "DEEPSPEED", "num_machines": 1, "num_processes": 8,

@@ -36,10 +36,6 @@ LAYERS: tuple[tuple[int, tuple[str, ...]], ...] = (
 TOP = 5
 EXECUTOR_MAY_IMPORT = ("simdist.spec", "simdist.units", "simdist.errors", "simdist.catalog")
 
-# Files and cycles that other parts of the renovation (issue 17, step 5) are splitting or
-# untangling in their own branches; each entry goes when its branch is merged.
-OVERSIZED_ELSEWHERE = {"simdist/spec/scenario.py"}
-CYCLES_ELSEWHERE: set[frozenset[str]] = set()
 
 
 def _is_under(module: str, prefix: str) -> bool:
@@ -158,12 +154,10 @@ def test_no_upward_import(path: Path) -> None:
 
 
 def test_no_import_cycle() -> None:
-    found = [c for c in cycles(graph()) if c not in CYCLES_ELSEWHERE]
+    found = cycles(graph())
     assert not found, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in found)
 
 
-@pytest.mark.xfail(strict=False, reason="the executor's imports of simdist.analytic and simdist.calibrate "
-                   "move below spec in another branch of issue 17")
 def test_executor_imports_only_the_specification() -> None:
     bad = sorted({f"{module_name(p)} -> {m}" for p in EXECUTOR for m in graph()[module_name(p)]
                   if m.startswith("simdist") and not any(_is_under(m, ok) for ok in EXECUTOR_MAY_IMPORT)})
@@ -173,9 +167,7 @@ def test_executor_imports_only_the_specification() -> None:
 SIZED = [*source_files(), REPO / "app.py"]
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(
-    strict=False, reason="split in another branch of issue 17")) if _rel(p) in OVERSIZED_ELSEWHERE else p
-    for p in SIZED], ids=_rel)
+@pytest.mark.parametrize("path", SIZED, ids=_rel)
 def test_source_file_at_most_400_lines(path: Path) -> None:
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_LINES, f"{_rel(path)} has {lines} lines (at most {MAX_LINES})"

@@ -1,4 +1,4 @@
-"""Scenario loading and validation (CONTRACT.md: presets + overrides, units, bad input)."""
+"""Scenario loading and validation (docs/scenario-format.md: presets + overrides, units, bad input)."""
 
 import json
 
@@ -28,12 +28,28 @@ def test_preset_with_overrides_fields_win():
     assert sc.plan.dp == 8  # derived: 8 GPUs / (tp*pp*cp)
 
 
-def test_gpu_as_mapping():
+def test_gpu_as_mapping_like_a_catalog_gpu():
+    """Issue 15 item 8: a custom GPU takes the efficiencies (and unstated figures) of the catalog
+    GPU it names with like:, never silent defaults."""
     d = base_scenario()
-    d["cluster"]["gpu"] = {"name": "my-gpu", "memory": "96 GiB", "memory_bandwidth": "3 TB/s",
-                           "peak_tflops": {"bf16": 500, "fp32": 50}}
-    sc = scenario_from_dict(d)
-    assert sc.cluster.gpu.memory_bytes == 96 * 2**30 and sc.cluster.gpu.peak("bf16") == 500e12
+    d["cluster"]["gpu"] = {"name": "my-gpu", "like": "h100-sxm", "memory": "96 GiB", "memory_bandwidth": "3 TB/s",
+                           "peak_tflops": {"bf16": 500, "fp32": 50}, "efficiency": {"attention": 0.5}}
+    gpu = scenario_from_dict(d).cluster.gpu
+    assert gpu.memory_bytes == 96 * 2**30 and gpu.peak("bf16") == 500e12
+    assert "fp8" not in gpu.peak_flops  # a stated peak table replaces the like GPU's whole
+    h100 = scenario_from_dict({**base_scenario(), "cluster": {"preset": "dgx-h100", "num_nodes": 1}}).cluster.gpu
+    assert gpu.efficiency == {**h100.efficiency, "attention": 0.5} and gpu.sms == h100.sms
+
+
+def test_gpu_as_mapping_without_like_states_its_efficiencies():
+    d = base_scenario()
+    gpu = {"name": "my-gpu", "memory": "96 GiB", "memory_bandwidth": "3 TB/s", "peak_tflops": {"bf16": 500}}
+    d["cluster"]["gpu"] = gpu
+    assert any(m.startswith("cluster.gpu.efficiency: is required for a GPU given as a mapping") for m in problems(d))
+    d["cluster"]["gpu"] = {**gpu, "sms": 100, "efficiency": {"gemm": 0.6}}
+    assert any(m.startswith("cluster.gpu.efficiency: needs attention, memory") for m in problems(d))
+    d["cluster"]["gpu"] = {**gpu, "sms": 100, "efficiency": {"gemm": 0.6, "attention": 0.4, "memory": 0.8}}
+    assert scenario_from_dict(d).cluster.gpu.efficiency["gemm"] == 0.6
 
 
 def test_contract_bad_inputs_each_named():
@@ -144,6 +160,7 @@ def test_cli_missing_file_and_bad_yaml(tmp_path):
     f.write_text("name: [unclosed")
     r = run_cli("predict", str(f))
     assert r.returncode == 2 and "not valid YAML" in r.stderr
+    assert r.stderr.count("\n") == 1 and f"{f}:2:1:" in r.stderr  # one line: file, line, column
 
 
 def test_load_scenario_from_file(tmp_path):

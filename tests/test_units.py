@@ -40,3 +40,23 @@ def test_bare_numbers_and_wrong_units_are_errors(bad):
 def test_bandwidth_roundtrip(x):
     assert parse_bandwidth(f"{x!r} GB/s") == pytest.approx(x * 1e9)
     assert parse_bandwidth(f"{x!r} Gb/s") == pytest.approx(x * 1e9 / 8)
+
+
+@pytest.mark.parametrize("bad", ["1e400 GB/s", "1e308 TB/s", "３００ GB/s", "３ us", "nan GB/s", "inf GB/s",
+                                 "300\u00a0GB/s", "0x10 GB/s", "1" * 70 + " GB/s", "1e-400 GB/s", "300 GB/s/s"])
+def test_non_finite_huge_and_non_ascii_quantities_are_refused(bad):
+    with pytest.raises(UnitError):
+        parse_bandwidth(bad) if "B" in bad else parse_duration(bad)
+
+
+def test_micro_sign_is_a_microsecond():
+    assert parse_duration("3 µs") == pytest.approx(3e-6)
+
+
+def test_error_messages_stay_short_for_huge_inputs():
+    from simdist.units import short_repr
+
+    with pytest.raises(UnitError) as exc:
+        parse_size(["x" * 10_000] * 1000)
+    assert len(str(exc.value)) < 200
+    assert short_repr(10**5000) == "a 16610-bit integer"

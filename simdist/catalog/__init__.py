@@ -1,5 +1,9 @@
 """Catalogs as data files: GPUs, cluster presets, model presets and link generations, each
-figure with its source."""
+figure with its source.
+
+Read with the same bounded YAML reader as scenario files (duplicate keys refused), so a typo
+in a catalog fails loudly instead of silently keeping one of two entries.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +11,15 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+from simdist.io.text import parse_yaml
 
 CATALOG_DIR = Path(__file__).parent
-
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @cache
 def _load(name: str) -> dict[str, dict[str, Any]]:
-    with open(CATALOG_DIR / f"{name}.yaml", encoding="utf-8") as fh:
-        data = yaml.load(fh, Loader=_Loader) or {}
+    path = CATALOG_DIR / f"{name}.yaml"
+    data = parse_yaml(path.read_text(encoding="utf-8"), str(path), field=f"catalog.{name}") or {}
     # keys starting with "_" are YAML anchors shared by several entries, not presets
     return {k: v for k, v in data.items() if not k.startswith("_")}
 

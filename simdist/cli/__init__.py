@@ -31,7 +31,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("runs", "list stored measurements and predictions", "simdist.cli.runs"),
     ("compare", "predicted vs measured for stored runs", "simdist.cli.compare"),
     ("goodput", "goodput against the checkpoint interval", "simdist.cli.goodput"),
-    ("import", "turn a DeepSpeed or Accelerate config into a scenario", "simdist.importers"),
+    ("import", "turn a DeepSpeed or Accelerate config into a scenario", "simdist.cli.import_config"),
 )
 
 

@@ -18,7 +18,8 @@ from typing import Any
 from simdist import catalog
 from simdist.dashboard.diff import flatten
 from simdist.errors import Collector, ScenarioError
-from simdist.spec.model import MODEL_FIELDS, fields_from_hf_config
+from simdist.io.hf import fields_from_hf_config
+from simdist.spec.model import MODEL_FIELDS
 from simdist.spec.plan import PRECISIONS, RECOMPUTE, SCHEDULES
 from simdist.spec.scenario import Scenario, scenario_from_dict
 from simdist.units import UnitError, parse_bandwidth

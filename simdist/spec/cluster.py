@@ -2,24 +2,41 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+from simdist import catalog
+from simdist.errors import Collector, Problem
+from simdist.spec.fields import spec_field, validate
+from simdist.units import short_repr
 
 IntraKind = Literal["nvswitch", "nvlink", "pcie", "loopback"]
 InterKind = Literal["infiniband", "roce", "ethernet", "omnipath", "none"]
+LinkKind = Literal[IntraKind, InterKind]
 PEAK_PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")  # keys of GpuSpec.peak_flops (tf32: fp32 matmuls on tensor cores)
+EFFICIENCY_KEYS = ("gemm", "fp8_gemm", "attention", "memory")
+REQUIRED_EFFICIENCIES = ("gemm", "attention", "memory")
 
 
 @dataclass(frozen=True, kw_only=True)
 class GpuSpec:
-    name: str
-    memory_bytes: float
-    memory_bandwidth_bytes_per_s: float
-    peak_flops: dict[str, float]  # dense FLOP/s per precision
-    sms: int = 108  # streaming multiprocessors: GEMM tiles are scheduled in waves over them
+    name: str = spec_field(doc="GPU name")
+    memory_bytes: float = spec_field(key="memory", unit="size", check="positive", doc="HBM capacity")
+    memory_bandwidth_bytes_per_s: float = spec_field(key="memory_bandwidth", unit="bandwidth", check="positive",
+                                                     doc="HBM bandwidth")
+    # dense FLOP/s per precision
+    peak_flops: dict[str, float] = spec_field(key="peak_tflops", scale=1e12, keys=PEAK_PRECISIONS, check="positive",
+                                              doc="dense peak TFLOP/s per precision")
+    # streaming multiprocessors: GEMM tiles are scheduled in waves over them
+    sms: int = spec_field(108, check="positive", doc="streaming multiprocessors (GEMM wave quantization)")
     # Achieved fractions of peak that the cost model starts from (a calibration profile overrides).
-    efficiency: dict[str, float] = field(default_factory=dict, compare=False)
-    source: str = field(default="", compare=False)
+    efficiency: dict[str, float] = spec_field(default_factory=dict, compare=False, keys=EFFICIENCY_KEYS,
+                                              check="fraction", doc="achieved fractions of peak")
+    source: str = spec_field("", compare=False, doc="where the figures come from")
+
+    def __post_init__(self) -> None:
+        validate(self)
 
     def __hash__(self) -> int:
         return hash((self.name, self.memory_bytes, self.memory_bandwidth_bytes_per_s,
@@ -36,37 +53,99 @@ class GpuSpec:
             return self.peak("bf16")
         raise KeyError(precision)
 
+    def problems(self) -> list[Problem]:
+        out = []
+        if not self.peak_flops:
+            out.append(Problem("peak_tflops", "is required: a mapping such as {bf16: 312, fp32: 19.5}"))
+        elif not any(p in self.peak_flops for p in ("bf16", "fp16", "fp32")):
+            out.append(Problem("peak_tflops", "needs at least one of bf16, fp16, fp32"))
+        missing = [k for k in REQUIRED_EFFICIENCIES if k not in self.efficiency]
+        if missing:
+            out.append(Problem("efficiency", f"needs {', '.join(missing)} (fractions of peak reached in "
+                               "training), or give like: <catalog GPU> to take that GPU's"))
+        return out
+
 
 @dataclass(frozen=True, kw_only=True)
 class LinkSpec:
-    kind: str
-    bandwidth_bytes_per_s: float  # per GPU (intra) or per NIC (inter), per direction
-    latency_s: float
+    kind: LinkKind = spec_field(doc="link technology (sets the achieved fraction of line rate)")
+    # per GPU (intra) or per NIC (inter), per direction
+    bandwidth_bytes_per_s: float = spec_field(key="bandwidth", unit="bandwidth", check="positive",
+                                              doc="line rate per GPU (intra) or NIC (inter), per direction")
+    latency_s: float = spec_field(key="latency", unit="duration", check="nonneg", doc="per-hop latency")
+
+    def __post_init__(self) -> None:
+        validate(self)
 
 
 @dataclass(frozen=True, kw_only=True)
 class HostSpec:
-    """Per node: what ZeRO-Offload / ZeRO-Infinity lean on (CONTRACT v1.1)."""
+    """Per node: what ZeRO-Offload / ZeRO-Infinity lean on (contract v1.1)."""
 
-    cpu_memory_bytes: float
-    pcie_bandwidth_bytes_per_s: float  # per GPU, per direction
-    nvme_bandwidth_bytes_per_s: float  # per node
-    cpu_optimizer_params_per_s: float  # per node, CPU Adam
+    cpu_memory_bytes: float = spec_field(key="cpu_memory", unit="size", check="positive", doc="host RAM per node")
+    pcie_bandwidth_bytes_per_s: float = spec_field(key="pcie_bandwidth", unit="bandwidth", check="positive",
+                                                   doc="GPU <-> host, per GPU, per direction")
+    nvme_bandwidth_bytes_per_s: float = spec_field(key="nvme_bandwidth", unit="bandwidth", check="positive",
+                                                   doc="per node, read or write")
+    cpu_optimizer_params_per_s: float = spec_field(key="cpu_optimizer_throughput", unit="rate", check="positive",
+                                                   doc="CPU Adam step per node")
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+def _prepare_gpu(raw: Any, c: Collector) -> Any:
+    """A catalog name or a mapping -> the mapping of GpuSpec keys (None after a problem).
+
+    A mapping with ``like: <catalog GPU>`` starts from that GPU (its figures and efficiencies)
+    and overrides what it states (``efficiency`` key by key); one without ``like`` must state
+    ``efficiency`` and ``sms`` itself, never a silent default."""
+    gpus = catalog.gpus()
+    if isinstance(raw, str):
+        if raw not in gpus:
+            c.add("", f"unknown GPU {short_repr(raw)}; see `simdist list gpus`")
+            return None
+        return {**gpus[raw], "name": raw}
+    if not isinstance(raw, Mapping):
+        c.add("", f"must be a catalog name such as a100-80gb or a mapping, got {short_repr(raw)}")
+        return None
+    like = raw.get("like")
+    if like is None:
+        missing = [k for k in ("efficiency", "sms") if k not in raw]
+        if missing:
+            c.add(missing[0], f"is required for a GPU given as a mapping ({' and '.join(missing)}), "
+                  "or give like: <catalog GPU> to take that GPU's")
+            return None
+        return raw
+    if not isinstance(like, str) or like not in gpus:
+        c.add("like", f"unknown GPU {short_repr(like)}; see `simdist list gpus`")
+        return None
+    base = gpus[like]
+    out = {**base, **{k: v for k, v in raw.items() if k != "like"}}
+    if isinstance(raw.get("efficiency"), Mapping):
+        out["efficiency"] = {**base.get("efficiency", {}), **raw["efficiency"]}
+    if "source" not in raw:
+        out["source"] = f"figures not stated taken from {like} ({base.get('source', 'catalog')})"
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
-    name: str
-    num_nodes: int
-    gpus_per_node: int
-    gpu: GpuSpec
-    intra_node: LinkSpec
-    inter_node: LinkSpec
-    nics_per_node: int
-    in_switch_reduction: bool = False  # NVLink SHARP (NVLS) inside the node
-    host: HostSpec | None = None
-    nodes_per_leaf: int = 32  # leaf switch radix in nodes (rail-optimized fat tree, full bisection)
-    spine_oversubscription: float = 1.0  # >1 means less spine bandwidth than leaf bandwidth
+    name: str = spec_field("custom", internal=True, doc="the preset's name, or custom")
+    num_nodes: int = spec_field(check="positive", doc="nodes")
+    gpus_per_node: int = spec_field(check="positive", doc="GPUs per node")
+    gpu: GpuSpec = spec_field(prepare=_prepare_gpu, doc="a catalog GPU name or a mapping")
+    intra_node: LinkSpec = spec_field(doc="the link inside a node")
+    inter_node: LinkSpec = spec_field(doc="the network between nodes")
+    nics_per_node: int = spec_field(1, key="inter_node.nics_per_node", check="positive", doc="NICs per node")
+    in_switch_reduction: bool = spec_field(False, doc="NVLink SHARP (NVLS) inside the node")
+    host: HostSpec | None = spec_field(None, since="1.1", doc="host memory, PCIe, NVMe and CPU optimizer speed")
+    nodes_per_leaf: int = spec_field(32, check="positive", doc="leaf switch radix in nodes (fat tree)")
+    spine_oversubscription: float = spec_field(1.0, check="at_least_1",
+                                               doc=">1: less spine bandwidth than leaf bandwidth")
+
+    def __post_init__(self) -> None:
+        validate(self)
 
     @property
     def world_size(self) -> int:
@@ -78,3 +157,11 @@ class ClusterSpec:
 
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node
+
+    def problems(self) -> list[Problem]:
+        out = [Problem(f"gpu.{p.field}", p.message) for p in self.gpu.problems()]
+        for where, link, kinds in (("intra_node", self.intra_node, get_args(IntraKind)),
+                                   ("inter_node", self.inter_node, get_args(InterKind))):
+            if link.kind not in kinds:
+                out.append(Problem(f"{where}.kind", f"{link.kind} is not a link of this kind ({', '.join(kinds)})"))
+        return out

@@ -1,166 +1,159 @@
-"""ModelSpec: the architecture of a GPT/Llama-style decoder, independent of hardware and plan."""
+"""ModelSpec: the architecture of a decoder-only transformer, independent of hardware and plan.
+
+Dense GPT/Llama-style models, and (contract v1.2) what newer models add: an explicit head
+dimension (Qwen3, GPT-OSS), sliding-window attention (Mistral, GPT-OSS), multi-head latent
+attention (DeepSeek-V2/V3), mixture-of-experts layers (Mixtral, Qwen-MoE, DeepSeek-V3, GPT-OSS)
+and multi-token prediction (DeepSeek-V3). ``docs/scenario-format.md`` is the field reference.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Literal
 
-from simdist.errors import Collector
+from simdist.errors import Problem
+from simdist.spec.fields import spec_field, validate
 
 Mlp = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
 PositionEmbedding = Literal["learned", "rope", "alibi"]
+Attention = Literal["mha", "mla"]
+Router = Literal["softmax", "sigmoid"]
+
+_MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
+_MOE_FIELDS = ("moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers", "moe_load_imbalance",
+               "router", "moe_capacity_factor")
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
-    """A decoder-only transformer.
+    """A decoder-only transformer. Defaults follow the contract: ``num_kv_heads`` = heads,
+    ``ffn_hidden_size`` = 4 * hidden, ``head_dim`` = hidden / heads; 0 means "derive it"."""
 
-    Defaults follow the contract: ``num_kv_heads`` = heads, ``ffn_hidden_size`` = 4 * hidden.
-    """
-
-    name: str = "custom"
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_kv_heads: int = 0  # 0 -> num_attention_heads (set in __post_init__)
-    ffn_hidden_size: int = 0  # 0 -> 4 * hidden_size
-    mlp: Mlp = "gelu"
-    vocab_size: int
-    seq_length: int
-    tie_embeddings: bool = False
-    norm: Norm = "layernorm"
-    bias: bool = True  # biases in the linear layers (GPT-2/3 yes, Llama no)
-    position_embedding: PositionEmbedding = "learned"
-    dropout: bool = False  # dropout layers (and their 1-byte masks) in attention and MLP
-    num_experts: int = 1  # Mixtral-style MoE: experts per MLP layer (1 = dense)
-    experts_per_token: int = 1  # top-k routing
-    source: str = field(default="", compare=False)  # where the figures come from
+    name: str = spec_field("custom", doc="label in reports (a preset's or config's name by default)")
+    num_layers: int = spec_field(check="positive", doc="transformer blocks")
+    hidden_size: int = spec_field(check="positive", doc="model width d")
+    num_attention_heads: int = spec_field(check="positive", doc="query heads")
+    num_kv_heads: int = spec_field(0, check="positive", doc="key/value heads (fewer = GQA/MQA); default heads")
+    ffn_hidden_size: int = spec_field(0, check="positive", doc="MLP width (dense layers); default 4*hidden")
+    mlp: Mlp = spec_field("gelu", doc="gelu: two projections; swiglu: three")
+    vocab_size: int = spec_field(check="positive", doc="vocabulary (embedding and LM head rows)")
+    seq_length: int = spec_field(check="positive", doc="tokens per training sequence")
+    tie_embeddings: bool = spec_field(False, doc="LM head shares the input embedding")
+    norm: Norm = spec_field("layernorm", doc="layernorm or rmsnorm")
+    bias: bool = spec_field(True, doc="biases in the linear layers (GPT-2/3 yes, Llama no)")
+    position_embedding: PositionEmbedding = spec_field("learned", doc="learned, rope or alibi")
+    dropout: bool = spec_field(False, doc="dropout layers (and their 1-byte masks)")
+    num_experts: int = spec_field(1, check="nonneg", doc="routed experts per MoE layer; 0 or 1 = dense")
+    experts_per_token: int = spec_field(1, check="positive", doc="top-k routing")
+    source: str = spec_field("", compare=False, internal=True, doc="where the figures come from")
+    # --- contract v1.2 -------------------------------------------------------------------------
+    head_dim: int = spec_field(0, check="positive", since="1.2",
+                               doc="per-head dimension (MLA: the non-rotary query/key part); default hidden/heads")
+    sliding_window: int | None = spec_field(None, check="positive", since="1.2",
+                                            doc="tokens each query attends to in windowed layers")
+    sliding_window_layers: int | None = spec_field(None, check="nonneg", since="1.2",
+                                                   doc="layers with the window; default all (GPT-OSS: half)")
+    attention: Attention = spec_field("mha", since="1.2", doc="mha (with num_kv_heads: GQA/MQA) or mla")
+    kv_lora_rank: int = spec_field(0, check="positive", since="1.2", doc="MLA: compressed KV dimension")
+    q_lora_rank: int = spec_field(0, check="positive", since="1.2", doc="MLA: compressed query dimension (0: none)")
+    qk_rope_head_dim: int = spec_field(0, check="positive", since="1.2", doc="MLA: rotary part of each query/key head")
+    v_head_dim: int = spec_field(0, check="positive", since="1.2", doc="MLA: value head dimension; default head_dim")
+    moe_ffn_hidden_size: int = spec_field(0, check="positive", since="1.2",
+                                          doc="FFN width of one expert; default ffn_hidden_size")
+    num_shared_experts: int = spec_field(0, check="nonneg", since="1.2",
+                                         doc="always-active experts of moe_ffn_hidden_size each")
+    first_dense_layers: int = spec_field(0, check="nonneg", since="1.2",
+                                         doc="the first k layers keep a dense FFN of ffn_hidden_size")
+    moe_load_imbalance: float = spec_field(1.0, check="at_least_1", since="1.2",
+                                           doc="tokens on the busiest expert / mean (1.0 = balanced)")
+    router: Router = spec_field("softmax", since="1.2", doc="softmax or sigmoid top-k gate")
+    moe_capacity_factor: float | None = spec_field(None, check="positive", since="1.2",
+                                                   doc="expert capacity / mean tokens; absent = dropless")
+    mtp_layers: int = spec_field(0, check="nonneg", since="1.2", doc="multi-token prediction modules (DeepSeek-V3: 1)")
 
     def __post_init__(self) -> None:
-        if self.num_kv_heads == 0:
-            object.__setattr__(self, "num_kv_heads", self.num_attention_heads)
-        if self.ffn_hidden_size == 0:
-            object.__setattr__(self, "ffn_hidden_size", 4 * self.hidden_size)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        validate(self)
+        a = self.num_attention_heads
+        derived = {"num_kv_heads": a, "ffn_hidden_size": 4 * self.hidden_size, "head_dim": self.hidden_size // a}
+        for name, value in derived.items():
+            if getattr(self, name) == 0:
+                object.__setattr__(self, name, value)
+        if self.num_experts == 0:  # the contract's "0 = dense" is stored as one expert
+            object.__setattr__(self, "num_experts", 1)
+        if self.moe_ffn_hidden_size == 0:
+            object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
+        if self.attention == "mla" and self.v_head_dim == 0:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
+        validate(self)  # the derived values too (4 * a huge hidden_size is out of range)
 
     @property
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose FFN is a mixture of experts."""
+        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+
+    def problems(self) -> list[Problem]:
+        """What the fields of this model contradict among themselves (names relative to ``model``)."""
+        out: list[Problem] = []
+
+        def add(f: str, msg: str) -> None:
+            out.append(Problem(f, msg))
+
+        h, a, kv = self.hidden_size, self.num_attention_heads, self.num_kv_heads
+        if self.head_dim * a != h and h % a:  # only when head_dim was derived
+            add("hidden_size", f"{h} is not divisible by num_attention_heads ({a}); give head_dim")
+        if a % kv:
+            add("num_kv_heads", f"{kv} does not divide num_attention_heads ({a})")
+        self._mla_problems(add)
+        self._moe_problems(add)
+        if self.sliding_window_layers is not None:
+            if self.sliding_window is None:
+                add("sliding_window_layers", "needs sliding_window")
+            elif self.sliding_window_layers > self.num_layers:
+                add("sliding_window_layers", f"{self.sliding_window_layers} is more than num_layers ({self.num_layers})")
+        return out
+
+    def _mla_problems(self, add: Callable[[str, str], None]) -> None:
+        if self.attention == "mla":
+            for name in ("kv_lora_rank", "qk_rope_head_dim"):
+                if not getattr(self, name):
+                    add(name, "is required with attention: mla")
+            if self.num_kv_heads != self.num_attention_heads:
+                add("num_kv_heads", "attention mla has one key/value per query head; leave num_kv_heads out")
+        else:
+            for name in _MLA_FIELDS:
+                if getattr(self, name):
+                    add(name, "only applies to attention: mla")
+
+    def _moe_problems(self, add: Callable[[str, str], None]) -> None:
+        e, k = self.num_experts, self.experts_per_token
+        if k > e and e > 1:
+            add("experts_per_token", f"{k} is more than num_experts ({e})")
+        if not self.is_moe:
+            if k > 1:
+                add("experts_per_token", "only applies to a mixture-of-experts model (num_experts > 1)")
+            defaults = ModelSpec.moe_defaults(self)
+            for name in _MOE_FIELDS:
+                if getattr(self, name) != defaults[name]:
+                    add(name, "only applies to a mixture-of-experts model (num_experts > 1)")
+        elif self.first_dense_layers >= self.num_layers:
+            add("first_dense_layers", f"{self.first_dense_layers} leaves no MoE layer of {self.num_layers}")
+
     @staticmethod
-    def check(values: dict[str, Any], c: Collector) -> None:
-        """Report every problem in ``values`` (a dict of fields) into ``c``."""
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length"):
-            if name not in values:
-                c.add(name, "is required (give it, a preset, or an hf_config)")
-        for f in fields(ModelSpec):
-            if f.name not in values or f.type not in ("int",):
-                continue
-            v = values[f.name]
-            zero_ok = f.name in ("num_kv_heads", "ffn_hidden_size")
-            if isinstance(v, bool) or not isinstance(v, int):
-                c.add(f.name, f"must be a whole number, got {v!r}")
-            elif v < 0 or (v == 0 and not zero_ok):
-                c.add(f.name, f"must be positive, got {v}")
-        h, a = values.get("hidden_size"), values.get("num_attention_heads")
-        kv = values.get("num_kv_heads") or a
-        if _pos(h) and _pos(a) and h % a:
-            c.add("hidden_size", f"{h} is not divisible by num_attention_heads ({a})")
-        if _pos(a) and _pos(kv) and a % kv:
-            c.add("num_kv_heads", f"{kv} does not divide num_attention_heads ({a})")
-        for name, allowed in (
-            ("mlp", ("gelu", "swiglu")),
-            ("norm", ("layernorm", "rmsnorm")),
-            ("position_embedding", ("learned", "rope", "alibi")),
-        ):
-            if name in values and values[name] not in allowed:
-                c.add(name, f"{values[name]!r} is not one of {', '.join(allowed)}")
-        for name in ("tie_embeddings", "bias", "dropout"):
-            if name in values and not isinstance(values[name], bool):
-                c.add(name, f"must be true or false, got {values[name]!r}")
-        e, k = values.get("num_experts", 1), values.get("experts_per_token", 1)
-        if _pos(e) and _pos(k) and k > e:
-            c.add("experts_per_token", f"{k} is more than num_experts ({e})")
-
-
-def _pos(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+    def moe_defaults(m: ModelSpec) -> dict[str, object]:
+        return {"moe_ffn_hidden_size": m.ffn_hidden_size, "num_shared_experts": 0, "first_dense_layers": 0,
+                "moe_load_imbalance": 1.0, "router": "softmax", "moe_capacity_factor": None}
 
 
 MODEL_FIELDS = frozenset(f.name for f in fields(ModelSpec))
 
-
-# --- Hugging Face config.json import ----------------------------------------------------------
-
-# HF field name -> ModelSpec field, per architecture family. Llama/Mistral/Mixtral share names.
-_HF_COMMON = {
-    "num_hidden_layers": "num_layers",
-    "hidden_size": "hidden_size",
-    "num_attention_heads": "num_attention_heads",
-    "num_key_value_heads": "num_kv_heads",
-    "intermediate_size": "ffn_hidden_size",
-    "vocab_size": "vocab_size",
-    "max_position_embeddings": "seq_length",
-    "tie_word_embeddings": "tie_embeddings",
-    "num_local_experts": "num_experts",
-    "num_experts_per_tok": "experts_per_token",
-}
-_HF_GPT2 = {
-    "n_layer": "num_layers",
-    "n_embd": "hidden_size",
-    "n_head": "num_attention_heads",
-    "n_inner": "ffn_hidden_size",
-    "vocab_size": "vocab_size",
-    "n_positions": "seq_length",
-    "n_ctx": "seq_length",
-    "tie_word_embeddings": "tie_embeddings",
-}
-_HF_NEOX = {
-    "num_hidden_layers": "num_layers",
-    "hidden_size": "hidden_size",
-    "num_attention_heads": "num_attention_heads",
-    "intermediate_size": "ffn_hidden_size",
-    "vocab_size": "vocab_size",
-    "max_position_embeddings": "seq_length",
-    "tie_word_embeddings": "tie_embeddings",
-}
-
-
-def fields_from_hf_config(cfg: dict[str, Any], c: Collector) -> dict[str, Any]:
-    """ModelSpec fields from a Hugging Face ``config.json`` (Llama, Mistral, Mixtral, GPT-2, GPT-NeoX)."""
-    model_type = str(cfg.get("model_type", "")).lower()
-    archs = " ".join(cfg.get("architectures") or []).lower()
-    if model_type == "gpt2" or "gpt2" in archs:
-        mapping, extra = _HF_GPT2, {"mlp": "gelu", "norm": "layernorm", "bias": True,
-                                    "position_embedding": "learned", "tie_embeddings": True}
-    elif model_type == "gpt_neox" or "gptneox" in archs:
-        mapping, extra = _HF_NEOX, {"mlp": "gelu", "norm": "layernorm", "bias": True,
-                                    "position_embedding": "rope", "tie_embeddings": False}
-    elif model_type in ("llama", "mistral", "mixtral", "qwen2") or any(
-        k in archs for k in ("llama", "mistral", "mixtral", "qwen2")
-    ):
-        mapping, extra = _HF_COMMON, {"mlp": "swiglu", "norm": "rmsnorm", "bias": False,
-                                      "position_embedding": "rope", "tie_embeddings": False}
-    else:
-        c.add("model_type", f"{model_type or '(missing)'} is not a supported architecture "
-              "(llama, mistral, mixtral, gpt2, gpt_neox)")
-        return {}
-    out: dict[str, Any] = dict(extra)
-    for hf_name, ours in mapping.items():
-        if cfg.get(hf_name) is not None:
-            out[ours] = cfg[hf_name]
-    if model_type == "mixtral" or "mixtral" in archs:
-        out.setdefault("num_experts", 8)
-        out.setdefault("experts_per_token", 2)
-    if "hidden_act" in cfg and str(cfg["hidden_act"]).startswith("gelu") and mapping is _HF_COMMON:
-        out["mlp"] = "gelu"
-    # Llama 3 uses 8192-token pre-training sequences although max_position_embeddings is larger;
-    # the scenario's own seq_length should override this field when it matters.
-    name = cfg.get("_name_or_path") or model_type
-    out["name"] = str(name)
-    out["source"] = "Hugging Face config.json"
-    return out
+__all__ = ["MODEL_FIELDS", "ModelSpec"]

@@ -6,11 +6,15 @@ tensor-parallel group sits inside one node; the simulator and the executor both 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal, NamedTuple, get_args
 
+from simdist.errors import Problem
+from simdist.spec.fields import spec_field, validate
+
 # The allowed values of each choice field: the Literal types are the single source.
-Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble"]
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipe", "dualpipev"]
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["fp32", "fp16", "bf16", "fp8"]
 Optimizer = Literal["adam", "adamw", "sgd", "lamb", "lars", "adafactor"]
@@ -18,6 +22,11 @@ GradientSync = Literal["allreduce", "parameter-server", "async-parameter-server"
 OffloadDevice = Literal["none", "cpu", "nvme"]
 CompressionMethod = Literal["none", "fp16", "bf16", "int8", "topk", "powersgd"]
 Zero3Fetch = Literal["layer", "module"]
+ZeroStage = Literal[0, 1, 2, 3]
+MoeDispatcher = Literal["alltoall", "allgather"]
+CpMethod = Literal["ring", "allgather", "ulysses"]
+Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"]
+Framework = Literal["megatron", "pytorch", "deepspeed", "torchtitan", "nemo"]
 Axis = Literal["tp", "cp", "pp", "dp", "dp_shard", "dp_replica"]
 
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
@@ -28,12 +37,24 @@ GRADIENT_SYNC: tuple[str, ...] = get_args(GradientSync)
 OFFLOAD_DEVICES: tuple[str, ...] = get_args(OffloadDevice)
 COMPRESSION_METHODS: tuple[str, ...] = get_args(CompressionMethod)
 AXES: tuple[str, ...] = get_args(Axis)
+DUALPIPE_SCHEDULES = ("dualpipe", "dualpipev")
+
+
+def _offload_shorthand(v: object) -> object:
+    return {} if v == "none" else v
+
+
+def _compression_shorthand(v: object) -> object:
+    return {"method": v} if isinstance(v, str) else v
 
 
 @dataclass(frozen=True, kw_only=True)
 class Offload:
-    optimizer: OffloadDevice = "none"
-    params: OffloadDevice = "none"
+    optimizer: OffloadDevice = spec_field("none", doc="where the optimizer states and step live")
+    params: OffloadDevice = spec_field("none", doc="where the parameters live between uses (ZeRO-3)")
+
+    def __post_init__(self) -> None:
+        validate(self)
 
     @property
     def any(self) -> bool:
@@ -42,10 +63,13 @@ class Offload:
 
 @dataclass(frozen=True, kw_only=True)
 class GradCompression:
-    method: CompressionMethod = "none"
-    ratio: float = 0.01  # top-k: fraction of gradient entries sent
-    rank: int = 4  # PowerSGD rank
-    error_feedback: bool = True
+    method: CompressionMethod = spec_field("none", yaml_required=True, doc="gradient compression")
+    ratio: float = spec_field(0.01, check="fraction", doc="top-k: fraction of gradient entries sent")
+    rank: int = spec_field(4, check="positive", doc="PowerSGD rank")
+    error_feedback: bool = spec_field(True, doc="carry the compression error into the next step")
+
+    def __post_init__(self) -> None:
+        validate(self)
 
     @property
     def enabled(self) -> bool:
@@ -54,39 +78,54 @@ class GradCompression:
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelPlan:
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    virtual_pipeline_stages: int = 1
-    schedule: Schedule = "1f1b"
-    zero_stage: int = 0
-    sequence_parallel: bool = False
-    recompute: Recompute = "none"
-    micro_batch_size: int = 1
-    global_batch_size: int
-    precision: Precision = "bf16"
-    optimizer: Optimizer = "adam"
+    tp: int = spec_field(1, check="positive", doc="tensor-parallel degree")
+    pp: int = spec_field(1, check="positive", doc="pipeline stages")
+    dp: int = spec_field(1, check="positive", doc="data-parallel degree; default GPUs / (tp*pp*cp)")
+    cp: int = spec_field(1, check="positive", doc="context-parallel degree (sequence split)")
+    virtual_pipeline_stages: int = spec_field(1, check="positive", doc="model chunks per pipeline stage")
+    schedule: Schedule = spec_field("1f1b", doc="pipeline schedule")
+    zero_stage: ZeroStage = spec_field(0, doc="ZeRO stage: 1 optimizer, 2 + gradients, 3 + parameters")
+    sequence_parallel: bool = spec_field(False, doc="Megatron sequence parallelism (with tp)")
+    recompute: Recompute = spec_field("none", doc="activation recomputation")
+    micro_batch_size: int = spec_field(1, check="positive", doc="sequences per micro-batch")
+    global_batch_size: int = spec_field(check="positive", doc="sequences per optimizer step")
+    precision: Precision = spec_field("bf16", doc="training precision")
+    optimizer: Optimizer = spec_field("adam", doc="optimizer (sets the optimizer-state bytes)")
     # Megatron keeps a fp32 "main_grad" buffer for accumulation; the ZeRO paper counts 16-bit grads.
-    fp32_grad_accumulation: bool = False
-    flash_attention: bool = True  # fused attention: no s^2 activations, one kernel
-    overlap_grad_reduce: bool = True  # DP gradient sync overlaps backward (DDP buckets)
-    overlap_param_gather: bool = True  # ZeRO-3/FSDP prefetches the next layer's parameters
-    tp_comm_overlap: bool = False  # TP collectives overlapped with GEMMs (Megatron-Core/TE)
+    fp32_grad_accumulation: bool = spec_field(False, doc="fp32 main_grad buffer (Megatron)")
+    flash_attention: bool = spec_field(True, doc="fused attention: no s^2 activations, one kernel")
+    overlap_grad_reduce: bool = spec_field(True, doc="DP gradient sync overlaps backward (DDP buckets)")
+    overlap_param_gather: bool = spec_field(True, doc="ZeRO-3/FSDP prefetches the next layer's parameters")
+    tp_comm_overlap: bool = spec_field(False, doc="TP collectives overlapped with GEMMs (Megatron-Core/TE)")
     # ZeRO-3 gather unit: "layer" (FSDP wraps each block: one collective per layer and pass) or
     # "module" (DeepSpeed ZeRO-3 fetches each submodule's parameters with its own collective,
     # at a bus-bandwidth ceiling of its own: simdist.analytic.collectives.DEEPSPEED_ZERO3_BUSBW)
-    zero3_fetch: Zero3Fetch = "layer"
+    zero3_fetch: Zero3Fetch = spec_field("layer", doc="ZeRO-3 gather unit: layer (FSDP) or module (DeepSpeed)")
     # v1.1
-    dp_shard: int = 0  # 0 -> dp (shard over all DP ranks)
-    zero_quantized_weights: bool = False
-    offload: Offload = field(default_factory=Offload)
-    gradient_sync: GradientSync = "allreduce"
-    parameter_servers: int = 0  # 0 -> one per node
-    grad_compression: GradCompression = field(default_factory=GradCompression)
-    ddp_bucket_size_bytes: float = 25 * 2**20
+    dp_shard: int = spec_field(0, check="positive", since="1.1", doc="HSDP shard group size; default dp")
+    zero_quantized_weights: bool = spec_field(False, since="1.1", doc="ZeRO++ qwZ: int8 parameter all-gather")
+    offload: Offload = spec_field(default_factory=Offload, since="1.1", shorthand=_offload_shorthand,
+                                  null_is_default=True, doc="ZeRO-Offload / ZeRO-Infinity / FSDP CPU offload")
+    gradient_sync: GradientSync = spec_field("allreduce", since="1.1", doc="collectives or parameter servers")
+    parameter_servers: int = spec_field(0, check="positive", since="1.1", doc="servers; default one per node")
+    grad_compression: GradCompression = spec_field(default_factory=GradCompression, since="1.1",
+                                                   shorthand=_compression_shorthand, null_is_default=True,
+                                                   doc="gradient compression of the DP sync")
+    ddp_bucket_size_bytes: float = spec_field(25 * 2**20, key="ddp_bucket_size", unit="size", check="positive",
+                                              since="1.1", doc="DDP gradient bucket / tensor-fusion buffer")
+    # v1.2
+    ep: int = spec_field(1, check="positive", since="1.2", doc="expert-parallel size, carved out of dp*cp")
+    etp: int = spec_field(1, check="positive", since="1.2", doc="expert tensor-parallel size")
+    moe_dispatcher: MoeDispatcher = spec_field("alltoall", since="1.2", doc="token dispatch: alltoall or allgather")
+    cp_method: CpMethod = spec_field("ring", since="1.2", doc="context parallelism: ring, allgather or ulysses")
+    fp8_recipe: Fp8Recipe | None = spec_field(None, since="1.2",
+                                              doc="FP8 scaling recipe (precision fp8); default Transformer Engine's")
+    framework: Framework | None = spec_field(None, since="1.2", doc="whose defaults fill unset fields")
+    zero_hpz_partition_size: int = spec_field(0, check="positive", since="1.2",
+                                              doc="ZeRO++ hpZ: secondary weight copy sharded in groups of this size")
 
     def __post_init__(self) -> None:
+        validate(self)
         if self.dp_shard == 0:
             object.__setattr__(self, "dp_shard", self.dp)
 
@@ -184,6 +223,94 @@ class ParallelPlan:
         dp = self.tp * self.cp * self.pp
         return {"tp": 1, "cp": self.tp, "pp": self.tp * self.cp, "dp": dp, "dp_shard": dp,
                 "dp_replica": dp * self.dp_shard}[axis]
+
+    # --- v1.2 ---
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel size of the expert weights: Megatron-Core lays experts over
+        etp * ep ranks of one pipeline stage's tp * cp * dp, the rest replicate them
+        (parallel_state: expert_data_parallel_size = world / (etp * ep * pp))."""
+        return max(1, self.tp * self.cp * self.dp // (self.etp * self.ep))
+
+    @property
+    def dualpipe(self) -> bool:
+        """DualPipe / DualPipeV (DeepSeek-V3): two pipelines fed from both ends."""
+        return self.schedule in DUALPIPE_SCHEDULES
+
+    def problems(self) -> list[Problem]:
+        """What the plan's own fields contradict (names relative to ``plan``); the checks that
+        need the model or the cluster are in :mod:`simdist.spec.consistency`."""
+        out: list[Problem] = []
+
+        def add(f: str, msg: str) -> None:
+            out.append(Problem(f, msg))
+
+        v, sched = self.virtual_pipeline_stages, self.schedule
+        if v > 1 and sched != "interleaved-1f1b":
+            add("virtual_pipeline_stages", f"{v} chunks per stage needs schedule interleaved-1f1b, not {sched}")
+        elif sched == "interleaved-1f1b" and v == 1:
+            add("schedule", "interleaved-1f1b needs virtual_pipeline_stages >= 2")
+        if v > 1 and self.pp == 1:
+            add("virtual_pipeline_stages", "needs pp > 1")
+        per_step = self.micro_batch_size * self.dp
+        if self.global_batch_size % per_step:
+            add("global_batch_size", f"{self.global_batch_size} is not a multiple of micro_batch_size*dp "
+                f"= {self.micro_batch_size}*{self.dp} = {per_step}")
+        elif sched == "interleaved-1f1b" and self.num_microbatches % self.pp:
+            add("global_batch_size", f"interleaved-1f1b needs the micro-batches per pipeline "
+                f"({self.num_microbatches}) to be a multiple of pp ({self.pp})")
+        elif self.dualpipe:
+            self._dualpipe_problems(add)
+        if self.dp % self.dp_shard:
+            add("dp_shard", f"{self.dp_shard} does not divide dp ({self.dp})")
+        self._sharding_problems(add)
+        if self.grad_compression.enabled and self.shards_gradients and self.grad_compression.method in ("topk", "powersgd"):
+            add("grad_compression.method", f"{self.grad_compression.method} compresses a replicated "
+                "gradient all-reduce; it does not combine with zero_stage >= 2 (sharded gradients)")
+        if sched == "zero-bubble" and v > 1:
+            add("schedule", "zero-bubble runs one chunk per stage (virtual_pipeline_stages 1)")
+        if self.fp8_recipe is not None and self.precision != "fp8":
+            add("fp8_recipe", f"only applies with precision fp8, not {self.precision}")
+        if (self.dp * self.cp) % self.ep:
+            add("ep", f"{self.ep} does not divide dp*cp = {self.dp}*{self.cp} (Megatron-Core carves the "
+                "expert-parallel groups out of the data- and context-parallel ranks)")
+        elif (self.tp * self.cp * self.dp) % (self.etp * self.ep):
+            add("etp", f"etp*ep = {self.etp}*{self.ep} does not divide the tp*cp*dp = "
+                f"{self.tp * self.cp * self.dp} ranks of a pipeline stage")
+        return out
+
+    def _dualpipe_problems(self, add: Callable[[str, str], None]) -> None:
+        """DeepSeek's DualPipe needs an even number of pipeline ranks and an even number of at
+        least 2*pp micro-batches (deepseek-ai/DualPipe, dualpipe.py step()); DualPipeV (PyTorch
+        ScheduleDualPipeV) holds two stages per rank and needs micro-batches >= 2*pp."""
+        pp, m = self.pp, self.num_microbatches
+        if self.schedule == "dualpipe" and pp % 2:
+            add("pp", f"dualpipe needs an even number of pipeline stages, got {pp}")
+        if m < 2 * pp or (self.schedule == "dualpipe" and m % 2):
+            even = "an even number of " if self.schedule == "dualpipe" else ""
+            add("global_batch_size", f"{self.schedule} needs {even}at least 2*pp = {2 * pp} micro-batches "
+                f"per pipeline, got {m}")
+
+    def _sharding_problems(self, add: Callable[[str, str], None]) -> None:
+        if self.uses_parameter_servers and self.zero_stage:
+            add("gradient_sync", f"{self.gradient_sync} keeps whole parameters on the servers; "
+                "use zero_stage 0 with it")
+        if self.offload.params != "none" and self.zero_stage != 3:
+            add("offload.params", "parameter offload needs zero_stage 3 (ZeRO-Infinity / FSDP offload)")
+        if self.offload.optimizer != "none" and self.zero_stage == 0 and self.dp > 1:
+            add("offload.optimizer", "optimizer offload needs zero_stage >= 1 (ZeRO-Offload partitions "
+                "the optimizer across DP ranks)")
+        if self.zero_quantized_weights and self.zero_stage != 3:
+            add("zero_quantized_weights", "quantized weight all-gather (ZeRO++ qwZ) needs zero_stage 3")
+        hpz = self.zero_hpz_partition_size
+        if hpz > 1:
+            if self.zero_stage != 3:
+                add("zero_hpz_partition_size", "the secondary weight partition (ZeRO++ hpZ) needs zero_stage 3")
+            elif self.dp % hpz:
+                add("zero_hpz_partition_size", f"{hpz} does not divide dp ({self.dp})")
+            elif self.hybrid_sharding:
+                add("zero_hpz_partition_size", "combines with dp_shard < dp (HSDP) in no framework; choose one")
 
 
 class RankCoord(NamedTuple):

@@ -9,14 +9,13 @@ log-size; link entries give latency and achieved bandwidth per link kind.
 from __future__ import annotations
 
 import bisect
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from simdist.errors import Problem, ScenarioError
-from simdist.spec.files import write_json_atomic
+from simdist.spec.files import read_json_object, write_json_atomic
 
 PROFILE_VERSION = 1
 
@@ -88,13 +87,21 @@ class CalibrationProfile:
 
 def load_profile(path: str | Path) -> CalibrationProfile:
     p = Path(path)
+    data = read_json_object(p, "--profile")  # a regular file, bounded, a JSON object
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ScenarioError(Problem("--profile", f"{p} does not exist")) from None
-    except json.JSONDecodeError as exc:
-        raise ScenarioError(Problem("--profile", f"{p} is not valid JSON: {exc}")) from None
-    try:
-        return CalibrationProfile.from_dict(data)
-    except TypeError as exc:
+        profile = CalibrationProfile.from_dict(data)
+    except (TypeError, AttributeError, ValueError) as exc:  # a section of the wrong shape
         raise ScenarioError(Problem("--profile", f"{p} is not a calibration profile: {exc}")) from None
+    bad = [f"--profile.{where}" for where, x in _numbers(profile.to_dict(), "")
+           if isinstance(x, bool) or not math.isfinite(x) or x < 0]
+    if bad:  # NaN or a negative speed would hang or invert the event engine
+        raise ScenarioError([Problem(w, "must be a finite number >= 0") for w in bad[:10]])
+    return profile
+
+
+def _numbers(x: Any, where: str) -> list[tuple[str, float]]:
+    """Every number in a profile's dict, with its dotted place."""
+    if isinstance(x, int | float):
+        return [(where, x)]
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list | tuple) else ()
+    return [n for k, v in items for n in _numbers(v, f"{where}.{k}" if where else str(k))]

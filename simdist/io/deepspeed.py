@@ -6,8 +6,9 @@ What is read (DeepSpeed docs, "DeepSpeed Configuration JSON"):
   when two are given, and sets accumulation to 1 when only one is given;
 - bf16.enabled / fp16.enabled -> precision;
 - zero_optimization: stage, offload_optimizer.device, offload_param.device, overlap_comm,
-  reduce_bucket_size (elements), zero_hpz_partition_size (ZeRO++ hpZ -> dp_shard),
-  zero_quantized_weights (qwZ), zero_quantized_gradients (qgZ -> int8 gradient compression);
+  reduce_bucket_size (elements), zero_hpz_partition_size (ZeRO++ hpZ: a secondary weight copy
+  sharded within groups of that size -> ``zero_hpz_partition_size``), zero_quantized_weights
+  (qwZ), zero_quantized_gradients (qgZ -> int8 gradient compression);
 - optimizer.type -> optimizer.
 
 ``"auto"`` values are the Hugging Face Trainer convention: the value comes from the rest of the
@@ -17,19 +18,19 @@ own collective, so stage 3 sets ``zero3_fetch: module``; ZeRO-1/2 all-gather the
 parameters right after the optimizer step (no overlap with the next forward), so they set
 ``overlap_param_gather: false``.
 
-Explicit plan fields win over the config. Unknown keys and contradictions inside the config are
-reported by name (``plan.deepspeed_config.train_batch_size: 512 != micro 4 * accumulation 8 *
-dp 8``).
+Explicit plan fields win over the config (the caller merges them over the result). Unknown
+keys, values of the wrong type, non-finite numbers (``Infinity``, ``NaN``) and contradictions
+inside the config are reported by key (``plan.deepspeed_config.train_batch_size: 512 != micro 4 *
+accumulation 8 * dp 8``).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from simdist.errors import Collector
-from simdist.spec.cluster import ClusterSpec
+from simdist.io.values import MAX_INT, flag, is_auto, number, section, text, whole
 
 TOP_KEYS = {
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -69,67 +70,25 @@ OPTIMIZERS = {"adam": "adam", "adamw": "adamw", "fusedadam": "adam", "cpuadam": 
               "lion": None, "muadam": None}
 
 
-def _is_auto(v: Any) -> bool:
-    return isinstance(v, str) and v.strip().lower() == "auto"
-
-
-def _pos_int(v: Any, key: str, c: Collector) -> int | None:
-    if v is None or _is_auto(v):
-        return None
-    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0 or int(v) != v:
-        c.add(key, f"must be a positive whole number or \"auto\", got {v!r}")
-        return None
-    return int(v)
-
-
-def _bool(v: Any, key: str, c: Collector) -> bool | None:
-    if v is None or _is_auto(v):
-        return None
-    if not isinstance(v, bool):
-        c.add(key, f"must be true, false or \"auto\", got {v!r}")
-        return None
-    return v
-
-
-def read_config(path: Path, c: Collector) -> dict[str, Any] | None:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        c.add("", f"{path} does not exist")
-        return None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        c.add("", f"{path} is not valid JSON: {exc}")
-        return None
-    if not isinstance(data, dict):
-        c.add("", f"{path} must hold a JSON object")
-        return None
-    return data
-
-
-def plan_fields_from_deepspeed(path: str | Path, plan_data: dict[str, Any], cluster: ClusterSpec | None,
-                               collector: Collector) -> dict[str, Any]:
+def plan_fields(data: Mapping[str, Any], plan_data: Mapping[str, Any], world_size: int | None,
+                c: Collector) -> dict[str, Any]:
     """Plan fields (scenario-file spelling, e.g. ``ddp_bucket_size: "1000000000 B"``) that the
-    DeepSpeed config at ``path`` implies, given the plan's own fields ``plan_data`` (which win:
-    the caller merges them over the result) and the cluster (for the data-parallel size).
-    Problems go to ``collector`` (prefix ``plan.deepspeed_config``)."""
-    data = read_config(Path(path), collector)
-    if data is None:
-        return {}
-    return fields_from_ds_dict(data, plan_data, cluster, collector)
-
-
-def fields_from_ds_dict(data: dict[str, Any], plan_data: dict[str, Any], cluster: ClusterSpec | None,
-                        c: Collector) -> dict[str, Any]:
+    DeepSpeed config ``data`` implies, given the plan's own fields ``plan_data`` (unvalidated:
+    read defensively) and the cluster's GPU count (for the data-parallel size)."""
     out: dict[str, Any] = {}
     for key in data:
         if key not in TOP_KEYS:
-            c.add(str(key), "unknown DeepSpeed config key")
+            c.add(str(key)[:60], "unknown DeepSpeed config key")
+    _precision(data, out, c)
+    _optimizer(data, out, c)
+    _zero(data, plan_data, out, c)
+    _batch(data, plan_data, world_size, out, c)
+    return out
 
-    # --- precision
-    bf16 = _bool((data.get("bf16") or {}).get("enabled") if isinstance(data.get("bf16"), dict) else None,
-                 "bf16.enabled", c)
-    fp16 = _bool((data.get("fp16") or {}).get("enabled") if isinstance(data.get("fp16"), dict) else None,
-                 "fp16.enabled", c)
+
+def _precision(data: Mapping[str, Any], out: dict[str, Any], c: Collector) -> None:
+    bf16 = flag(section(data, "bf16", c), "enabled", c, auto=True, where="bf16.enabled")
+    fp16 = flag(section(data, "fp16", c), "enabled", c, auto=True, where="fp16.enabled")
     if bf16 and fp16:
         c.add("fp16.enabled", "true together with bf16.enabled: choose one precision")
     elif bf16:
@@ -139,53 +98,35 @@ def fields_from_ds_dict(data: dict[str, Any], plan_data: dict[str, Any], cluster
     elif bf16 is False and fp16 is False and "amp" not in data:
         out["precision"] = "fp32"
 
-    # --- optimizer
-    opt = data.get("optimizer")
-    if isinstance(opt, dict) and opt.get("type") is not None:
-        name = str(opt["type"]).replace("_", "").lower()
-        if name not in OPTIMIZERS:
-            c.add("optimizer.type", f"unknown optimizer {opt['type']!r}")
-        elif OPTIMIZERS[name] is None:
-            c.add("optimizer.type", f"{opt['type']} is not modelled (adam, adamw, lamb, sgd are)")
-        else:
-            out["optimizer"] = OPTIMIZERS[name]
 
-    # --- ZeRO
-    zero = data.get("zero_optimization")
-    if zero is not None and not isinstance(zero, dict):
-        c.add("zero_optimization", "must be an object")
-        zero = None
-    zero = zero or {}
+def _optimizer(data: Mapping[str, Any], out: dict[str, Any], c: Collector) -> None:
+    kind = text(section(data, "optimizer", c), "type", c, where="optimizer.type")
+    if kind is None:
+        return
+    name = kind.replace("_", "").lower()
+    if name not in OPTIMIZERS:
+        c.add("optimizer.type", f"unknown optimizer {kind[:40]!r}")
+    elif OPTIMIZERS[name] is None:
+        c.add("optimizer.type", f"{kind} is not modelled (adam, adamw, lamb, sgd are)")
+    else:
+        out["optimizer"] = OPTIMIZERS[name]
+
+
+def _zero(data: Mapping[str, Any], plan_data: Mapping[str, Any], out: dict[str, Any], c: Collector) -> None:
+    zero = section(data, "zero_optimization", c)
     for key in zero:
         if key not in ZERO_KEYS:
-            c.add(f"zero_optimization.{key}", "unknown DeepSpeed config key")
-    stage = zero.get("stage")
-    if stage is not None and not _is_auto(stage):
-        if stage not in (0, 1, 2, 3) or isinstance(stage, bool):
-            c.add("zero_optimization.stage", f"must be 0, 1, 2 or 3, got {stage!r}")
+            c.add(f"zero_optimization.{str(key)[:60]}", "unknown DeepSpeed config key")
+    stage: Any = zero.get("stage")
+    if stage is not None and not is_auto(stage):
+        if stage not in (0, 1, 2, 3) or isinstance(stage, bool) or not isinstance(stage, int):
+            c.add("zero_optimization.stage", f"must be 0, 1, 2 or 3, got {str(stage)[:40]}")
             stage = None
         else:
             out["zero_stage"] = stage
     else:
         stage = plan_data.get("zero_stage")
-    offload: dict[str, str] = {}
-    for ds_key, plan_key in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
-        sub = zero.get(ds_key)
-        if sub is None:
-            continue
-        if not isinstance(sub, dict):
-            c.add(f"zero_optimization.{ds_key}", "must be an object such as {\"device\": \"cpu\"}")
-            continue
-        for key in sub:
-            if key not in OFFLOAD_KEYS:
-                c.add(f"zero_optimization.{ds_key}.{key}", "unknown DeepSpeed config key")
-        dev = sub.get("device", "none")
-        if _is_auto(dev):
-            continue
-        if dev not in ("none", "cpu", "nvme"):
-            c.add(f"zero_optimization.{ds_key}.device", f"{dev!r} is not one of none, cpu, nvme")
-        else:
-            offload[plan_key] = dev
+    offload = _offload(zero, c)
     if zero.get("cpu_offload") is True:  # the pre-0.3.16 spelling of offload_optimizer: cpu
         offload.setdefault("optimizer", "cpu")
     if offload:
@@ -196,39 +137,61 @@ def fields_from_ds_dict(data: dict[str, Any], plan_data: dict[str, Any], cluster
         out["zero3_fetch"] = "module"  # DeepSpeed fetches each submodule's parameters
     elif stage in (1, 2):
         out["overlap_param_gather"] = False  # updated partitions all-gathered right after the step
-    overlap = _bool(zero.get("overlap_comm"), "zero_optimization.overlap_comm", c)
+    overlap = flag(zero, "overlap_comm", c, auto=True, where="zero_optimization.overlap_comm")
     if overlap is not None:
         out["overlap_grad_reduce"] = overlap
-    bucket = zero.get("reduce_bucket_size")
-    if bucket is not None and not _is_auto(bucket):
-        if isinstance(bucket, bool) or not isinstance(bucket, int | float) or bucket <= 0:
-            c.add("zero_optimization.reduce_bucket_size", f"must be a positive number of elements, got {bucket!r}")
+    bucket = number(zero, "reduce_bucket_size", c, auto=True, where="zero_optimization.reduce_bucket_size")
+    if bucket is not None:
+        if bucket > MAX_INT:
+            c.add("zero_optimization.reduce_bucket_size", f"{bucket:.3g} elements is too large")
         else:
             grad_bytes = 4 if out.get("precision", plan_data.get("precision")) == "fp32" else 2
             out["ddp_bucket_size"] = f"{int(bucket) * grad_bytes} B"  # elements -> bytes
-    hpz = _pos_int(zero.get("zero_hpz_partition_size"), "zero_optimization.zero_hpz_partition_size", c)
+    hpz = whole(zero, "zero_hpz_partition_size", c, auto=True, where="zero_optimization.zero_hpz_partition_size")
     if hpz is not None and hpz > 1:
-        out["dp_shard"] = hpz
-    qw = _bool(zero.get("zero_quantized_weights"), "zero_optimization.zero_quantized_weights", c)
-    if qw:
+        out["zero_hpz_partition_size"] = hpz
+    if flag(zero, "zero_quantized_weights", c, auto=True, where="zero_optimization.zero_quantized_weights"):
         out["zero_quantized_weights"] = True
-    qg = _bool(zero.get("zero_quantized_gradients"), "zero_optimization.zero_quantized_gradients", c)
-    if qg:
+    if flag(zero, "zero_quantized_gradients", c, auto=True, where="zero_optimization.zero_quantized_gradients"):
         out["grad_compression"] = {"method": "int8", "error_feedback": False}
 
-    # --- batch: train_batch_size = micro * accumulation * dp (DeepSpeed's _configure_train_batch_size)
-    tbs = _pos_int(data.get("train_batch_size"), "train_batch_size", c)
-    micro = _pos_int(data.get("train_micro_batch_size_per_gpu"), "train_micro_batch_size_per_gpu", c)
-    gas = _pos_int(data.get("gradient_accumulation_steps"), "gradient_accumulation_steps", c)
-    dp = _dp(plan_data, cluster)
+
+def _offload(zero: Mapping[str, Any], c: Collector) -> dict[str, str]:
+    offload: dict[str, str] = {}
+    for ds_key, plan_key in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
+        if zero.get(ds_key) is None:
+            continue
+        if not isinstance(zero.get(ds_key), Mapping):
+            c.add(f"zero_optimization.{ds_key}", 'must be an object such as {"device": "cpu"}')
+            continue
+        sub = zero[ds_key]
+        for key in sub:
+            if key not in OFFLOAD_KEYS:
+                c.add(f"zero_optimization.{ds_key}.{str(key)[:60]}", "unknown DeepSpeed config key")
+        dev = sub.get("device", "none")
+        if is_auto(dev):
+            continue
+        if dev not in ("none", "cpu", "nvme") or not isinstance(dev, str):
+            c.add(f"zero_optimization.{ds_key}.device", f"{str(dev)[:40]!r} is not one of none, cpu, nvme")
+        else:
+            offload[plan_key] = dev
+    return offload
+
+
+def _batch(data: Mapping[str, Any], plan_data: Mapping[str, Any], world_size: int | None,
+           out: dict[str, Any], c: Collector) -> None:
+    """train_batch_size = micro * accumulation * dp (DeepSpeed's _configure_train_batch_size)."""
+    tbs = whole(data, "train_batch_size", c, auto=True)
+    micro = whole(data, "train_micro_batch_size_per_gpu", c, auto=True)
+    gas = whole(data, "gradient_accumulation_steps", c, auto=True)
+    dp = _dp(plan_data, world_size)
     if tbs is not None and micro is not None and gas is not None and dp is not None and tbs != micro * gas * dp:
         c.add("train_batch_size", f"{tbs} != micro {micro} * accumulation {gas} * dp {dp}")
         out.update(global_batch_size=tbs, micro_batch_size=micro)  # reported once, not again as missing
-        return out
+        return
     # explicit plan fields win; "auto" or absent fields are derived as DeepSpeed does
-    explicit_gbs, explicit_mb = plan_data.get("global_batch_size"), plan_data.get("micro_batch_size")
-    tbs_eff = explicit_gbs if isinstance(explicit_gbs, int) and not isinstance(explicit_gbs, bool) else tbs
-    micro_eff = explicit_mb if isinstance(explicit_mb, int) and not isinstance(explicit_mb, bool) else micro
+    tbs_eff = _plan_int(plan_data, "global_batch_size") or tbs
+    micro_eff = _plan_int(plan_data, "micro_batch_size") or micro
     if dp is not None:
         if tbs_eff is None and micro_eff is not None:
             tbs_eff = micro_eff * (gas or 1) * dp
@@ -242,17 +205,20 @@ def fields_from_ds_dict(data: dict[str, Any], plan_data: dict[str, Any], cluster
         out["global_batch_size"] = tbs_eff
     if micro_eff is not None:
         out["micro_batch_size"] = micro_eff
-    return out
 
 
-def _dp(plan_data: dict[str, Any], cluster: ClusterSpec | None) -> int | None:
-    given = plan_data.get("dp")
-    if isinstance(given, int) and not isinstance(given, bool) and given > 0:
+def _plan_int(plan_data: Mapping[str, Any], key: str) -> int | None:
+    v = plan_data.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_INT else None
+
+
+def _dp(plan_data: Mapping[str, Any], world_size: int | None) -> int | None:
+    given = _plan_int(plan_data, "dp")
+    if given is not None:
         return given
-    if cluster is None:
+    if world_size is None:
         return None
     mp = 1
     for key in ("tp", "pp", "cp"):
-        v = plan_data.get(key, 1)
-        mp *= v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 1
-    return max(1, cluster.world_size // mp)
+        mp *= _plan_int(plan_data, key) or 1
+    return max(1, world_size // mp)

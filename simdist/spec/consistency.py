@@ -1,0 +1,73 @@
+"""The checks that need model, cluster and plan together, in one function that reports every
+problem at once, each naming its field (``plan.tp: 12 does not divide
+model.num_attention_heads (96)``). Each object's own checks are its ``problems()`` method."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from simdist.errors import Problem
+from simdist.spec.cluster import ClusterSpec
+from simdist.spec.model import ModelSpec
+from simdist.spec.plan import ParallelPlan
+
+
+def check_consistency(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
+                      dp_given: bool = True) -> list[Problem]:
+    """Every problem of the three objects, alone and together. ``dp_given``: the file wrote
+    plan.dp (else it was derived from the world size, and a mismatch is tp's fault)."""
+    out = [Problem(f"{where}.{p.field}", p.message)
+           for where, obj in (("model", model), ("cluster", cluster), ("plan", plan)) for p in obj.problems()]
+
+    def add(f: str, msg: str) -> None:
+        out.append(Problem(f, msg))
+
+    _tensor_parallel(model, plan, add)
+    chunks = plan.pp * (2 if plan.schedule == "dualpipev" else plan.virtual_pipeline_stages)
+    if chunks > model.num_layers:
+        what = "2*pp (dualpipev: two stages per rank)" if plan.schedule == "dualpipev" else "pp*virtual_pipeline_stages"
+        add("plan.pp", f"{what} = {chunks} is more than model.num_layers ({model.num_layers})")
+    if model.seq_length % plan.cp:
+        add("plan.cp", f"{plan.cp} does not divide model.seq_length ({model.seq_length})")
+    elif plan.cp > 1 and plan.cp_method == "ulysses" and (model.num_attention_heads // plan.tp) % plan.cp:
+        add("plan.cp", f"ulysses splits the attention heads: {plan.cp} does not divide the "
+            f"{model.num_attention_heads // plan.tp} heads per tensor-parallel rank")
+    world = cluster.world_size
+    if plan.world_size != world:
+        if dp_given:
+            add("plan.dp", f"tp*pp*cp*dp = {plan.world_size} but the cluster has {world} GPUs")
+        else:
+            add("plan.tp", f"tp*pp*cp = {plan.model_parallel_size} does not divide the cluster's {world} GPUs")
+    if plan.precision == "fp8" and "fp8" not in cluster.gpu.peak_flops:
+        add("plan.precision", f"fp8 needs FP8 tensor cores, which {cluster.gpu.name} does not have")
+    if plan.uses_parameter_servers and (plan.parameter_servers or 0) > world:
+        add("plan.parameter_servers", f"{plan.parameter_servers} servers is more than the {world} GPUs")
+    _experts(model, plan, add)
+    return out
+
+
+def _tensor_parallel(model: ModelSpec, plan: ParallelPlan, add: Callable[[str, str], None]) -> None:
+    tp = plan.tp
+    if model.num_attention_heads % tp:
+        add("plan.tp", f"{tp} does not divide model.num_attention_heads ({model.num_attention_heads})")
+    elif model.num_kv_heads % tp:
+        add("plan.tp", f"{tp} does not divide model.num_kv_heads ({model.num_kv_heads})")
+    if model.ffn_hidden_size % tp:
+        add("plan.tp", f"{tp} does not divide model.ffn_hidden_size ({model.ffn_hidden_size})")
+    if model.vocab_size < tp:
+        add("plan.tp", f"{tp} is more than model.vocab_size ({model.vocab_size}): the vocabulary is "
+            "split over the tensor-parallel ranks")
+
+
+def _experts(model: ModelSpec, plan: ParallelPlan, add: Callable[[str, str], None]) -> None:
+    """Megatron-Core's expert layout: the experts of a layer are split over ``ep`` ranks, each
+    expert's FFN over ``etp`` ranks (core/transformer/moe: num_moe_experts % ep == 0)."""
+    for name in ("ep", "etp"):
+        if getattr(plan, name) > 1 and not model.is_moe:
+            add(f"plan.{name}", "needs a mixture-of-experts model (model.num_experts > 1)")
+    if not model.is_moe:
+        return
+    if model.num_experts % plan.ep:
+        add("plan.ep", f"{plan.ep} does not divide model.num_experts ({model.num_experts})")
+    if model.moe_ffn_hidden_size % plan.etp:
+        add("plan.etp", f"{plan.etp} does not divide model.moe_ffn_hidden_size ({model.moe_ffn_hidden_size})")

@@ -1,0 +1,74 @@
+"""Fields the scenario carries that the simulator does not use yet (contract v1.2).
+
+The spec reads, checks and documents them so that files written today keep their meaning; the
+engines learn them one by one. Until a field is simulated, a prediction whose scenario sets it
+must say so rather than ignore it silently: :func:`not_simulated` lists the fields a scenario
+sets away from the value they take when absent, with what the engines do instead. ``blocking``
+entries cannot be predicted at all yet (the event engine has no such schedule): refuse them.
+Remove an entry in the change that teaches the engines its field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from simdist.spec.fields import legacy_view, spec_fields
+
+if TYPE_CHECKING:
+    from simdist.spec.scenario import Scenario
+
+
+@dataclass(frozen=True, slots=True)
+class NotSimulated:
+    field: str  # dotted scenario field
+    instead: str  # what the engines do today
+    blocking: bool = False  # True: the engines cannot run the scenario at all
+
+
+NOT_SIMULATED_YET: tuple[NotSimulated, ...] = (
+    NotSimulated("model.head_dim", "attention scores use it; the query and output projections assume hidden_size"),
+    NotSimulated("model.sliding_window", "full causal attention over seq_length"),
+    NotSimulated("model.sliding_window_layers", "full causal attention in every layer"),
+    NotSimulated("model.attention", "mla is priced as multi-head attention"),
+    NotSimulated("model.kv_lora_rank", "ignored (multi-head attention)"),
+    NotSimulated("model.q_lora_rank", "ignored (multi-head attention)"),
+    NotSimulated("model.qk_rope_head_dim", "ignored (multi-head attention)"),
+    NotSimulated("model.v_head_dim", "ignored (multi-head attention)"),
+    NotSimulated("model.moe_ffn_hidden_size", "experts use ffn_hidden_size"),
+    NotSimulated("model.num_shared_experts", "no shared experts"),
+    NotSimulated("model.first_dense_layers", "every layer is MoE"),
+    NotSimulated("model.moe_load_imbalance", "perfectly balanced experts"),
+    NotSimulated("model.router", "a softmax router"),
+    NotSimulated("model.moe_capacity_factor", "dropless routing"),
+    NotSimulated("model.mtp_layers", "no multi-token prediction modules"),
+    NotSimulated("plan.ep", "every expert replicated on every data-parallel rank"),
+    NotSimulated("plan.etp", "experts split like the dense FFN, over tp"),
+    NotSimulated("plan.moe_dispatcher", "no token dispatch traffic"),
+    NotSimulated("plan.cp_method", "ring attention"),
+    NotSimulated("plan.schedule", "dualpipe and dualpipev have no schedule in the engines yet", blocking=True),
+    NotSimulated("plan.fp8_recipe", "one FP8 GEMM efficiency, no recipe"),
+    NotSimulated("plan.framework", "simdist's own defaults"),
+    NotSimulated("plan.zero_hpz_partition_size", "plain ZeRO-3 (no secondary weight partition)"),
+)
+_BY_FIELD = {n.field: n for n in NOT_SIMULATED_YET}
+
+
+def not_simulated(scenario: Scenario) -> list[NotSimulated]:
+    """The entries of :data:`NOT_SIMULATED_YET` that ``scenario`` uses."""
+    out = []
+    for section in ("model", "plan"):
+        obj = getattr(scenario, section)
+        used = legacy_view(obj)
+        for fs in spec_fields(type(obj)):
+            entry = _BY_FIELD.get(f"{section}.{fs.key}")
+            if entry is None or fs.name not in used:
+                continue
+            if entry.field == "plan.schedule" and not _is_dualpipe(used[fs.name]):
+                continue
+            out.append(entry)
+    return out
+
+
+def _is_dualpipe(schedule: Any) -> bool:
+    return schedule in ("dualpipe", "dualpipev")
