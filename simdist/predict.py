@@ -17,6 +17,7 @@ from simdist.errors import Problem, ScenarioError
 from simdist.results import Prediction, StageMemoryReport, to_gib
 from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import Scenario
+from simdist.spec.unsimulated import not_simulated
 
 Engine = Literal["des", "analytic"]
 Fidelity = Literal["symmetric", "full"]
@@ -37,10 +38,15 @@ def predict(
                                     "calibration profile: run `simdist calibrate` and pass --profile"))
     if engine not in ENGINES:
         raise ScenarioError(Problem("--engine", f"{engine!r} is not one of {', '.join(ENGINES)}"))
+    unsimulated = not_simulated(scenario)
+    blocking = [Problem(n.field, f"cannot be predicted yet: {n.instead}") for n in unsimulated if n.blocking]
+    if blocking:
+        raise ScenarioError(blocking)
     plan, model, cluster = scenario.plan, scenario.model, scenario.cluster
     cost = CostModel(cluster.gpu, plan.precision, profile)
     described = describe(scenario, cost, Network.of(cluster, profile))
     assumptions = _assumptions(scenario, profile)
+    assumptions += [f"not simulated yet: {n.field} ({n.instead})" for n in unsimulated]
 
     result: StepResult
     if engine == "analytic":
@@ -67,7 +73,7 @@ def predict(
     if cluster.host is not None:
         host_capacity = to_gib(cluster.host.cpu_memory_bytes) / cluster.gpus_per_node
     extras = _system_extras(described, stages, host_capacity, assumptions)
-    for key, value in result.extras.items():  # what the engine measured wins over the closed-form figures  # e.g. simulated staleness, bottleneck link, host busy time
+    for key, value in result.extras.items():  # what the engine measured (staleness, bottleneck link) wins
         if isinstance(value, dict) and isinstance(extras.get(key), dict):
             extras[key] = {**extras[key], **value}
         else:
