@@ -290,7 +290,7 @@ class _Replay:
         return self.alloc.peak_allocated, self.alloc.peak_reserved
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=2048)
 def allocator_gap(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None, stage: int,
                   windows: tuple[int, int] = (FORWARD_WINDOW, GRAD_WINDOW)) -> float:
     """Bytes the caching allocator holds reserved beyond its allocated peak on one GPU of

@@ -43,6 +43,11 @@ def segment_size(size: int) -> int:
     return -(-size // ROUND_LARGE) * ROUND_LARGE
 
 
+def _drop(free: list[tuple[int, int]], size: int, bid: int) -> None:
+    """Remove (size, bid) from a sorted free list."""
+    del free[bisect.bisect_left(free, (size, bid))]
+
+
 @dataclass(slots=True)
 class _Block:
     size: int
@@ -77,7 +82,7 @@ class CachingAllocator:
             _, bid = free.pop(i)
         else:
             bid = self._new_segment(pool, segment_size(size))
-            free.remove((self._blocks[bid].size, bid))
+            _drop(free, self._blocks[bid].size, bid)
         block = self._blocks[bid]
         rest = block.size - size
         if (rest >= MIN_BLOCK) if small else (rest > SMALL_SIZE):
@@ -103,7 +108,7 @@ class CachingAllocator:
             if other_id is None or not self._blocks[other_id].free:
                 continue
             other = self._blocks[other_id]
-            free.remove((other.size, other_id))
+            _drop(free, other.size, other_id)
             first_id, first, second = (other_id, other, block) if side == "prev" else (bid, block, other)
             first.size += second.size
             first.next = second.next
