@@ -239,8 +239,9 @@ class _Replay:
             for layer in range(layers):
                 if a.live(("gshard", layer)):
                     a.free(("gshard", layer))
-        for k in [k for k in list(a._live) if isinstance(k, tuple) and k[0] == "logits16"]:
-            a.free(k)
+        for k in a.live_keys():  # the pipeline's kept outputs go when the step returns
+            if isinstance(k, tuple) and k[0] == "logits16":
+                a.free(k)
 
     # --- the schedule -----------------------------------------------------------------------
 

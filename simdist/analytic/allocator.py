@@ -121,6 +121,9 @@ class CachingAllocator:
     def live(self, key: object) -> bool:
         return key in self._live
 
+    def live_keys(self) -> list[object]:
+        return list(self._live)
+
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id
