@@ -21,11 +21,18 @@ from simdist.analytic.collectives import node_gpus
 from simdist.analytic.compression import error_feedback_bytes
 from simdist.analytic.param_server import ps_server_count
 from simdist.analytic.params import (
-    layer_params,
     matrix_shapes,
-    params_per_rank,
     total_params,
 )
+from simdist.analytic.variant_memory import (  # contract v1.2: experts, MLA, windows, cp
+    buffer_bytes,
+    largest_layer_activation_bytes,
+    layer_state_params,
+    mtp_activation_bytes,
+    stage_layer_activation_bytes,
+    state_params,
+)
+from simdist.analytic.variants import plain
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
@@ -71,8 +78,7 @@ def state_bytes(m: ModelSpec, plan: ParallelPlan) -> StateBytes:
 
 def optimizer_shard_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """Parameters whose optimizer states one GPU of ``stage`` owns (its ZeRO partition)."""
-    n = params_per_rank(m, plan, stage)
-    return n / plan.dp_shard if plan.shards_optimizer else n
+    return state_params(m, plan, stage, plan.shards_optimizer)
 
 
 def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
@@ -98,13 +104,11 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
     fp32 gradient sum on the servers' hosts (Li et al. OSDI'14); the workers hold no optimizer
     states. Their host share is reported per GPU when ``cluster`` is given.
     """
-    n = params_per_rank(m, plan, stage)
     b = state_bytes(m, plan)
-    shard = plan.dp_shard
-    out = {
-        "params": n * b.params / (shard if plan.shards_params else 1),
-        "grads": n * b.grads / (shard if plan.shards_gradients else 1),
-        "optimizer": n * b.optimizer / (shard if plan.shards_optimizer else 1),
+    out = {  # dense states sharded over dp_shard (*cp), experts over their own group (v1.2)
+        "params": state_params(m, plan, stage, plan.shards_params) * b.params,
+        "grads": state_params(m, plan, stage, plan.shards_gradients) * b.grads,
+        "optimizer": state_params(m, plan, stage, plan.shards_optimizer) * b.optimizer,
         "host_params": 0.0,
         "host_optimizer": 0.0,
         "nvme": 0.0,
@@ -183,6 +187,8 @@ def in_flight(plan: ParallelPlan, stage: int) -> int:
     p, m, v = plan.pp, plan.num_microbatches, plan.virtual_pipeline_stages
     if p == 1:
         return 1
+    if plan.dualpipe:  # DualPipe README: pp + 1 micro-batches of a rank's stage (v1.2)
+        return min(p + 1, m)
     if plan.schedule == "gpipe":
         return m
     if plan.interleaved:
@@ -209,7 +215,7 @@ class StageMemory:
 def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     ranges = stage_layer_ranges(m.num_layers, plan.pp, plan.virtual_pipeline_stages)[stage]
     layers_per_chunk = max(len(r) for r in ranges)
-    per_layer = layer_activation_bytes(m, plan)
+    per_layer = layer_activation_bytes(m, plan) if plain(m, plan) else stage_layer_activation_bytes(m, plan, stage)
     chunks_in_flight = in_flight(plan, stage)
     if plan.virtual_pipeline_stages == 1:
         total = chunks_in_flight * sum(len(r) for r in ranges) * per_layer
@@ -217,12 +223,14 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
         total = chunks_in_flight * layers_per_chunk * per_layer
     if plan.recompute == "full":
         # backward re-runs one layer's forward: its full activations live for that layer
-        total += layer_activation_bytes(m, plan, recompute="none")
+        total += (layer_activation_bytes(m, plan, recompute="none") if plain(m, plan)
+                  else largest_layer_activation_bytes(m, plan, "none"))
     if stage == plan.pp - 1:
         # the LM head's inputs and logits stay alive for every micro-batch the last stage holds
         # (one under 1F1B, where each forward is followed by its backward; all m under GPipe)
         held = in_flight(plan, stage) if plan.virtual_pipeline_stages == 1 else 1
         total += held * head_activation_bytes(m, plan)
+        total += mtp_activation_bytes(m, plan, stage, head_activation_bytes(m, plan))
     return total
 
 
@@ -234,12 +242,14 @@ def transient_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     if plan.shards_params:
         # the current and the prefetched layer's gathered parameters, and one layer's
         # unsharded gradients before their reduce-scatter
-        layer = layer_params(m).per_tp_rank(plan.tp)
+        layer = layer_state_params(m, plan)
         out += layer * (2 * b.params + b.grads)
     if stage == plan.pp - 1:
         # gradient of the fp32 logits during the LM head's backward
         s, mb = m.seq_length // plan.cp, plan.micro_batch_size
         out += 4 * s * mb * m.vocab_size / plan.tp
+    if not plain(m, plan):
+        out += buffer_bytes(m, plan)
     return out
 
 

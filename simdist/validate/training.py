@@ -21,6 +21,7 @@ from typing import Any
 from simdist.analytic.flops import megatron_flops_per_step, model_flops_per_step
 from simdist.errors import ScenarioError
 from simdist.spec.scenario import Scenario, scenario_from_dict
+from simdist.validate import moe_cp
 from simdist.validate.rows import cell_float, cell_int, data_dir, error_summary, read_csv
 
 # --- mapping a published row to a scenario ------------------------------------------------
@@ -176,6 +177,13 @@ def build_cases(data: str | Path | None = None) -> tuple[list[Case], list[tuple[
     skipped: list[tuple[str, str]] = []
     for row in read_csv(data_dir(data) / "training_runs.csv"):
         rid = row["run_id"]
+        if moe_cp.handles(row):  # experts and context parallelism: simdist.validate.moe_cp
+            got = moe_cp.build(row)
+            if isinstance(got, str):
+                skipped.append((rid, got))
+            else:
+                cases.append(Case(rid, moe_cp.group(row), row["model_name"], got[2][0], got[2][1], got[0], got[1]))
+            continue
         why = unsupported(row)
         if why:
             skipped.append((rid, "; ".join(why)))
