@@ -3,14 +3,16 @@
 The DualPipe README gives the bubble as (PP/2 - 1)(F&B + B - 3W) for DualPipe and
 (S/2 - 1)(F&B + B - 3W) for DualPipeV over S = 2*pp stages, with F, B and W one stage's
 forward, backward and weight-gradient times and F&B a forward and a backward of two
-micro-batches run together (their all-to-alls hidden behind each other's compute). simdist
-runs backward whole (no B/W split), so W = 0 here, and F&B = F + B: the pair's compute, with
-the all-to-all the pair cannot hide already in each pass's time (simdist.analytic.passes).
-Per rank and micro-batch, F + B is the stage time t of the busiest rank (DualPipe: one of its
-two stages; DualPipeV: both of its half-size stages), so
+micro-batches run together. simdist runs backward whole (no B/W split: W = 0) and a pair's
+compute back to back (its all-to-alls hide behind each other's compute, simdist.analytic.passes),
+with the phases of simdist.sim.dualpipe. List-scheduling those phases with unit times (pp from
+2 to 16, backward 1 to 3 times forward) leaves, per rank, a bubble of 2B for each of the
+pp/2 - 1 steps of DualPipe's warm-up and B for each of DualPipeV's pp - 1, B being one rank's
+backward per micro-batch: the forwards of the steady phase fill the rest. So, with t the busiest
+rank's time per micro-batch,
 
-  DualPipe:   m * t + (pp/2 - 1)(t + B)
-  DualPipeV:  m * t + (pp - 1)(t + B) / 2.
+  DualPipe:   m * t + (pp/2 - 1) * 2B
+  DualPipeV:  m * t + (pp - 1) * B.
 """
 
 from __future__ import annotations
@@ -25,5 +27,5 @@ def dualpipe_time(plan: ParallelPlan, times: list[float], backwards: list[float]
     i = max(range(p), key=lambda s: times[s])
     t, b = times[i], backwards[i]
     if plan.schedule == "dualpipe":
-        return m * t + max(0, p // 2 - 1) * (t + b)
-    return m * t + (p - 1) * (t + b) / 2
+        return m * t + max(0, p // 2 - 1) * 2 * b
+    return m * t + (p - 1) * b

@@ -121,7 +121,8 @@ class OpTimer:
                 cp += exposed
             else:
                 tp += exposed
-        hide_ep = compute if (ep and (plan.ep_comm_overlap or plan.dualpipe)) else 0.0
+        # on its own stream, beside everything the compute stream does (another micro-batch's pass)
+        hide_ep = compute + tp + cp if plan.ep > 1 and (plan.ep_comm_overlap or plan.dualpipe) else 0.0
         return PassTime(compute, tp, cp, w, compute * self.sync_wait, ep, hide_ep)
 
 
