@@ -16,10 +16,13 @@ simdist.analytic.memory.layer_activation_bytes, whose dense terms these keep):
   MLA: the replicated down-projection outputs and their normalised copies (2*(q_lora_rank +
   kv_lora_rank + rotary dims)) and, TP-sharded, per-head Q and K (d + rotary dims), V and the
   output (v_head_dim);
-- a MoE FFN: the fp32 router logits and probabilities (2*4*T*E), the permuted token copies the
-  experts read (rows*h), their hidden activations (4 or 2 x rows x moe_ffn/etp: SwiGLU keeps gate,
-  up, silu(gate) and their product) and the expert outputs the unpermute weighs (rows*h), with
-  rows = T*k*(busiest rank's load)*etp (simdist.analytic.moe); the shared experts as a dense FFN.
+- a MoE FFN, as Megatron-LM's theoretical memory formula counts it (training/
+  theoretical_memory_usage.py, sparse MLP terms): the fp32 router logits and probabilities
+  (2*4*T*E), the permuted token copies the experts read (rows*h) and their hidden activations
+  (SwiGLU: the gate and up outputs and the activation's output, 3 x rows x moe_ffn/etp; GELU 2x),
+  with rows = T*k*(busiest rank's load)*etp (simdist.analytic.moe); the gate weights are applied
+  inside the fused unpermute, so the expert outputs are not kept; the shared experts as a dense
+  FFN.
 """
 
 from __future__ import annotations
@@ -62,16 +65,17 @@ def layer_state_params(m: ModelSpec, plan: ParallelPlan) -> float:
     return max(layer_params(m).per_tp_rank(plan.tp), dense + experts)
 
 
-def _attention_bytes(m: ModelSpec, plan: ParallelPlan, kind: LayerKind) -> tuple[float, float]:
-    """(replicated over TP, sharded over TP) attention activations beyond the norms' inputs."""
+def _attention_bytes(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, recompute: str) -> tuple[float, float]:
+    """(replicated over TP, sharded over TP) attention activations beyond the norms' inputs;
+    selective recompute runs MLA's up projections again (``mla_up_proj``): only the output stays."""
     e = plan.element_bytes
     sb = m.seq_length // plan.cp * plan.micro_batch_size
     a = m.num_attention_heads
     if m.attention == "mla":
         r = m.qk_rope_head_dim
         replicated = 2 * e * sb * (m.q_lora_rank + m.kv_lora_rank + r)
-        sharded = e * sb * a * (2 * (m.head_dim + r) + 2 * m.v_head_dim)
-        return replicated, sharded
+        heads = m.v_head_dim if recompute == "selective" else 2 * (m.head_dim + r) + 2 * m.v_head_dim
+        return replicated, e * sb * a * heads
     qd = a * m.head_dim
     return 0.0, e * sb * (qd + 2 * m.kv_dim + qd)
 
@@ -87,12 +91,14 @@ def _core_bytes(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, recompute: st
     return (e + (1 + e if m.dropout else 0)) * a * s * keys * b
 
 
-def _routed_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+def _routed_bytes(m: ModelSpec, plan: ParallelPlan, recompute: str) -> float:
+    """Selective recompute runs the experts' activation again (``moe_act``): its output goes."""
     e, h, k = plan.element_bytes, m.hidden_size, m.experts_per_token
     t = routed_tokens(m, plan)
     rows = t * k * rank_load_factor(m, plan) * plan.etp
-    hidden = (4 if m.mlp == "swiglu" else 2) * rows * (m.moe_ffn_hidden_size // plan.etp) * e
-    return 2 * 4 * t * m.num_experts + 2 * rows * h * e + hidden
+    kept = (3 if m.mlp == "swiglu" else 2) - (1 if recompute == "selective" else 0)
+    hidden = kept * rows * (m.moe_ffn_hidden_size // plan.etp) * e
+    return 2 * 4 * t * m.num_experts + rows * h * e + hidden
 
 
 def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, kind: LayerKind,
@@ -107,11 +113,11 @@ def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, kind: LayerKind,
         return e * sbh / split
     drop = 2 * sbh if m.dropout else 0
     replicated = 2 * e * sbh + 2 * e * sbh + drop  # norms' inputs, attention and FFN inputs
-    attn_rep, attn_sharded = _attention_bytes(m, plan, kind)
+    attn_rep, attn_sharded = _attention_bytes(m, plan, kind, recompute)
     sharded = attn_sharded + _core_bytes(m, plan, kind, recompute)
     routed = 0.0
     if kind.moe:
-        routed = _routed_bytes(m, plan)
+        routed = _routed_bytes(m, plan, recompute)
         f = m.num_shared_experts * m.moe_ffn_hidden_size
     else:
         f = m.ffn_hidden_size

@@ -113,17 +113,23 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass, kind: LayerKind = D
     return tuple(reversed(out)) if bwd else tuple(out)
 
 
+SELECTIVE = ("QK^T", "AV", "softmax", "q up", "kv up", "expert activation")
+
+
 @cache
 def recompute_ops(m: ModelSpec, plan: ParallelPlan, kind: LayerKind = DENSE) -> tuple[Op, ...]:
     """What backward runs again (see :func:`simdist.analytic.ops.recompute_ops`): the whole
-    layer of this kind under full recompute, the explicit attention core under selective."""
+    layer of this kind under full recompute; under selective the explicit attention core, and
+    in MLA and MoE layers what Megatron-Core's recompute modules ``mla_up_proj`` and ``moe_act``
+    run again (the up projections of MLA, the experts' activation), as the DeepSeek-V3 and
+    GPT-OSS recipes of Megatron-Bridge recompute them."""
     if plain(m, plan):
         return ops.recompute_ops(m, plan)
     if plan.recompute == "full":
         return layer_ops(m, plan, "fwd", kind)
-    if plan.recompute == "selective" and not plan.flash_attention:
-        return tuple(op for op in layer_ops(m, plan, "fwd", kind)
-                     if isinstance(op, Compute) and op.name in ("QK^T", "AV", "softmax"))
+    if plan.recompute == "selective":
+        return tuple(op for op in layer_ops(m, plan, "fwd", kind) if isinstance(op, Compute)
+                     and op.name in SELECTIVE and (op.name not in ("QK^T", "AV", "softmax") or not plan.flash_attention))
     return ()
 
 

@@ -38,6 +38,8 @@ GRADIENT_SYNC: tuple[str, ...] = get_args(GradientSync)
 OFFLOAD_DEVICES: tuple[str, ...] = get_args(OffloadDevice)
 COMPRESSION_METHODS: tuple[str, ...] = get_args(CompressionMethod)
 AXES: tuple[str, ...] = get_args(Axis)
+MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
+CP_METHODS: tuple[str, ...] = get_args(CpMethod)
 DUALPIPE_SCHEDULES = ("dualpipe", "dualpipev")
 
 

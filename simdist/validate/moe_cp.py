@@ -31,10 +31,12 @@ MOE_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3_30b_a3b": ("qwen3-30b-a3b", {"moe_dispatcher": "flex"}),
     # QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_*: alltoall dispatcher, moe_a2a_overlap
     "qwen3_235b_a22b": ("qwen3-235b-a22b", {"moe_dispatcher": "alltoall", "ep_comm_overlap": True}),
-    # DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1: hybridep, no a2a overlap
-    "deepseekv3": ("deepseek-v3", {"moe_dispatcher": "flex"}),
-    # GPT_OSS_120B_PRETRAIN_CONFIG_H100_*: the recipe's alltoall dispatcher
-    "gpt oss 120b": ("gpt-oss-120b", {"moe_dispatcher": "alltoall"}),
+    # DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1: hybridep, no a2a overlap, recompute_modules
+    # [mla_up_proj, mlp] (selective: simdist.analytic.variants.recompute_ops)
+    "deepseekv3": ("deepseek-v3", {"moe_dispatcher": "flex", "recompute": "selective"}),
+    # GPT_OSS_120B_PRETRAIN_CONFIG_H100_*: the alltoall dispatcher, recompute_modules
+    # [layernorm, moe_act]
+    "gpt oss 120b": ("gpt-oss-120b", {"moe_dispatcher": "alltoall", "recompute": "selective"}),
 }
 NOT_EXPRESSIBLE = {"nemotron_3_nano": "Nemotron 3 Nano interleaves Mamba-2 layers with its attention and MoE "
                                       "layers; a scenario cannot express state-space layers"}

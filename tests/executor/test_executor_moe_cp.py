@@ -26,7 +26,7 @@ from executor.model import build_model  # noqa: E402
 from executor.moe import MoE  # noqa: E402
 from executor.train import reference_losses  # noqa: E402
 from simdist.analytic.memory import model_state_bytes  # noqa: E402
-from simdist.analytic.params import total_params  # noqa: E402
+from simdist.analytic.params import stage_layers, total_params  # noqa: E402
 from simdist.analytic.variants import comm_bytes, layer_ops  # noqa: E402
 from simdist.spec.layers import layer_kind  # noqa: E402
 from simdist.spec.plan import rank_coord  # noqa: E402
@@ -51,13 +51,13 @@ def assert_losses_match(sc: Scenario, m: dict[str, Any]) -> None:
 
 
 def simulated_alltoall_bytes(sc: Scenario) -> float:
-    """Dispatch and combine of every MoE layer of one stage, forward and backward, for every
-    micro-batch of a step: the expert all-to-all bytes of one rank (balanced routing)."""
+    """Dispatch and combine of every MoE layer of a stage, forward and backward, for every
+    micro-batch of a step (balanced routing), averaged over the stages as the measurement
+    averages over the ranks (every stage has as many)."""
     m, plan = sc.model, sc.plan
-    layers = range(m.num_layers // plan.pp)  # stage 0's layers (the tiny model splits evenly)
-    per_mb = sum(comm_bytes(layer_ops(m, plan, phase, layer_kind(m, i)), "ep")
-                 for i in layers for phase in ("fwd", "bwd"))
-    return per_mb * plan.num_microbatches
+    per_stage = [sum(comm_bytes(layer_ops(m, plan, phase, layer_kind(m, i)), "ep")
+                     for i in stage_layers(m, plan, s) for phase in ("fwd", "bwd")) for s in range(plan.pp)]
+    return sum(per_stage) / plan.pp * plan.num_microbatches
 
 
 @pytest.mark.distributed
