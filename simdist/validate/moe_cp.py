@@ -110,7 +110,7 @@ def moe_scenario(row: dict[str, str]) -> dict[str, Any]:
             "cluster": _cluster(int(row["num_gpus"])), "plan": plan}
 
 
-def cp_scenario(row: dict[str, str], recompute: str) -> dict[str, Any]:
+def cp_scenario(row: dict[str, str], recompute: str, vpp: int = 2) -> dict[str, Any]:
     rid = row["run_id"]
     tp, pp, cp = cell_int(row["tp"]) or 1, cell_int(row["pp"]) or 1, cell_int(row["cp"]) or 1
     gpus = int(row["num_gpus"])
@@ -134,7 +134,7 @@ def cp_scenario(row: dict[str, str], recompute: str) -> dict[str, Any]:
                 "cluster": cluster, "plan": plan}
     # Llama 3 405B long-context stage (Table 4): 16 sequences of 128K per DP rank, 16M tokens
     plan = {"tp": tp, "pp": pp, "cp": cp, "dp": gpus // (tp * pp * cp), "cp_method": "allgather",
-            "virtual_pipeline_stages": 2, "schedule": "interleaved-1f1b", "zero_stage": 1,
+            "virtual_pipeline_stages": vpp, "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "zero_stage": 1,
             "sequence_parallel": True, "tp_comm_overlap": True, "recompute": recompute, "micro_batch_size": 1,
             "global_batch_size": 16 * (gpus // (tp * pp * cp)), "precision": "bf16", "flash_attention": True}
     cluster = _cluster(gpus)
@@ -171,6 +171,9 @@ def candidates(row: dict[str, str]) -> list[tuple[dict[str, Any], list[str]]]:
         return [(moe_scenario(row), [])]
     if row["run_id"] in TORCHTITAN_CP:
         return [(cp_scenario(row, "full"), [])]
+    if row["run_id"] in LLAMA3_CP:  # the paper's interleaved schedule: chunks per stage unstated
+        return [(cp_scenario(row, r, v), [f"recompute={r}", f"virtual_pipeline_stages={v}"])
+                for r in ("none", "selective", "full") for v in range(1, 8)]
     return [(cp_scenario(row, r), [f"recompute={r}"]) for r in ("none", "selective", "full")]
 
 
