@@ -239,3 +239,22 @@ def test_deepseek_v3_plan_predicts_and_fits_checks():
     sc = make("deepseek-v3", nodes=128, **DSV3)
     p = predict(sc, engine="des", keep_spans=False)
     assert p.breakdown_s["ep_comm"] > 0 and 0.05 < p.mfu < 0.6
+
+
+# --- validation rows ---------------------------------------------------------------------------
+
+
+def test_moe_and_cp_rows_are_predicted_with_their_groups():
+    from simdist.validate import moe_cp
+    from simdist.validate.rows import packaged_data_dir, read_csv
+
+    rows = {r["run_id"]: r for r in read_csv(packaged_data_dir() / "training_runs.csv")}
+    for rid, group in (("R0106", moe_cp.GROUP_MOE), ("R0133", moe_cp.GROUP_MOE), ("R0105", moe_cp.GROUP_MOE),
+                       ("R0092", moe_cp.GROUP_CP["NeMo"]), ("R0150", moe_cp.GROUP_CP["torchtitan"])):
+        assert moe_cp.handles(rows[rid]) and moe_cp.group(rows[rid]) == group
+        sc, _, (measured, how) = moe_cp.build(rows[rid])
+        assert measured > 0 and how in ("step time", "tokens/s", "TFLOP/s (model FLOPs)")
+    ds, _, _ = moe_cp.build(rows["R0133"])  # the DeepSeek-V3 row: the public plan on the preset
+    assert (ds.model.num_experts, ds.plan.ep, ds.plan.tp, ds.plan.pp, ds.plan.virtual_pipeline_stages) == (256, 64, 2, 8, 4)
+    assert moe_cp.build(rows["R0100"]).startswith("model not expressible")  # Nemotron 3 Nano: Mamba layers
+    assert moe_cp.build(rows["R0081"]).startswith("plan (tp/pp) not stated")

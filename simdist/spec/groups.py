@@ -2,7 +2,9 @@
 layout and the data-parallel group that includes the context-parallel ranks.
 
 The rank grid (:func:`simdist.spec.plan.rank_of`) orders a rank's coordinates tp, cp, pp, dp
-(tp fastest). Inside one pipeline stage the tp*cp*dp ranks have the *stage index*
+(tp fastest), or tp, cp, dp, pp with expert parallelism (Megatron-Core's order, so that an
+expert group takes consecutive ranks). Inside one pipeline stage the tp*cp*dp ranks have the
+*stage index*
 ``l = t + tp*(c + cp*d)``. Megatron-Core lays the experts of a stage over the same ranks with
 expert tensor parallelism fastest, then expert parallelism, then expert data parallelism
 (megatron/core/parallel_state.py: the expert RankGenerator's order "tp-ep-dp" with etp, ep and
