@@ -252,7 +252,7 @@ def test_moe_and_cp_rows_are_predicted_with_their_groups():
     for rid, group in (("R0106", moe_cp.GROUP_MOE), ("R0133", moe_cp.GROUP_MOE), ("R0105", moe_cp.GROUP_MOE),
                        ("R0092", moe_cp.GROUP_CP["NeMo"]), ("R0150", moe_cp.GROUP_CP["torchtitan"])):
         assert moe_cp.handles(rows[rid]) and moe_cp.group(rows[rid]) == group
-        sc, _, (measured, how) = moe_cp.build(rows[rid])
+        _, _, (measured, how) = moe_cp.build(rows[rid])
         assert measured > 0 and how in ("step time", "tokens/s", "TFLOP/s (model FLOPs)")
     ds, _, _ = moe_cp.build(rows["R0133"])  # the DeepSeek-V3 row: the public plan on the preset
     assert (ds.model.num_experts, ds.plan.ep, ds.plan.tp, ds.plan.pp, ds.plan.virtual_pipeline_stages) == (256, 64, 2, 8, 4)
