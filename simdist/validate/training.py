@@ -6,10 +6,11 @@ are predicted with the fastest setting that fits among the usual choices, as the
 their runs; the row says so. Step time is measured directly where the source gives it, else
 derived from the reported TFLOP/s with the source's own FLOP formula (see each group's notes).
 
-Rows the simulator cannot express yet are skipped, each with its reasons (:func:`unsupported`):
-mixture-of-experts rows, context-parallel rows, FP8-recipe rows, rows whose plan, batch or
-model dimensions are unstated, GPUs without a cluster preset, and frameworks whose defaults are
-not mapped to a scenario (only Megatron-LM, Megatron-Core and MosaicML llm-foundry are).
+Mixture-of-experts and context-parallel rows are mapped and predicted by
+:mod:`simdist.validate.moe_cp`. Of the rest, rows the simulator cannot express yet are skipped,
+each with its reasons (:func:`unsupported`): FP8-recipe rows, rows whose plan, batch or model
+dimensions are unstated, GPUs without a cluster preset, and frameworks whose defaults are not
+mapped to a scenario (only Megatron-LM, Megatron-Core and MosaicML llm-foundry are).
 """
 
 from __future__ import annotations
