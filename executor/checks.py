@@ -8,6 +8,7 @@ cannot run on ``--nproc`` processes, each problem naming its field in the contra
 
 from __future__ import annotations
 
+from executor.layouts import v12_problems
 from simdist.errors import Problem
 from simdist.spec.scenario import Scenario
 
@@ -38,8 +39,6 @@ def run_problems(scenario: Scenario, nproc: int) -> list[Problem]:
         add("cluster.gpus_per_node", f"the cluster has {scenario.world_size} GPUs but --nproc is {nproc} "
             f"(use cluster: {{preset: local, num_nodes: 1, gpus_per_node: {nproc}}})")
     # --- model features the executor's model does not build
-    if m.num_experts > 1:
-        add("model.num_experts", "mixture-of-experts layers are not implemented by the executor")
     if m.position_embedding == "alibi":
         add("model.position_embedding", "alibi is not implemented by the executor (learned, rope)")
     if m.position_embedding == "rope" and m.head_dim % 2:
@@ -55,8 +54,7 @@ def run_problems(scenario: Scenario, nproc: int) -> list[Problem]:
             "(torch's DDP x TP bridge handles each shared parameter under one name only); use "
             "zero_stage 2 or 3, or untie")
     # --- plan features
-    if plan.cp > 1:
-        add("plan.cp", "context parallelism is not implemented by the executor (cp must be 1)")
+    out.extend(v12_problems(scenario))  # experts, context parallelism and the other 1.2 fields
     if plan.precision not in SUPPORTED_PRECISIONS:
         add("plan.precision", f"{plan.precision} is not supported by the executor "
             f"({', '.join(SUPPORTED_PRECISIONS)}; fp16 needs loss scaling, fp8 Transformer Engine)")

@@ -22,8 +22,8 @@ collective (``_c10d_functional.all_gather_into_tensor``, used by DTensor) goes t
 dispatcher, DDP's C++ reducer and FSDP2 included (dispatch modes are thread-local: on CUDA,
 where autograd runs backward hooks on its device threads, DDP's bucket all-reduces may be
 missed; on the CPU backward runs on the training thread). ``bytes`` is the size of the whole buffer
-(the larger of input and output: all-gather counts its output, reduce-scatter its input), the
-``size`` nccl-tests reports. On gloo FSDP2's reduce-scatter runs as a full all-reduce inside
+(the larger of input and output: all-gather counts its output, reduce-scatter its input; an
+all-to-all what this rank sends), the ``size`` nccl-tests reports. On gloo FSDP2's reduce-scatter runs as a full all-reduce inside
 the backend; it is still counted as the reduce_scatter the program issued.
 
 Phase times of the measured steps use ``time.perf_counter`` (wall) and ``time.thread_time``
@@ -256,7 +256,8 @@ class CollectiveCensus(TorchDispatchMode):
             sizes = [_tensor_list_bytes(a) for a in args] + [_tensor_list_bytes(out)]
             entry = self.counts[kind]
             entry["count"] += 1
-            entry["bytes"] += max(sizes)
+            # an uneven all_to_all_single (the expert dispatch): what this rank sends, nccl-tests' size
+            entry["bytes"] += sizes[1] if "alltoall_base" in str(func) else max(sizes)
         return out
 
     def result(self) -> dict[str, dict[str, int]]:

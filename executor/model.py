@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from executor.moe import build_ffn
 from simdist.spec.model import ModelSpec
 
 RECOMPUTE_MODES = ("none", "selective", "full")
@@ -148,7 +149,7 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer layer. ``recompute="full"`` checkpoints the whole layer."""
 
-    def __init__(self, m: ModelSpec, recompute: str = "none"):
+    def __init__(self, m: ModelSpec, recompute: str = "none", index: int = 0):
         super().__init__()
         if recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
@@ -156,7 +157,7 @@ class Block(nn.Module):
         self.attn_norm = build_norm(m)
         self.attn = Attention(m, recompute_core=recompute == "selective")
         self.mlp_norm = build_norm(m)
-        self.mlp = Mlp(m)
+        self.mlp = build_ffn(m, index) or Mlp(m)  # a mixture of experts in MoE layers (executor.moe)
 
     def _layer(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x))
@@ -198,7 +199,7 @@ class Transformer(nn.Module):
         self.spec = m
         ids = range(m.num_layers) if layer_ids is None else layer_ids
         self.embed = Embedding(m) if embed else None
-        self.layers = nn.ModuleDict({str(i): Block(m, recompute) for i in ids})
+        self.layers = nn.ModuleDict({str(i): Block(m, recompute, i) for i in ids})
         self.final_norm = build_norm(m) if head else None
         self.lm_head = nn.Linear(m.hidden_size, m.vocab_size, bias=False) if head else None
 
@@ -231,10 +232,11 @@ def init_weights(model: Transformer, seed: int) -> None:
             is_norm = "norm" in name
             if is_norm and leaf == "weight":
                 p.fill_(1.0)
-            elif leaf == "bias":
+            elif leaf == "bias" or leaf.startswith("experts_b"):
                 p.zero_()
             else:
-                std = scaled_std if name.endswith(("attn.o.weight", "mlp.fc2.weight", "mlp.down.weight")) else 0.02
+                std = scaled_std if name.endswith(("attn.o.weight", "mlp.fc2.weight", "mlp.down.weight",
+                                                   "mlp.experts_w2")) else 0.02
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
 
 

@@ -43,7 +43,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
-from executor import optim
+from executor import expert_context, optim
 from executor.checks import split_backward_pipeline
 from executor.model import Transformer, build_model, lm_loss, stage_module
 from executor.optim import NormSync, sharded_groups
@@ -121,10 +121,10 @@ def build_mesh(plan: ParallelPlan, device_type: str, backend: str, timeout: time
     simdist.spec.plan.rank_of. ``mesh["dp"]`` is the two flattened back into one dimension
     (torchtitan does the same), for DDP, the data and the loss.
     """
-    if plan.dp_shard >= plan.dp:
-        override = {dim: _group_options(backend, timeout) for dim in MESH_DIMS}
-        return init_device_mesh(device_type, (plan.dp, plan.pp, plan.tp), mesh_dim_names=MESH_DIMS,
-                                backend_override=override)
+    if plan.dp_shard >= plan.dp:  # v1.2: experts put pp outermost, cp joins the grid (rank_of's order)
+        dims = ("pp", "dp", "tp") if plan.pipeline_outermost else ("dp", "pp", "cp", "tp") if plan.cp > 1 else MESH_DIMS
+        return init_device_mesh(device_type, tuple(plan.axis_size(d) for d in dims), mesh_dim_names=dims,
+                                backend_override={dim: _group_options(backend, timeout) for dim in dims})
     override = {dim: _group_options(backend, timeout) for dim in HSDP_DIMS}
     mesh = init_device_mesh(device_type, (plan.dp // plan.dp_shard, plan.dp_shard, plan.pp, plan.tp),
                             mesh_dim_names=HSDP_DIMS, backend_override=override)
@@ -147,7 +147,7 @@ def zero1_group(plan: ParallelPlan, mesh: DeviceMesh) -> dist.ProcessGroup:
 def data_parallel_kind(plan: ParallelPlan) -> str:
     """Which data-parallel wrapper the plan gets (see the module docstring). With dp = 1 there is
     nothing to replicate or shard (every ZeRO stage holds the same states), so none."""
-    if plan.dp == 1:
+    if plan.dp * plan.cp == 1:
         return "none"
     if plan.shards_gradients:
         return "fsdp"
@@ -326,8 +326,10 @@ def build_parallel_model(m: ModelSpec, plan: ParallelPlan, rank: int, mesh: Devi
     kind = data_parallel_kind(plan)
     chunks: list[nn.Module] = []
     local_shards: dict[int, tuple[DeviceMesh, tuple[Any, ...]]] = {}
+    extras = expert_context.make_groups(plan, rank)  # expert / context parallelism (v1.2)
     for _, chunk in parts:
         chunk.to(device)
+        expert_context.prepare_chunk(chunk, plan, rank, extras)
         if plan.tp > 1:
             # without a pipeline the loss is computed here, on vocabulary-sharded logits
             # (train.loss_context); pipeline schedules compute it on gathered logits
@@ -339,7 +341,8 @@ def build_parallel_model(m: ModelSpec, plan: ParallelPlan, rank: int, mesh: Devi
         elif kind in ("ddp", "zero1"):
             if plan.tp > 1:
                 local_shards.update(localize_tensor_parallel_params(chunk))
-            chunks.append(apply_ddp(chunk, mesh["dp"].get_group(), plan.ddp_bucket_size_bytes, device))
+            chunks.append(apply_ddp(chunk, expert_context.data_group(extras, mesh["dp"].get_group()),
+                                    plan.ddp_bucket_size_bytes, device))
         else:
             chunks.append(chunk)
     compression = None
@@ -356,6 +359,7 @@ def build_parallel_model(m: ModelSpec, plan: ParallelPlan, rank: int, mesh: Devi
     explicit = {pid: sharded_groups(m, pls) for pid, (m, pls) in local_shards.items()}
     optimizer = make_optimizer(list(params.values()), plan,
                                zero1_group(plan, mesh) if kind == "zero1" else None, NormSync(explicit))
+    expert_context.after_build(optimizer, chunks, plan, extras)
     schedule = None
     if plan.pp > 1:
         schedule = build_schedule(plan, [k for k, _ in parts], chunks, n_virtual, device,

@@ -19,6 +19,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from executor.context import shard
 from executor.data import replica_batch
 from executor.model import build_model, lm_loss
 from executor.parallelize import ParallelModel, make_optimizer, set_gradient_sync
@@ -70,6 +71,7 @@ def train_step(pm: ParallelModel, m: ModelSpec, plan: ParallelPlan, step: int, s
     probe = probe or Probe()
     inputs, targets = replica_batch(seed, step, plan.global_batch_size, plan.dp, pm.coord.dp,
                                     m.seq_length, m.vocab_size)
+    inputs, targets = shard(plan, pm.coord.cp, inputs, targets)  # context parallelism's part
     inputs, targets = inputs.to(device), targets.to(device)
     with autocast(plan, device), probe.activations():
         if pm.schedule is not None:

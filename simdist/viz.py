@@ -31,6 +31,8 @@ BREAKDOWN_LABELS = {
     "optimizer": "optimizer",
     "offload": "offload",
     "compression": "compression",
+    "ep_comm": "exposed expert all-to-all",
+    "cp_comm": "exposed CP comm",
 }
 
 COLORS = {
@@ -46,6 +48,8 @@ COLORS = {
     "optimizer": "#EECA3B",
     "offload": "#9D755D",
     "compression": "#FF9DA6",
+    "ep_comm": "#F28E2B",
+    "cp_comm": "#D67195",
     "params": "#4C78A8",
     "grads": "#F58518",
     "activations": "#54A24B",
@@ -56,8 +60,8 @@ MEMORY_PARTS = (("params_gib", "params"), ("grads_gib", "grads"), ("optimizer_gi
                 ("activations_gib", "activations"), ("other_gib", "other"))
 
 # order of the categories in the timeline legend (others follow alphabetically)
-SPAN_ORDER = ("forward", "backward", "recompute", "tp_comm", "pp_comm", "dp_comm", "optimizer",
-              "idle")
+SPAN_ORDER = ("forward", "backward", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
+              "optimizer", "idle")
 
 
 def _layout(fig: go.Figure, title: str, height: int = 360, legend: str = "top") -> go.Figure:

@@ -55,7 +55,7 @@ def test_expert_parallel_layout():
 
 
 @pytest.mark.parametrize(("model", "plan", "expected"), [
-    ({}, {"ep": 3}, "plan.ep: 3 does not divide dp*cp = 16*1"),
+    ({}, {"ep": 3}, "plan.ep: etp*ep = 1*3 does not divide the tp*cp*dp = 16 ranks"),
     ({}, {"ep": 16}, "plan.ep: 16 does not divide model.num_experts (8)"),
     ({}, {"tp": 4, "ep": 4, "etp": 8}, "plan.etp: etp*ep = 8*4 does not divide the tp*cp*dp = 16 ranks"),
     ({"moe_ffn_hidden_size": 1000}, {"etp": 16}, "plan.etp: 16 does not divide model.moe_ffn_hidden_size (1000)"),
@@ -119,13 +119,12 @@ def test_deepseek_v3_on_1024_h100_the_public_megatron_bridge_plan():
                   "global_batch_size": 8192, "precision": "fp8", "fp8_recipe": "blockwise", "framework": "megatron"}}
     sc = scenario_from_dict(d)
     assert (sc.plan.dp, sc.plan.expert_dp, sc.model.moe_layers) == (64, 2, 58)
-    flagged = {n.field for n in not_simulated(sc)}
-    assert {"plan.ep", "plan.fp8_recipe", "plan.framework", "model.attention", "model.moe_ffn_hidden_size",
-            "model.num_shared_experts", "model.first_dense_layers", "model.router", "model.mtp_layers"} <= flagged
+    # experts, MLA and MTP are simulated (issue 16); the FP8 recipe and framework defaults not yet
+    assert {n.field for n in not_simulated(sc)} == {"plan.fp8_recipe", "plan.framework"}
     assert not any(n.blocking for n in not_simulated(sc))
 
 
-def test_not_simulated_names_real_fields_and_blocks_only_the_dualpipe_schedules():
+def test_not_simulated_names_real_fields_and_dualpipe_is_simulated():
     from simdist.spec.fields import yaml_keys
     from simdist.spec.model import ModelSpec
     from simdist.spec.plan import ParallelPlan
@@ -133,7 +132,7 @@ def test_not_simulated_names_real_fields_and_blocks_only_the_dualpipe_schedules(
     keys = {f"model.{k}" for k in yaml_keys(ModelSpec)} | {f"plan.{k}" for k in yaml_keys(ParallelPlan)}
     assert {n.field for n in NOT_SIMULATED_YET} <= keys
     sc = scenario_from_dict(base_scenario(pp=2, schedule="dualpipev", global_batch_size=32))
-    assert [(n.field, n.blocking) for n in not_simulated(sc)] == [("plan.schedule", True)]
+    assert not_simulated(sc) == []
     assert not_simulated(scenario_from_dict(base_scenario(pp=2, global_batch_size=32))) == []
 
 

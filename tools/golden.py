@@ -34,6 +34,7 @@ ENGINES = ("analytic", "des")
 
 def cases() -> list[dict]:
     """[{"id", "kind": "file" | "dict", "input"}] in a stable order."""
+    from simdist.validate import moe_cp
     from simdist.validate.rows import packaged_data_dir
     from simdist.validate.training import candidates, row_to_scenario_dict, unsupported
 
@@ -44,6 +45,10 @@ def cases() -> list[dict]:
     data = packaged_data_dir() / "training_runs.csv"
     with open(data, newline="", encoding="utf-8") as fh:
         for row in csv.DictReader(fh):
+            if moe_cp.handles(row):  # experts and context parallelism: the first candidate
+                if not moe_cp.unsupported(row):
+                    out.append({"id": f"row:{row['run_id']}", "kind": "dict", "input": moe_cp.candidates(row)[0][0]})
+                continue
             if [why for why in unsupported(row) if why != "plan (tp/pp) not stated"]:
                 continue  # rows that do not map to a scenario yet (MoE, CP, FP8 recipes, ...)
             base = row_to_scenario_dict(row)

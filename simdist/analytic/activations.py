@@ -20,6 +20,12 @@ from simdist.analytic.fp8_memory import (
     saved_input_bytes,
 )
 from simdist.analytic.memory_conventions import conventions
+from simdist.analytic.variant_memory import (  # contract v1.2: experts, MLA, windows, cp
+    largest_layer_activation_bytes,
+    mtp_activation_bytes,
+    stage_layer_activation_bytes,
+)
+from simdist.analytic.variants import plain
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.stages import stage_layer_ranges
@@ -145,6 +151,8 @@ def in_flight(plan: ParallelPlan, stage: int) -> int:
     p, m, v = plan.pp, plan.num_microbatches, plan.virtual_pipeline_stages
     if p == 1:
         return 1
+    if plan.dualpipe:  # DualPipe README: pp + 1 micro-batches of a rank's stage (v1.2)
+        return min(p + 1, m)
     if plan.schedule == "gpipe":
         return m
     if plan.interleaved:
@@ -169,15 +177,19 @@ def pipeline_outputs_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> floa
 
 
 def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    total = layers_held(m, plan, stage) * (layer_activation_bytes(m, plan) + saved_fp8_weight_bytes(m, plan))
+    dense = plain(m, plan)  # contract v1.2 layers (experts, MLA, windows, cp) in variant_memory
+    per_layer = layer_activation_bytes(m, plan) if dense else stage_layer_activation_bytes(m, plan, stage)
+    total = layers_held(m, plan, stage) * (per_layer + saved_fp8_weight_bytes(m, plan))
     if plan.recompute == "full":
         # backward re-runs one layer's forward: its full activations live for that layer
-        total += layer_activation_bytes(m, plan, recompute="none")
+        total += (layer_activation_bytes(m, plan, recompute="none") if dense
+                  else largest_layer_activation_bytes(m, plan, "none"))
     if stage == plan.pp - 1:
         # the LM head's inputs and logits stay alive for every micro-batch the last stage holds
         # (one under 1F1B, where each forward is followed by its backward; all m under GPipe)
         held = in_flight(plan, stage) if plan.virtual_pipeline_stages == 1 else 1
-        total += held * head_activation_bytes(m, plan) + pipeline_outputs_bytes(m, plan, stage)
+        head = head_activation_bytes(m, plan)
+        total += held * head + pipeline_outputs_bytes(m, plan, stage) + mtp_activation_bytes(m, plan, stage, head)
     return total
 
 

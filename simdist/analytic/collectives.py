@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, replace
 
 from simdist.spec.cluster import ClusterSpec
+from simdist.spec.groups import GROUP_AXES, group_ranks
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.profile import CalibrationProfile
 
@@ -79,7 +80,17 @@ def node_gpus(cluster: ClusterSpec) -> int:
 
 
 def layout_for_axis(cluster: ClusterSpec, plan: ParallelPlan, axis: str) -> GroupLayout:
+    if axis in GROUP_AXES:  # expert and data-with-context groups (v1.2): not one stride apart
+        return layout_of_ranks(cluster, group_ranks(plan, axis, 0))
     return group_layout(cluster, plan.axis_size(axis), plan.axis_stride(axis))
+
+
+def layout_of_ranks(cluster: ClusterSpec, ranks: tuple[int, ...]) -> GroupLayout:
+    """Where the given ranks sit: the most of them on one node, and the nodes they span."""
+    per: dict[int, int] = {}
+    for r in ranks:
+        per[cluster.node_of(r)] = per.get(cluster.node_of(r), 0) + 1
+    return GroupLayout(len(ranks), max(per.values()), len(per), cluster.gpus_per_node)
 
 
 @dataclass(frozen=True)
@@ -156,7 +167,7 @@ def _network_time(kind: str, nbytes: float, g: GroupLayout, net: Network) -> flo
     if kind == "broadcast":
         return ring_time("allgather", nbytes * n, g, net)
     if kind == "alltoall":
-        return ring_time("allgather", nbytes, g, net)
+        return alltoall_time(nbytes, g, net)
     times = [ring_time(kind, nbytes, g, net)]
     if kind == "allreduce":
         if g.intra_only and net.nvls:
@@ -180,6 +191,20 @@ def ring_time(kind: str, nbytes: float, g: GroupLayout, net: Network) -> float:
             busbw = min(busbw, net.intra_bw)
         lat = net.inter_latency
     return steps * lat + factor * nbytes / busbw
+
+
+def alltoall_time(nbytes: float, g: GroupLayout, net: Network) -> float:
+    """All-to-all of S = ``nbytes`` per rank (S/n to every peer): the (g-1)/n part for peers on
+    the rank's node over NVLink and the (n-g)/n part for the other nodes through the NICs, at
+    once (NCCL's all-to-all is one grouped send/receive per peer; the expert dispatchers of
+    Megatron-Core and DeepEP move tokens the same way: NVLink inside the node, RDMA between
+    nodes). A node's NICs are shared by all its ranks doing the same."""
+    n, gpn = g.size, g.ranks_per_node
+    intra = (gpn - 1) / n * nbytes / net.intra("alltoall")[1]
+    if g.intra_only:
+        return net.intra("alltoall")[0] + intra
+    inter = (n - gpn) / n * nbytes / (net.inter_bw_node / g.concurrent_per_node)
+    return net.inter_latency + max(intra, inter)
 
 
 def tree_allreduce_time(nbytes: float, g: GroupLayout, net: Network) -> float:

@@ -81,7 +81,7 @@ class DataParallelTraffic:
                        post_step_gathers=ctx.timed(self.post_step_gathers))
 
 
-def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int) -> DataParallelTraffic:
+def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = None) -> DataParallelTraffic:
     """The DP collectives of one GPU of ``stage`` in one optimizer step (allreduce mode; the
     parameter-server modes use :func:`simdist.analytic.param_server.ps_traffic` instead).
 
@@ -93,10 +93,12 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int) -> DataParallelTraf
     1 reduce-scatters them once per step and all-gathers the updated parameters; 2 reduce-scatters
     every micro-batch's gradients; 3 also all-gathers each layer's parameters before its forward
     and backward, per layer (FSDP units) or per submodule (DeepSpeed ``zero3_fetch: module``).
+    ``n``: the parameters synchronised (default: all the GPU holds; simdist.analytic.dp_groups
+    passes the dense and the expert parameters apart).
     """
     if plan.dp == 1 or plan.uses_parameter_servers:
         return DataParallelTraffic()
-    n = params_per_rank(m, plan, stage)
+    n = params_per_rank(m, plan, stage) if n is None else n
     ax = plan.shard_axis
     hybrid = plan.hybrid_sharding
     shard = plan.dp_shard

@@ -41,6 +41,7 @@ from simdist.analytic.param_server import ps_server_count
 from simdist.analytic.params import matrix_shapes, params_per_rank, stage_num_layers, total_params
 from simdist.analytic.runtime_memory import RuntimeMemory, runtime_memory
 from simdist.analytic.transients import transient_bytes, transient_parts  # noqa: F401
+from simdist.analytic.variant_memory import state_params  # contract v1.2: experts, cp
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
@@ -105,8 +106,7 @@ def shard_group(plan: ParallelPlan) -> int:
 
 def optimizer_shard_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """Parameters whose optimizer states one GPU of ``stage`` owns (its ZeRO partition)."""
-    n = params_per_rank(m, plan, stage)
-    return n / shard_group(plan) if plan.shards_optimizer else n
+    return state_params(m, plan, stage, plan.shards_optimizer)
 
 
 def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
@@ -137,11 +137,10 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
     """
     n = params_per_rank(m, plan, stage)
     b = resident_state_bytes(m, plan)
-    shard = shard_group(plan)
-    out = {
-        "params": n * b.params / (shard if plan.shards_params else 1),
-        "grads": n * b.grads / (shard if plan.shards_gradients else 1),
-        "optimizer": n * b.optimizer / (shard if plan.shards_optimizer else 1),
+    out = {  # dense states sharded over dp_shard*cp, experts over their own group (v1.2)
+        "params": state_params(m, plan, stage, plan.shards_params) * b.params,
+        "grads": state_params(m, plan, stage, plan.shards_gradients) * b.grads,
+        "optimizer": state_params(m, plan, stage, plan.shards_optimizer) * b.optimizer,
         "host_params": 0.0,
         "host_optimizer": 0.0,
         "nvme": 0.0,

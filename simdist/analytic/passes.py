@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from simdist.analytic.collectives import GroupLayout, Network, collective_time, layout_for_axis
 from simdist.analytic.cost import CostModel
+from simdist.analytic.moe import wire_factor
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
@@ -21,31 +22,42 @@ from simdist.spec.scenario import Scenario
 
 @dataclass(frozen=True, slots=True)
 class PassTime:
-    """One pass (forward, backward or recompute) of some layers for one micro-batch on one GPU."""
+    """One pass (forward, backward or recompute) of some layers for one micro-batch on one GPU.
+
+    ``ep`` is the expert all-to-all time alone (dispatch and combine, simdist.analytic.moe) and
+    ``ep_hide`` the compute that may hide it (with ``ep_comm_overlap`` or a DualPipe schedule:
+    another micro-batch's pass runs beside it); only what it cannot hide is exposed, counted over
+    the layers added together."""
 
     compute: float = 0.0
     tp_exposed: float = 0.0
     cp_exposed: float = 0.0
     weight_grad: float = 0.0  # the W part of backward (zero-bubble)
     sync_wait: float = 0.0  # waits at per-layer sync points for the slowest rank (sync_wait_fraction)
+    ep: float = 0.0
+    ep_hide: float = 0.0
 
     def __add__(self, o: PassTime) -> PassTime:
         return PassTime(self.compute + o.compute, self.tp_exposed + o.tp_exposed,
                         self.cp_exposed + o.cp_exposed, self.weight_grad + o.weight_grad,
-                        self.sync_wait + o.sync_wait)
+                        self.sync_wait + o.sync_wait, self.ep + o.ep, self.ep_hide + o.ep_hide)
 
     def __mul__(self, k: float) -> PassTime:
         return PassTime(self.compute * k, self.tp_exposed * k, self.cp_exposed * k, self.weight_grad * k,
-                        self.sync_wait * k)
+                        self.sync_wait * k, self.ep * k, self.ep_hide * k)
+
+    @property
+    def ep_exposed(self) -> float:
+        return max(0.0, self.ep - self.ep_hide)
 
     @property
     def total(self) -> float:
-        return self.compute + self.tp_exposed + self.cp_exposed + self.sync_wait
+        return self.compute + self.tp_exposed + self.cp_exposed + self.sync_wait + self.ep_exposed
 
     @property
     def comm_exposed(self) -> float:
-        """Exposed TP and CP communication."""
-        return self.tp_exposed + self.cp_exposed
+        """Exposed TP, CP and expert-parallel communication."""
+        return self.tp_exposed + self.cp_exposed + self.ep_exposed
 
 
 ZERO_PASS = PassTime()
@@ -63,11 +75,13 @@ class OpTimer:
         self.sync_wait = sync_wait_fraction(sc, cost)
 
     def comm(self, op: Comm) -> float:
-        """A TP/CP collective alone on the links its group crosses."""
+        """A TP/CP/EP collective alone on the links its group crosses (the flex dispatcher's
+        all-to-all sends each token once per node: simdist.analytic.moe.wire_factor)."""
         g = self._layouts.get(op.axis)
         if g is None:
             g = self._layouts[op.axis] = layout_for_axis(self.sc.cluster, self.sc.plan, op.axis)
-        return collective_time(op.collective, op.bytes, g, self.net)
+        nbytes = op.bytes * wire_factor(self.sc.model, self.sc.plan, g) if op.axis == "ep" else op.bytes
+        return collective_time(op.collective, nbytes, g, self.net)
 
     def passes(self, ops: tuple[Op, ...]) -> PassTime:
         """Sum an op list; a comm hides behind the GEMM it may overlap with."""
@@ -78,7 +92,7 @@ class OpTimer:
 
     def _sum(self, ops: tuple[Op, ...]) -> PassTime:
         plan = self.sc.plan
-        compute = tp = cp = w = 0.0
+        compute = tp = cp = w = ep = 0.0
         prev: Compute | None = None
         for i, op in enumerate(ops):
             if isinstance(op, Compute):
@@ -89,9 +103,12 @@ class OpTimer:
                 prev = op
                 continue
             t = self.comm(op)
+            if op.axis == "ep":  # expert all-to-all: exposed unless another micro-batch hides it
+                ep += t
+                continue
             hide = 0.0
             nxt = ops[i + 1] if i + 1 < len(ops) and isinstance(ops[i + 1], Compute) else None
-            if op.axis == "cp" and nxt is not None:
+            if op.axis == "cp" and op.collective == "sendrecv" and nxt is not None:
                 hide = self.cost.time(nxt)  # ring attention overlaps KV exchange with compute
             elif prev is not None and prev.name.endswith("wgrad"):
                 hide = self.cost.time(prev)  # async data-grad all-reduce beside the wgrad GEMM
@@ -104,7 +121,9 @@ class OpTimer:
                 cp += exposed
             else:
                 tp += exposed
-        return PassTime(compute, tp, cp, w, compute * self.sync_wait)
+        # on its own stream, beside everything the compute stream does (another micro-batch's pass)
+        hide_ep = compute + tp + cp if plan.ep > 1 and (plan.ep_comm_overlap or plan.dualpipe) else 0.0
+        return PassTime(compute, tp, cp, w, compute * self.sync_wait, ep, hide_ep)
 
 
 def software_layers(sc: Scenario) -> tuple[str, ...]:

@@ -37,6 +37,9 @@ class StepResult:
     extras: dict[str, Any] = field(default_factory=dict)  # staleness, bottleneck, stragglers...
 
 
-def breakdown_keys(offload: bool, compression: bool) -> tuple[str, ...]:
-    """The breakdown's parts, in order, for a plan that offloads and/or compresses gradients."""
-    return BREAKDOWN_KEYS + (("offload",) if offload else ()) + (("compression",) if compression else ())
+def breakdown_keys(offload: bool, compression: bool, ep: bool = False, cp: bool = False) -> tuple[str, ...]:
+    """The breakdown's parts, in order, for a plan that offloads and/or compresses gradients, and
+    (contract v1.2) splits the experts (``ep_comm``: exposed all-to-all) or the sequence
+    (``cp_comm``: exposed context-parallel communication)."""
+    return (BREAKDOWN_KEYS + (("offload",) if offload else ()) + (("compression",) if compression else ())
+            + (("ep_comm",) if ep else ()) + (("cp_comm",) if cp else ()))

@@ -25,10 +25,11 @@ from functools import cached_property
 from simdist.analytic.collectives import CommContext, Network, collective_time, layout_for_axis
 from simdist.analytic.compression import compression_kernel_bytes
 from simdist.analytic.cost import CostModel, optimizer_bytes_per_param
-from simdist.analytic.data_parallel import DataParallelTraffic, dp_traffic
+from simdist.analytic.data_parallel import DataParallelTraffic
+from simdist.analytic.dp_groups import data_parallel_traffic
 from simdist.analytic.memory import StageMemory, optimizer_shard_params, stage_memory, state_bytes
 from simdist.analytic.offload import OffloadTimes, OffloadTraffic, offload_times, offload_traffic
-from simdist.analytic.ops import embedding_ops, head_ops, layer_ops, recompute_ops
+from simdist.analytic.ops import embedding_ops, head_ops
 from simdist.analytic.overlap import grad_buckets
 from simdist.analytic.param_server import (
     PSTimes,
@@ -37,11 +38,14 @@ from simdist.analytic.param_server import (
     ps_traffic,
     server_update_time,
 )
-from simdist.analytic.params import embedding_params, head_params, layer_params
+from simdist.analytic.params import embedding_params, head_params, layers_params, mtp_params
 from simdist.analytic.passes import OpTimer, PassTime
+from simdist.analytic.variants import layer_ops, mtp_ops, recompute_ops
+from simdist.spec.layers import DENSE, LayerKind, layer_kind, model_kind_counts
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
-from simdist.spec.stages import stage_layer_ranges
+from simdist.spec.stages import stage_chunks as spec_stage_chunks
+from simdist.spec.stages import virtual_stages
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,7 @@ class Chunk:
     params: int  # parameters per GPU, after tensor parallelism
     first: bool  # virtual stage 0: the embedding runs before its first layer
     last: bool  # the last virtual stage: the LM head runs after its last layer
+    layout: tuple[LayerKind, ...] = ()  # each layer's kind, in order (simdist.spec.layers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,16 +125,24 @@ class StepDescription:
     scenario: Scenario
     cost: CostModel
     net: Network
-    layer: LayerPasses
+    layer: LayerPasses  # the first layer's kind (every layer's, for a dense model)
     embedding: tuple[PassTime, PassTime]  # forward, backward (on the first stage)
     head: tuple[PassTime, PassTime]  # forward, backward (on the last stage)
     send: PipelineSend | None  # None without a pipeline
     kinds: tuple[StageDescription, ...]
     kind_of: tuple[int, ...]  # stage -> index into kinds
+    layer_kinds: tuple[tuple[LayerKind, LayerPasses], ...] = ()  # every layer kind's passes
 
     @property
     def plan(self) -> ParallelPlan:
         return self.scenario.plan
+
+    def passes(self, kind: LayerKind) -> LayerPasses:
+        """The passes of one layer of ``kind``."""
+        for k, p in self.layer_kinds:
+            if k == kind:
+                return p
+        return self.layer
 
     @cached_property
     def stages(self) -> tuple[StageDescription, ...]:
@@ -147,9 +160,11 @@ def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True)
     ``per_kind=False`` describes each stage on its own (the same result, more slowly)."""
     m, plan = sc.model, sc.plan
     timer = OpTimer(sc, cost, net)
-    layer = layer_passes(timer)
+    kinds_passes = tuple((k, layer_passes(timer, k)) for k, _ in model_kind_counts(m))
+    layer = kinds_passes[0][1]
     embedding = (timer.passes(embedding_ops(m, plan, "fwd")), timer.passes(embedding_ops(m, plan, "bwd")))
-    head = (timer.passes(head_ops(m, plan, "fwd")), timer.passes(head_ops(m, plan, "bwd")))
+    head = (timer.passes(head_ops(m, plan, "fwd")) + timer.passes(mtp_ops(m, plan, "fwd")),
+            timer.passes(head_ops(m, plan, "bwd")) + timer.passes(mtp_ops(m, plan, "bwd")))
     ctx = CommContext(sc.cluster, plan, net)
     kinds: list[StageDescription] = []
     index: dict[tuple[Chunk, ...], int] = {}
@@ -159,33 +174,36 @@ def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True)
         k = index.get(chunks) if per_kind else None
         if k is None:
             k = index[chunks] = len(kinds)
-            kinds.append(_describe_stage(sc, ctx, cost, layer, embedding, head, chunks, s))
+            kinds.append(_describe_stage(sc, ctx, cost, dict(kinds_passes), embedding, head, chunks, s))
         kind_of.append(k)
     return StepDescription(sc, cost, net, layer, embedding, head, pipeline_send(sc, net), tuple(kinds),
-                           tuple(kind_of))
+                           tuple(kind_of), kinds_passes)
 
 
-def layer_passes(timer: OpTimer) -> LayerPasses:
-    """The layer's forward and backward, and what recomputation runs again (ops.recompute_ops)."""
+def layer_passes(timer: OpTimer, kind: LayerKind = DENSE) -> LayerPasses:
+    """A layer's forward and backward, and what recomputation runs again (ops.recompute_ops),
+    for a layer of ``kind`` (simdist.analytic.variants)."""
     m, plan = timer.sc.model, timer.sc.plan
-    return LayerPasses(timer.passes(layer_ops(m, plan, "fwd")), timer.passes(layer_ops(m, plan, "bwd")),
-                       timer.passes(recompute_ops(m, plan)))
+    return LayerPasses(timer.passes(layer_ops(m, plan, "fwd", kind)), timer.passes(layer_ops(m, plan, "bwd", kind)),
+                       timer.passes(recompute_ops(m, plan, kind)))
 
 
 def stage_chunks(sc: Scenario, stage: int) -> tuple[Chunk, ...]:
-    """The chunks of ``stage`` (Megatron's interleaved layout: chunk c is virtual stage c*pp + s)."""
+    """The chunks of ``stage`` (Megatron's interleaved layout: chunk c is virtual stage c*pp + s;
+    DualPipe and DualPipeV: simdist.spec.stages.stage_chunks)."""
     m, plan = sc.model, sc.plan
     p, v = plan.pp, plan.virtual_pipeline_stages
+    n = virtual_stages(p, v, plan.schedule)
     out = []
-    for c, layers in enumerate(stage_layer_ranges(m.num_layers, p, v)[stage]):
-        vs = c * p + stage
-        first, last = vs == 0, vs == p * v - 1
-        count = layer_params(m) * len(layers)
+    for vs, layers in spec_stage_chunks(m.num_layers, p, v, plan.schedule)[stage]:
+        first, last = vs == 0, vs == n - 1
+        count = layers_params(m, layers)
         if first:
             count = count + embedding_params(m)
         if last:
-            count = count + head_params(m, separate_copy=p > 1)
-        out.append(Chunk(len(layers), count.per_tp_rank(plan.tp), first, last))
+            count = count + head_params(m, separate_copy=p > 1) + mtp_params(m, p > 1)
+        out.append(Chunk(len(layers), count.per_tp_rank(plan.tp), first, last,
+                         tuple(layer_kind(m, i) for i in layers)))
     return tuple(out)
 
 
@@ -201,17 +219,25 @@ def pipeline_send(sc: Scenario, net: Network) -> PipelineSend | None:
     return PipelineSend(sent, send, gather)
 
 
-def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, layer: LayerPasses,
+def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, passes: dict[LayerKind, LayerPasses],
                     embedding: tuple[PassTime, PassTime], head: tuple[PassTime, PassTime],
                     chunks: tuple[Chunk, ...], stage: int) -> StageDescription:
     """One stage kind, described through ``stage``, a stage of that kind."""
     m, plan, cluster = sc.model, sc.plan, sc.cluster
     layers = sum(c.layers for c in chunks)
-    fwd, bwd = layer.fwd * layers, layer.bwd * layers
-    if chunks[0].first:
+    counts: dict[LayerKind, int] = {}
+    for c in chunks:
+        for k in c.layout:
+            counts[k] = counts.get(k, 0) + 1
+    fwd = bwd = recompute = PassTime()
+    for k, n in counts.items():
+        fwd, bwd, recompute = fwd + passes[k].fwd * n, bwd + passes[k].bwd * n, recompute + passes[k].recompute * n
+    if any(c.first for c in chunks):
         fwd, bwd = fwd + embedding[0], bwd + embedding[1]
-    if chunks[-1].last:
+    if any(c.last for c in chunks):
         fwd, bwd = fwd + head[0], bwd + head[1]
+    if plan.schedule == "dualpipe":  # a micro-batch runs one of the rank's two chunks (either way)
+        fwd, bwd, recompute = fwd * 0.5, bwd * 0.5, recompute * 0.5
     offload = offload_traffic(m, plan, cluster, stage)
     ps = None
     if plan.uses_parameter_servers:
@@ -226,8 +252,8 @@ def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, layer: Laye
         else:
             per_step = cost.memory_time(nbytes, kernels=4)
     return StageDescription(
-        chunks=chunks, fwd=fwd, bwd=bwd, recompute=layer.recompute * layers,
-        dp=dp_traffic(m, plan, stage).timed(ctx),
+        chunks=chunks, fwd=fwd, bwd=bwd, recompute=recompute,
+        dp=data_parallel_traffic(m, plan, stage).timed(ctx),
         offload=offload, offload_s=offload_times(offload, cluster, plan), ps=ps,
         compression_per_microbatch=per_mb, compression_per_step=per_step,
         optimizer=gpu_optimizer_time(sc, cost, stage),

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from simdist.analytic.collectives import Network
 from simdist.analytic.cost import CostModel
 from simdist.analytic.data_parallel import DataParallelTimes, dp_times, param_gathers_per_microbatch
+from simdist.analytic.dualpipe import dualpipe_time
 from simdist.analytic.overlap import bucketed_exposed, prefetch_exposed
 from simdist.analytic.param_server import async_staleness_steps
 from simdist.analytic.passes import PassTime, sync_wait_part
@@ -172,7 +173,10 @@ def reduce_step(d: StepDescription) -> StepResult:
     kind_ends = [end_of_step(s, plan, st) for s, st in zip(d.kinds, kind_times, strict=True)]
     stages = [kind_times[k] for k in d.kind_of]
     totals = [st.total for st in stages]
-    t_pipe = pipeline_time(plan, totals, [st.bwd.weight_grad for st in stages])
+    if plan.dualpipe:  # DeepSeek-V3's bidirectional schedules (v1.2)
+        t_pipe = dualpipe_time(plan, totals, [st.last_backward for st in stages])
+    else:
+        t_pipe = pipeline_time(plan, totals, [st.bwd.weight_grad for st in stages])
     busiest = max(range(plan.pp), key=lambda s: totals[s])
     m = plan.num_microbatches
     # the last backward of stage s ends about s backward-passes before stage 0's
@@ -195,7 +199,8 @@ def reduce_step(d: StepDescription) -> StepResult:
     breakdown = {
         "compute": m * (st.fwd.compute + st.bwd.compute),
         "recompute": m * st.recompute.compute,
-        "tp_comm": m * (st.fwd.comm_exposed + st.bwd.comm_exposed + st.recompute.comm_exposed),
+        "tp_comm": m * sum(p.tp_exposed + (0.0 if plan.cp > 1 else p.cp_exposed) + (0.0 if plan.ep > 1 else p.ep_exposed)
+                           for p in (st.fwd, st.bwd, st.recompute)),
         "pp_comm": m * st.p2p,
         "dp_comm": m * st.dp_per_microbatch + dp_end,
     }
@@ -209,6 +214,10 @@ def reduce_step(d: StepDescription) -> StepResult:
         breakdown["offload"] = m * st.offload_per_microbatch + off_end
     if plan.grad_compression.enabled:
         breakdown["compression"] = m * st.compression_per_microbatch + comp_end
+    if plan.ep > 1:  # contract v1.2: exposed expert all-to-all
+        breakdown["ep_comm"] = m * sum(p.ep_exposed for p in (st.fwd, st.bwd, st.recompute))
+    if plan.cp > 1:  # contract v1.2: exposed context-parallel communication
+        breakdown["cp_comm"] = m * sum(p.cp_exposed for p in (st.fwd, st.bwd, st.recompute))
     bubble = breakdown["bubble"] / step if plan.pp > 1 else 0.0
     return StepResult(step, breakdown, bubble, busiest, extras=extras)
 

@@ -28,7 +28,9 @@ from simdist.analytic.activations import logits_elements
 from simdist.analytic.compression import error_feedback_bytes
 from simdist.analytic.fp8_memory import gathered_weight_bytes
 from simdist.analytic.memory_conventions import conventions
-from simdist.analytic.params import layer_params, params_per_rank
+from simdist.analytic.params import params_per_rank
+from simdist.analytic.variant_memory import buffer_bytes, layer_state_params
+from simdist.analytic.variants import plain
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
@@ -42,6 +44,7 @@ PART_NAMES = {
     "reduce_bucket": "DeepSpeed's contiguous reduce bucket",
     "optimizer_step_temporaries": "the optimizer step's fp32 temporaries (peak after backward)",
     "allgather_bucket": "DeepSpeed's parameter all-gather bucket (after the step)",
+    "moe_cp_buffers": "token dispatcher buffers and context-parallel K/V blocks",
 }
 DEEPSPEED_ALLGATHER_BUCKET_ELEMENTS = 5e8  # zero_optimization.allgather_bucket_size default
 
@@ -56,7 +59,7 @@ def gather_buffer_parts(m: ModelSpec, plan: ParallelPlan) -> Parts:
     if not plan.shards_params:
         return []
     conv = conventions(plan)
-    layer = layer_params(m).per_tp_rank(plan.tp)
+    layer = layer_state_params(m, plan)  # the largest gather unit (an MoE layer's local experts)
     e = plan.element_bytes
     if conv.deepspeed_buffers:
         return [("gathered_weights", 4.0 * largest_matrix_params(m, plan))]
@@ -122,6 +125,8 @@ def transient_parts(m: ModelSpec, plan: ParallelPlan, stage: int, activations: f
         if ef:
             persistent.append(("error_feedback", ef))
     persistent += pipeline_buffer_parts(m, plan, stage)
+    if not plain(m, plan):  # dispatcher buffers, context parallelism's K/V blocks (v1.2)
+        persistent.append(("moe_cp_buffers", buffer_bytes(m, plan)))
     main = gather_buffer_parts(m, plan) + loss_parts(m, plan, stage) + bucket_parts(plan)
     step = step_temporaries(m, plan, stage)
     main_bytes, step_bytes = sum(n for _, n in main), sum(n for _, n in step)

@@ -34,7 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--csv", metavar="FILE", help="write every evaluated plan to FILE")
     p.add_argument("--max-tp", metavar="N", help="largest tensor-parallel size (default: GPUs per node)")
     p.add_argument("--pp", metavar="LIST", help="pipeline sizes to try, e.g. 8 or 4,8,16 (uneven splits allowed)")
-    p.add_argument("--max-cp", default="1", metavar="N", help="largest context-parallel size, powers of 2 (default 1)")
+    p.add_argument("--max-cp", metavar="N", help="largest context-parallel size, powers of 2 (default 8 for "
+                   "sequences of 16K tokens or more, else 1)")
+    p.add_argument("--max-ep", metavar="N", help="largest expert-parallel size (default: all; models with experts)")
+    p.add_argument("--max-etp", default="1", metavar="N", help="largest expert tensor-parallel size (default 1)")
     p.add_argument("--uneven-pp", action="store_true", help="also try pp that does not divide the layers")
     p.add_argument("--max-virtual-stages", default="8", metavar="N",
                    help="most interleaved chunks per stage (default 8)")
@@ -132,6 +135,8 @@ def constraints_from_args(args: argparse.Namespace) -> tuple[Constraints, int | 
         "max_tp": _int(c, "--max-tp", args.max_tp),
         "pp": _pp_list(c, args.pp),
         "max_cp": _int(c, "--max-cp", args.max_cp),
+        "max_ep": _int(c, "--max-ep", args.max_ep),
+        "max_etp": _int(c, "--max-etp", args.max_etp),
         "uneven_pp": args.uneven_pp,
         "max_virtual_stages": _int(c, "--max-virtual-stages", args.max_virtual_stages),
         "max_micro_batch": _int(c, "--max-micro-batch", args.max_micro_batch),
@@ -214,7 +219,7 @@ def write_csv(path: str, rows: list[dict[str, Any]]) -> None:
 
 # --- the table ----------------------------------------------------------------------------
 
-_HEADERS = ["#", "step time", "MFU", "peak GiB", "tp", "pp", "dp", "cp", "v", "schedule", "zero", "sp",
+_HEADERS = ["#", "step time", "MFU", "peak GiB", "tp", "pp", "dp", "cp", "ep", "v", "schedule", "zero", "sp",
             "recompute", "mbs", "engine", "variants"]
 
 
@@ -224,7 +229,7 @@ def _row(rank: int | None, p: PlanResult) -> list[Any]:
     c = p.candidate
     variants = f"{p.variants} ({', '.join(p.equivalent)})" if p.variants > 1 else "1"
     return [rank, fmt_seconds(p.step_time_s) if p.step_time_s else "-",
-            f"{p.mfu:.1%}" if p.mfu is not None else "-", f"{p.peak_gib:.1f}", c.tp, c.pp, c.dp, c.cp, c.v,
+            f"{p.mfu:.1%}" if p.mfu is not None else "-", f"{p.peak_gib:.1f}", c.tp, c.pp, c.dp, c.cp, c.ep, c.v,
             c.schedule, c.zero, "yes" if c.sp else "no", c.recompute, c.mbs, p.engine or "-", variants]
 
 
@@ -241,7 +246,7 @@ def report(result: SearchResult, source: str = "FILE") -> str:
              + ("discrete-event engine" if r.engine == "des" else "closed-form engine"), ""]
     if r.plans:
         rows = [_row(p.rank, p) for p in r.plans]
-        lines.append(table(_HEADERS, rows, align="rrrrrrrrrlrlrrll"))
+        lines.append(table(_HEADERS, rows, align="rrrrrrrrrrlrlrrll"))
     else:
         lines.append("no plan fits: try a larger --memory-headroom margin, more pipeline stages, or recompute")
     rej = r.rejected

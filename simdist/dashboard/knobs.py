@@ -20,7 +20,7 @@ from simdist.dashboard.diff import flatten
 from simdist.errors import Collector, ScenarioError
 from simdist.io.hf import fields_from_hf_config
 from simdist.spec.model import MODEL_FIELDS
-from simdist.spec.plan import PRECISIONS, RECOMPUTE, SCHEDULES
+from simdist.spec.plan import CP_METHODS, MOE_DISPATCHERS, PRECISIONS, RECOMPUTE, SCHEDULES
 from simdist.spec.scenario import Scenario, scenario_from_dict
 from simdist.units import UnitError, parse_bandwidth
 
@@ -36,8 +36,14 @@ PLAN_KNOBS = {"p_tp": "tp", "p_pp": "pp", "p_cp": "cp", "p_vpp": "virtual_pipeli
               "p_schedule": "schedule", "p_zero": "zero_stage", "p_sp": "sequence_parallel",
               "p_recompute": "recompute", "p_mbs": "micro_batch_size",
               "p_gbs": "global_batch_size", "p_precision": "precision"}
+# contract v1.2: experts and context parallelism; written to the plan only when not at their default
+V12_PLAN_DEFAULTS = {"ep": 1, "etp": 1, "moe_dispatcher": "alltoall", "ep_comm_overlap": False, "cp_method": "ring"}
+PLAN_DEFAULTS |= V12_PLAN_DEFAULTS
+PLAN_KNOBS |= {"p_ep": "ep", "p_etp": "etp", "p_dispatcher": "moe_dispatcher", "p_ep_overlap": "ep_comm_overlap",
+               "p_cp_method": "cp_method"}
 _PLAN_CHOICES: dict[str, Sequence[Any]] = {"schedule": SCHEDULES, "recompute": RECOMPUTE,
-                                           "precision": PRECISIONS, "zero_stage": (0, 1, 2, 3)}
+                                           "precision": PRECISIONS, "zero_stage": (0, 1, 2, 3),
+                                           "moe_dispatcher": MOE_DISPATCHERS, "cp_method": CP_METHODS}
 
 
 def link_presets(where: str) -> dict[str, str]:
@@ -194,6 +200,9 @@ def scenario_dict(base: Mapping[str, Any], base_dir: Path, k: Mapping[str, Any])
     plan = copy.deepcopy(dict(base.get("plan") or {}))
     plan.pop("dp", None)  # derived from the world size, shown in the sidebar
     plan.update({field: k[key] for key, field in PLAN_KNOBS.items()})
+    for field, default in V12_PLAN_DEFAULTS.items():
+        if plan[field] == default and field not in (base.get("plan") or {}):
+            del plan[field]
     raw["plan"] = plan
     if base.get("reliability") is not None:
         raw["reliability"] = copy.deepcopy(base["reliability"])

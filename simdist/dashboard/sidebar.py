@@ -21,7 +21,7 @@ from simdist.dashboard.knobs import (
     model_knobs,
 )
 from simdist.errors import ScenarioError
-from simdist.spec.plan import PRECISIONS, RECOMPUTE, SCHEDULES
+from simdist.spec.plan import CP_METHODS, MOE_DISPATCHERS, PRECISIONS, RECOMPUTE, SCHEDULES
 from simdist.spec.profile import CalibrationProfile
 
 SOURCES = ("scenario file", "uploaded scenario (YAML)", "uploaded Hugging Face config.json")
@@ -128,6 +128,14 @@ def sidebar_knobs() -> None:
     c1.number_input("micro batch", min_value=1, step=1, key="p_mbs")
     c2.number_input("global batch", min_value=1, step=1, key="p_gbs")
     sb.selectbox("precision", PRECISIONS, key="p_precision")
+    sb.caption("Experts and context parallelism")  # contract v1.2
+    c1, c2 = sb.columns(2)
+    c1.number_input("ep", min_value=1, step=1, key="p_ep", help="expert-parallel size (models with experts)")
+    c2.number_input("etp", min_value=1, step=1, key="p_etp", help="expert tensor-parallel size")
+    sb.selectbox("token dispatcher", MOE_DISPATCHERS, key="p_dispatcher",
+                 help="alltoall; allgather; flex = DeepEP/HybridEP (a token crosses to a node once)")
+    sb.checkbox("overlap the all-to-all with another micro-batch", key="p_ep_overlap")
+    sb.selectbox("context-parallel method", CP_METHODS, key="p_cp_method")
     sb.radio("Engine", ["des", "analytic"], key="engine", horizontal=True,
              help="des: discrete-event simulation with a timeline; analytic: closed form, instant")
 

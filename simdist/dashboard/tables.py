@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-_PLAN_COLUMNS = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
+_PLAN_COLUMNS = (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"),
                  ("virtual_pipeline_stages", "vpp"), ("schedule", "schedule"),
                  ("zero_stage", "zero"), ("sequence_parallel", "sp"), ("recompute", "recompute"),
                  ("micro_batch_size", "mbs"))

@@ -77,7 +77,7 @@ class Evaluator:
         return replace(self.base_plan, tp=cand.tp, pp=cand.pp, dp=cand.dp, cp=cand.cp,
                        virtual_pipeline_stages=cand.v, schedule=cand.schedule, zero_stage=cand.zero,
                        sequence_parallel=cand.sp, recompute=cand.recompute,
-                       micro_batch_size=cand.mbs, dp_shard=cand.dp)
+                       micro_batch_size=cand.mbs, dp_shard=cand.dp, ep=cand.ep, etp=cand.etp)
 
     def problems(self, plan: ParallelPlan) -> list[Problem]:
         return check_consistency(self.model, self.cluster, plan)

@@ -5,8 +5,8 @@ The grid, for a model, a cluster and a global batch:
 
 - ``tp``: divisors of the GPUs per node (a TP group inside one node) up to ``max_tp``; it must
   divide the attention heads, the KV heads and the MLP width.
-- ``cp``: 1, 2, 4 ... up to ``max_cp`` (1 by default: context parallelism pays off only for
-  long sequences); it must divide the sequence length.
+- ``cp``: 1, 2, 4 ... up to ``max_cp`` (by default 8 for sequences of 16K tokens or more, else
+  1: context parallelism pays off only for long sequences); it must divide the sequence length.
 - ``pp``: divisors of the GPUs left over; by default only those that also divide the layers
   (even stages). ``uneven_pp`` admits the rest (simdist splits them with
   ``stage_layer_ranges``), and an explicit ``pp`` list admits any ``pp <= layers``.
@@ -16,6 +16,10 @@ The grid, for a model, a cluster and a global batch:
   ``v`` chunks per stage where ``pp * v`` divides the layers and the micro-batches per
   pipeline are a multiple of ``pp`` (Megatron-LM's rule).
 - ``zero_stage`` 0-3, ``sequence_parallel`` on/off, ``recompute`` none/selective/full.
+- with experts: ``ep`` over the divisors of tp*cp*dp that divide the experts (up to ``max_ep``),
+  ``etp`` up to ``max_etp`` (1 by default) with etp*ep dividing tp*cp*dp (Megatron-Core's MoE
+  parallel folding), and the ``dualpipe`` / ``dualpipev`` schedules (at least 2*pp micro-batches;
+  DualPipe an even pp and micro-batch count).
 
 Counting: every point of the grid is either invalid (a rule fails; counted by rule), an
 equivalent variant of a representative, or a representative (``Enumeration``).
@@ -36,7 +40,8 @@ from simdist.spec.scenario import Scenario
 
 RerankEngine = Literal["auto", "des", "analytic"]
 SEARCHED_FIELDS = ("tp", "pp", "dp", "cp", "virtual_pipeline_stages", "schedule", "zero_stage",
-                   "sequence_parallel", "recompute", "micro_batch_size")
+                   "sequence_parallel", "recompute", "micro_batch_size", "ep", "etp")
+LONG_SEQUENCE = 16384  # tokens from which the default search tries context parallelism
 PLAIN_SCHEDULES = ("1f1b", "gpipe", "zero-bubble")  # one chunk per stage; 1f1b represents pp=1
 
 
@@ -49,7 +54,9 @@ class Constraints:
 
     max_tp: int | None = None  # None: the GPUs per node
     pp: tuple[int, ...] | None = None  # fixed pipeline sizes (uneven splits allowed)
-    max_cp: int = 1
+    max_cp: int | None = None  # None: 8 for sequences of LONG_SEQUENCE tokens or more, else 1
+    max_ep: int | None = None  # None: every expert-parallel size (models with experts)
+    max_etp: int = 1
     uneven_pp: bool = False
     max_virtual_stages: int = 8
     max_micro_batch: int = 8
@@ -73,7 +80,8 @@ class Constraints:
     def problems(self, scenario: Scenario) -> list[Problem]:
         """Every problem with these constraints for ``scenario``, each naming its flag."""
         out: list[Problem] = []
-        for flag, value in (("--max-tp", self.max_tp), ("--max-cp", self.max_cp),
+        for flag, value in (("--max-tp", self.max_tp), ("--max-cp", self.max_cp), ("--max-ep", self.max_ep),
+                            ("--max-etp", self.max_etp),
                             ("--max-virtual-stages", self.max_virtual_stages),
                             ("--max-micro-batch", self.max_micro_batch), ("--top", self.top)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -134,18 +142,22 @@ class Candidate(NamedTuple):
     sp: bool
     recompute: str
     mbs: int
+    ep: int = 1  # expert parallelism (models with experts)
+    etp: int = 1
 
     def plan_fields(self) -> dict[str, Any]:
         """The fields as a scenario file's ``plan:`` section writes them."""
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp,
                 "virtual_pipeline_stages": self.v, "schedule": self.schedule,
                 "zero_stage": self.zero, "sequence_parallel": self.sp,
-                "recompute": self.recompute, "micro_batch_size": self.mbs}
+                "recompute": self.recompute, "micro_batch_size": self.mbs, "ep": self.ep, "etp": self.etp}
 
     def label(self) -> str:
         """Short form, e.g. ``TP8 PP16 DP8 v2 interleaved-1f1b Z0 full mb1``."""
         parts = [f"TP{self.tp}", f"PP{self.pp}", f"DP{self.dp}"]
         parts += [f"CP{self.cp}"] if self.cp > 1 else []
+        parts += [f"EP{self.ep}"] if self.ep > 1 else []
+        parts += [f"ETP{self.etp}"] if self.etp > 1 else []
         parts += [f"v{self.v}"] if self.v > 1 else []
         parts += [self.schedule, f"Z{self.zero}"] + (["SP"] if self.sp else [])
         return " ".join([*parts, self.recompute, f"mb{self.mbs}"])
@@ -157,7 +169,8 @@ PLAN_FIELD = dict(zip(Candidate._fields, SEARCHED_FIELDS, strict=True))
 
 def candidate_of(plan: ParallelPlan) -> Candidate:
     return Candidate(plan.tp, plan.pp, plan.dp, plan.cp, plan.virtual_pipeline_stages, plan.schedule,
-                     plan.zero_stage, plan.sequence_parallel, plan.recompute, plan.micro_batch_size)
+                     plan.zero_stage, plan.sequence_parallel, plan.recompute, plan.micro_batch_size,
+                     plan.ep, plan.etp)
 
 
 @dataclass
@@ -190,9 +203,10 @@ def tp_grid(cluster: ClusterSpec, c: Constraints) -> list[int]:
     return [t for t in divisors(cluster.world_size) if t <= limit and (gpn % t == 0 or t % gpn == 0)]
 
 
-def cp_grid(world_left: int, c: Constraints) -> list[int]:
+def cp_grid(world_left: int, c: Constraints, seq_length: int = 0) -> list[int]:
+    limit = c.max_cp if c.max_cp is not None else (8 if seq_length >= LONG_SEQUENCE else 1)
     out, cp = [], 1
-    while cp <= c.max_cp and world_left % cp == 0:
+    while cp <= limit and world_left % cp == 0:
         out.append(cp)
         cp *= 2
     return out
@@ -211,7 +225,32 @@ def pipeline_grid(model: ModelSpec, pp: int, c: Constraints) -> list[tuple[str, 
     if pp > 1 and "interleaved-1f1b" in c.schedules:
         out += [("interleaved-1f1b", v) for v in range(2, c.max_virtual_stages + 1)
                 if model.num_layers % (pp * v) == 0]
+    if pp > 1 and model.is_moe:  # DeepSeek-V3's schedules hide the expert all-to-all
+        out += [(s, 1) for s in ("dualpipe", "dualpipev") if s in c.schedules]
     return out
+
+
+def expert_grid(model: ModelSpec, ranks: int, c: Constraints) -> list[tuple[int, int]]:
+    """(ep, etp) pairs for a stage of ``ranks`` = tp*cp*dp GPUs: ep divides the experts, etp the
+    expert FFN, etp*ep the ranks (MoE parallel folding); (1, 1) for a dense model."""
+    if not model.is_moe:
+        return [(1, 1)]
+    eps = [e for e in divisors(ranks) if model.num_experts % e == 0 and (c.max_ep is None or e <= c.max_ep)]
+    etps = [t for t in divisors(ranks) if t <= c.max_etp and model.moe_ffn_hidden_size % t == 0]
+    return [(e, t) for e in eps for t in etps if ranks % (e * t) == 0]
+
+
+def schedule_problem(schedule: str, pp: int, m: int, layers: int) -> str | None:
+    """Why a pipeline schedule cannot run ``m`` micro-batches on ``pp`` stages, or None."""
+    if schedule == "interleaved-1f1b" and m % pp:
+        return "interleaved-1f1b needs micro-batches a multiple of pp"
+    if schedule in ("dualpipe", "dualpipev") and m < 2 * pp:
+        return "dualpipe needs at least 2*pp micro-batches"
+    if schedule == "dualpipe" and (pp % 2 or m % 2):
+        return "dualpipe needs an even pp and an even number of micro-batches"
+    if schedule == "dualpipev" and 2 * pp > layers:
+        return "dualpipev needs 2*pp <= the layers"
+    return None
 
 
 def layout_problem(model: ModelSpec, tp: int, cp: int, pp: int, world_left: int) -> str | None:
@@ -256,7 +295,7 @@ def _layouts(model: ModelSpec, cluster: ClusterSpec, c: Constraints) -> Iterator
     """(tp, cp, pp, world_left) for every layout of the grid."""
     world = cluster.world_size
     for tp in tp_grid(cluster, c):
-        for cp in cp_grid(world // tp, c):
+        for cp in cp_grid(world // tp, c, model.seq_length):
             left = world // (tp * cp)
             for pp in pp_grid(model, left, c):
                 yield tp, cp, pp, left
@@ -269,26 +308,31 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, c
     invalid: Counter[str] = Counter()
     grid = 0
     knobs = len(c.zero_stages) * 2 * len(c.recompute)
+    # selective recompute also re-runs MLA's up projections and the experts' activation (v1.2)
+    flash_attention = flash_attention and not (model.is_moe or model.attention == "mla")
     for tp, cp, pp, left in _layouts(model, cluster, c):
         pipes = pipeline_grid(model, pp, c)
-        per_mbs = len(pipes) * knobs
+        dp = left // pp
+        experts = expert_grid(model, tp * cp * dp, c)
+        per_mbs = len(pipes) * knobs * len(experts)
         grid += c.max_micro_batch * per_mbs
         problem = layout_problem(model, tp, cp, pp, left)
         if problem:
             invalid[problem] += c.max_micro_batch * per_mbs
             continue
-        dp = left // pp
         for mbs in range(1, c.max_micro_batch + 1):
             if global_batch % (mbs * dp):
                 invalid["global batch does not split into micro_batch_size*dp"] += per_mbs
                 continue
             m = global_batch // (mbs * dp)
             for schedule, v in pipes:
-                if schedule == "interleaved-1f1b" and m % pp:
-                    invalid["interleaved-1f1b needs micro-batches a multiple of pp"] += knobs
+                why = schedule_problem(schedule, pp, m, model.num_layers)
+                if why:
+                    invalid[why] += knobs * len(experts)
                     continue
-                _add_knobs(groups, Candidate(tp, pp, dp, cp, v, schedule, 0, False, "none", mbs),
-                           flash_attention, c)
+                for ep, etp in experts:
+                    _add_knobs(groups, Candidate(tp, pp, dp, cp, v, schedule, 0, False, "none", mbs, ep, etp),
+                               flash_attention, c)
     return Enumeration(groups, grid, invalid)
 
 

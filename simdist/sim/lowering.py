@@ -49,10 +49,13 @@ from dataclasses import dataclass, replace
 
 from simdist.analytic.collectives import CollectiveCall, node_gpus
 from simdist.analytic.data_parallel import DataParallelTraffic, param_gathers_per_microbatch
-from simdist.analytic.ops import Comm, Op, layer_ops
+from simdist.analytic.ops import Comm, Op
 from simdist.analytic.passes import ZERO_PASS, PassTime
 from simdist.analytic.stage import Chunk, StageDescription, StepDescription
-from simdist.sim.schedules import dependencies, schedule
+from simdist.analytic.variants import layer_ops
+from simdist.sim import dualpipe
+from simdist.sim.expert_flows import attach_expert_flows
+from simdist.sim.schedules import Action, dependencies, schedule
 from simdist.sim.work import (
     ChunkWork,
     CommSpec,
@@ -66,6 +69,7 @@ from simdist.sim.work import (
     comm,
     size_label,
 )
+from simdist.spec.layers import DENSE
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
 
@@ -103,7 +107,7 @@ def calls(entries: tuple[CollectiveCall, ...], per: int = 1, share: float = 1.0)
 
 def tp_label(ops: tuple[Op, ...], times: int) -> str:
     """Name of a task's TP/CP traffic, e.g. "allreduce tp 288 MiB"."""
-    comms = [op for op in ops if isinstance(op, Comm)]
+    comms = [op for op in ops if isinstance(op, Comm) and op.axis != "ep"]
     if not comms:
         return ""
     kind = Counter(op.collective for op in comms).most_common(1)[0][0]
@@ -112,9 +116,11 @@ def tp_label(ops: tuple[Op, ...], times: int) -> str:
 
 
 def _work(p: PassTime, recompute: PassTime = ZERO_PASS, drop_weight_grad: bool = False) -> Work:
+    """A pass as compute-stream work; its expert all-to-all goes on the network instead
+    (simdist.sim.expert_flows)."""
     compute = p.compute - (p.weight_grad if drop_weight_grad else 0.0)
-    return Work(compute, recompute.compute, p.tp_exposed + p.cp_exposed + recompute.tp_exposed + recompute.cp_exposed,
-                sync=p.sync_wait + recompute.sync_wait)
+    return Work(compute, recompute.compute, p.tp_exposed + recompute.tp_exposed,
+                sync=p.sync_wait + recompute.sync_wait, cp=p.cp_exposed + recompute.cp_exposed)
 
 
 # --- the stage's work ---------------------------------------------------------------------
@@ -125,11 +131,21 @@ def lower(d: StepDescription) -> Lowered:
     plan = d.plan
     p, v = plan.pp, plan.virtual_pipeline_stages
     split = plan.split_backward
-    sched = schedule(plan.schedule, p, plan.num_microbatches, v)
+    m = plan.num_microbatches
+    if plan.dualpipe:  # DeepSeek-V3's bidirectional schedules (simdist.sim.dualpipe)
+        sched = dualpipe.schedule(plan.schedule, p, m)
+
+        def deps_of(a: Action, stage: int) -> list[tuple[int, Action]]:
+            return dualpipe.dependencies(plan.schedule, a, stage, p, m, split)
+    else:
+        sched = schedule(plan.schedule, p, m, v)
+
+        def deps_of(a: Action, stage: int) -> list[tuple[int, Action]]:
+            return dependencies(a, stage, p, v, split)
     kinds = [_kind_work(d, s, split) for s in d.kinds]
     stages = []
     for stage, actions in enumerate(sched):
-        deps = tuple(tuple(x for x in dependencies(a, stage, p, v, split) if x[0] != stage) for a in actions)
+        deps = tuple(tuple(x for x in deps_of(a, stage) if x[0] != stage) for a in actions)
         stages.append(replace(kinds[d.kind_of[stage]], stage=stage, actions=tuple(actions), deps=deps))
     return Lowered(tuple(stages), split, tuple(_notes(d.scenario)))
 
@@ -212,9 +228,10 @@ def _chunk(d: StepDescription, chunk: Chunk, index: int, split: bool, traffic: D
     """One chunk's tasks (per layer; the embedding and the head join its first / last layer)."""
     plan, layer = d.plan, d.layer
     n = chunk.layers
-    fwd = [_work(layer.fwd)] * n
-    bwd = [_work(layer.bwd, layer.recompute, split)] * n
-    wgt = [Work(layer.bwd.weight_grad)] * n
+    kinds = [d.passes(k) for k in chunk.layout] if chunk.layout else [layer] * n
+    fwd = [_work(k.fwd) for k in kinds]
+    bwd = [_work(k.bwd, k.recompute, split) for k in kinds]
+    wgt = [Work(k.bwd.weight_grad) for k in kinds]
     if chunk.first:
         emb_fwd, emb_bwd = d.embedding
         fwd[0] = fwd[0] + _work(emb_fwd)
@@ -232,8 +249,9 @@ def _chunk(d: StepDescription, chunk: Chunk, index: int, split: bool, traffic: D
         else:
             bwd = [w + kernels for w in bwd]
     m = d.scenario.model
-    labels = (tp_label(layer_ops(m, plan, "fwd"), n), tp_label(layer_ops(m, plan, "bwd"), n))
-    tasks = _tasks(plan, fwd, bwd, wgt, split, labels, traffic, extra, index, share)
+    first = chunk.layout[0] if chunk.layout else DENSE
+    labels = (tp_label(layer_ops(m, plan, "fwd", first), n), tp_label(layer_ops(m, plan, "bwd", first), n))
+    tasks = attach_expert_flows(d, chunk, _tasks(plan, fwd, bwd, wgt, split, labels, traffic, extra, index, share))
     send = None
     if d.send is not None:
         send = comm("sendrecv", "pp", d.send.nbytes, d.send.gather_s)
@@ -288,13 +306,13 @@ def _tasks(plan: ParallelPlan, fwd: list[Work], bwd: list[Work], wgt: list[Work]
         task = _with_pieces(whole[producer], pieces)
         if extra.compression_per_step:  # the buckets' compression kernels, as backward fills them
             seg = task.segments[0] + Work(compression=extra.compression_per_step * share)
-            task = Task((seg,), task.gathers, task.pieces, task.tp_name, task.drain)
+            task = replace(task, segments=(seg,))
         tasks[(producer, True)] = task
     return tasks
 
 
 def _with_pieces(task: Task, pieces: tuple[GradPiece, ...], drain: bool = False) -> Task:
-    return Task(task.segments, task.gathers, pieces, task.tp_name, drain)
+    return replace(task, pieces=pieces, drain=drain)
 
 
 def _sum(works: list[Work]) -> Work:

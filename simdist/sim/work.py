@@ -17,17 +17,18 @@ class Work:
 
     compute: float = 0.0
     recompute: float = 0.0
-    tp: float = 0.0  # exposed TP/CP communication inside the task
+    tp: float = 0.0  # exposed TP communication inside the task
     compression: float = 0.0  # gradient compression kernels (memory-bound GPU work)
     sync: float = 0.0  # waits at per-layer sync points (PassTime.sync_wait): already the slowest rank's
+    cp: float = 0.0  # exposed context-parallel communication inside the task
 
     def total(self, factor: float = 1.0) -> float:
         """Length on a GPU whose compute is ``factor`` times slower."""
-        return (self.compute + self.recompute + self.compression) * factor + self.tp + self.sync
+        return (self.compute + self.recompute + self.compression) * factor + self.tp + self.sync + self.cp
 
     def __add__(self, o: Work) -> Work:
         return Work(self.compute + o.compute, self.recompute + o.recompute, self.tp + o.tp,
-                    self.compression + o.compression, self.sync + o.sync)
+                    self.compression + o.compression, self.sync + o.sync, self.cp + o.cp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +104,10 @@ class Task:
     # ZeRO-3 without overlap_param_gather: each segment's gather is issued when the segment
     # starts (not one ahead), and each segment's reductions are waited for before the next
     overlapped: bool = True
+    # expert all-to-all of every layer of the task (dispatch and combine), one transfer on the
+    # network: before the compute, or beside it when another micro-batch hides it (ep_overlap)
+    ep: CommSpec | None = None
+    ep_overlap: bool = False
 
     @property
     def work(self) -> Work:

@@ -1,7 +1,8 @@
 """ParallelPlan: how the model is split and trained, plus the one rank grid.
 
 The rank grid maps a global rank to its (dp, pp, cp, tp) coordinates with tp innermost, so a
-tensor-parallel group sits inside one node; the simulator and the executor both use it.
+tensor-parallel group sits inside one node; the simulator and the executor both use it. With
+expert parallelism the pipeline stages are outermost (``ParallelPlan.pipeline_outermost``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ OffloadDevice = Literal["none", "cpu", "nvme"]
 CompressionMethod = Literal["none", "fp16", "bf16", "int8", "topk", "powersgd"]
 Zero3Fetch = Literal["layer", "module"]
 ZeroStage = Literal[0, 1, 2, 3]
-MoeDispatcher = Literal["alltoall", "allgather"]
+MoeDispatcher = Literal["alltoall", "allgather", "flex"]
 CpMethod = Literal["ring", "allgather", "ulysses"]
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"]
 Framework = Literal["megatron", "pytorch", "deepspeed", "torchtitan", "nemo"]
@@ -37,6 +38,8 @@ GRADIENT_SYNC: tuple[str, ...] = get_args(GradientSync)
 OFFLOAD_DEVICES: tuple[str, ...] = get_args(OffloadDevice)
 COMPRESSION_METHODS: tuple[str, ...] = get_args(CompressionMethod)
 AXES: tuple[str, ...] = get_args(Axis)
+MOE_DISPATCHERS: tuple[str, ...] = get_args(MoeDispatcher)
+CP_METHODS: tuple[str, ...] = get_args(CpMethod)
 DUALPIPE_SCHEDULES = ("dualpipe", "dualpipev")
 
 
@@ -114,10 +117,15 @@ class ParallelPlan:
     ddp_bucket_size_bytes: float = spec_field(25 * 2**20, key="ddp_bucket_size", unit="size", check="positive",
                                               since="1.1", doc="DDP gradient bucket / tensor-fusion buffer")
     # v1.2
-    ep: int = spec_field(1, check="positive", since="1.2", doc="expert-parallel size, carved out of dp*cp")
+    ep: int = spec_field(1, check="positive", since="1.2", doc="expert-parallel size, carved out of the tp*cp*dp ranks of a stage")
     etp: int = spec_field(1, check="positive", since="1.2", doc="expert tensor-parallel size")
-    moe_dispatcher: MoeDispatcher = spec_field("alltoall", since="1.2", doc="token dispatch: alltoall or allgather")
+    moe_dispatcher: MoeDispatcher = spec_field("alltoall", since="1.2",
+                                               doc="token dispatch: alltoall, allgather, or flex (DeepEP/HybridEP: "
+                                                   "each token crosses to another node once)")
     cp_method: CpMethod = spec_field("ring", since="1.2", doc="context parallelism: ring, allgather or ulysses")
+    ep_comm_overlap: bool = spec_field(False, since="1.2",
+                                       doc="expert all-to-all hidden behind another micro-batch's compute "
+                                           "(Megatron-Core's --overlap-moe-expert-parallel-comm)")
     fp8_recipe: Fp8Recipe | None = spec_field(None, since="1.2",
                                               doc="FP8 scaling recipe (precision fp8); default Transformer Engine's")
     framework: Framework | None = spec_field(None, since="1.2", doc="whose defaults fill unset fields")
@@ -219,10 +227,22 @@ class ParallelPlan:
                 "dp_shard": self.dp_shard, "dp_replica": self.dp_replicas}[axis]
 
     def axis_stride(self, axis: str) -> int:
-        """Rank distance between neighbours of a group (rank grid: tp innermost, then cp, pp, dp)."""
-        dp = self.tp * self.cp * self.pp
-        return {"tp": 1, "cp": self.tp, "pp": self.tp * self.cp, "dp": dp, "dp_shard": dp,
+        """Rank distance between neighbours of a group (rank grid: tp innermost, then cp, pp, dp;
+        with experts, ``pipeline_outermost``: tp, cp, dp, pp)."""
+        if self.pipeline_outermost:
+            dp, pp = self.tp * self.cp, self.tp * self.cp * self.dp
+        else:
+            dp, pp = self.tp * self.cp * self.pp, self.tp * self.cp
+        return {"tp": 1, "cp": self.tp, "pp": pp, "dp": dp, "dp_shard": dp,
                 "dp_replica": dp * self.dp_shard}[axis]
+
+    @property
+    def pipeline_outermost(self) -> bool:
+        """Ranks ordered tp, cp, dp, pp (Megatron-Core's default order "tp-cp-ep-dp-pp") rather
+        than tp, cp, pp, dp: with expert parallelism, so that an expert-parallel group (carved
+        out of the data-parallel ranks of one stage) takes consecutive ranks, inside a node
+        when it fits there, as Megatron-Core places it."""
+        return self.ep > 1
 
     # --- v1.2 ---
 
@@ -272,12 +292,11 @@ class ParallelPlan:
             add("schedule", "zero-bubble runs one chunk per stage (virtual_pipeline_stages 1)")
         if self.fp8_recipe is not None and self.precision != "fp8":
             add("fp8_recipe", f"only applies with precision fp8, not {self.precision}")
-        if (self.dp * self.cp) % self.ep:
-            add("ep", f"{self.ep} does not divide dp*cp = {self.dp}*{self.cp} (Megatron-Core carves the "
-                "expert-parallel groups out of the data- and context-parallel ranks)")
-        elif (self.tp * self.cp * self.dp) % (self.etp * self.ep):
-            add("etp", f"etp*ep = {self.etp}*{self.ep} does not divide the tp*cp*dp = "
-                f"{self.tp * self.cp * self.dp} ranks of a pipeline stage")
+        if (self.tp * self.cp * self.dp) % (self.etp * self.ep):
+            what = "etp" if self.etp > 1 else "ep"
+            add(what, f"etp*ep = {self.etp}*{self.ep} does not divide the tp*cp*dp = "
+                f"{self.tp * self.cp * self.dp} ranks of a pipeline stage (Megatron-Core lays the experts "
+                "over them: MoE parallel folding)")
         return out
 
     def _dualpipe_problems(self, add: Callable[[str, str], None]) -> None:
@@ -321,15 +340,20 @@ class RankCoord(NamedTuple):
 
 
 def rank_coord(rank: int, plan: ParallelPlan) -> RankCoord:
-    """(dp, pp, cp, tp) of ``rank``; tp varies fastest, then cp, then pp, then dp."""
+    """(dp, pp, cp, tp) of ``rank``; tp varies fastest, then cp, then pp, then dp (dp before pp
+    when ``plan.pipeline_outermost``)."""
     tp = rank % plan.tp
     rest = rank // plan.tp
     cp = rest % plan.cp
     rest //= plan.cp
+    if plan.pipeline_outermost:
+        return RankCoord(rest % plan.dp, rest // plan.dp, cp, tp)
     pp = rest % plan.pp
     dp = rest // plan.pp
     return RankCoord(dp, pp, cp, tp)
 
 
 def rank_of(coord: RankCoord, plan: ParallelPlan) -> int:
+    if plan.pipeline_outermost:
+        return ((coord.pp * plan.dp + coord.dp) * plan.cp + coord.cp) * plan.tp + coord.tp
     return ((coord.dp * plan.pp + coord.pp) * plan.cp + coord.cp) * plan.tp + coord.tp

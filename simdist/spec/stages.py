@@ -21,3 +21,27 @@ def stage_layer_ranges(num_layers: int, pp: int, v: int = 1) -> tuple[tuple[rang
         tuple(range(starts[c * pp + s], starts[c * pp + s] + sizes[c * pp + s]) for c in range(v))
         for s in range(pp)
     )
+
+
+def stage_chunks(num_layers: int, pp: int, v: int = 1, schedule: str = "1f1b"
+                 ) -> tuple[tuple[tuple[int, range], ...], ...]:
+    """Per pipeline rank, its model chunks as (virtual stage, layers), in chunk order.
+
+    Interleaved (and every one-chunk schedule): chunk c of rank s is virtual stage c*pp + s
+    (:func:`stage_layer_ranges`). DualPipe (DeepSeek-V3 sec 3.2.1): the model in pp stages,
+    rank s holding stage s for the micro-batches fed from rank 0 and stage pp-1-s for those fed
+    from rank pp-1 (two copies' worth). DualPipeV: the model in 2*pp stages, rank s holding
+    stage s and stage 2pp-1-s (a V)."""
+    if schedule == "dualpipe":
+        r = stage_layer_ranges(num_layers, pp, 1)
+        return tuple(((s, r[s][0]), (pp - 1 - s, r[pp - 1 - s][0])) for s in range(pp))
+    if schedule == "dualpipev":
+        r = stage_layer_ranges(num_layers, 2 * pp, 1)
+        return tuple(((s, r[s][0]), (2 * pp - 1 - s, r[2 * pp - 1 - s][0])) for s in range(pp))
+    r = stage_layer_ranges(num_layers, pp, v)
+    return tuple(tuple((c * pp + s, layers) for c, layers in enumerate(r[s])) for s in range(pp))
+
+
+def virtual_stages(pp: int, v: int = 1, schedule: str = "1f1b") -> int:
+    """Model stages a micro-batch passes through."""
+    return 2 * pp if schedule == "dualpipev" else pp if schedule == "dualpipe" else pp * v

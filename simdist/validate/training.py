@@ -6,10 +6,11 @@ are predicted with the fastest setting that fits among the usual choices, as the
 their runs; the row says so. Step time is measured directly where the source gives it, else
 derived from the reported TFLOP/s with the source's own FLOP formula (see each group's notes).
 
-Rows the simulator cannot express yet are skipped, each with its reasons (:func:`unsupported`):
-mixture-of-experts rows, context-parallel rows, FP8-recipe rows, rows whose plan, batch or
-model dimensions are unstated, GPUs without a cluster preset, and frameworks whose defaults are
-not mapped to a scenario (only Megatron-LM, Megatron-Core and MosaicML llm-foundry are).
+Mixture-of-experts and context-parallel rows are mapped and predicted by
+:mod:`simdist.validate.moe_cp`. Of the rest, rows the simulator cannot express yet are skipped,
+each with its reasons (:func:`unsupported`): FP8-recipe rows, rows whose plan, batch or model
+dimensions are unstated, GPUs without a cluster preset, and frameworks whose defaults are not
+mapped to a scenario (only Megatron-LM, Megatron-Core and MosaicML llm-foundry are).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from simdist.analytic.flops import megatron_flops_per_step, model_flops_per_step
 from simdist.errors import ScenarioError
 from simdist.spec.scenario import Scenario, scenario_from_dict
+from simdist.validate import moe_cp
 from simdist.validate.rows import cell_float, cell_int, data_dir, error_summary, read_csv
 
 # --- mapping a published row to a scenario ------------------------------------------------
@@ -176,6 +178,13 @@ def build_cases(data: str | Path | None = None) -> tuple[list[Case], list[tuple[
     skipped: list[tuple[str, str]] = []
     for row in read_csv(data_dir(data) / "training_runs.csv"):
         rid = row["run_id"]
+        if moe_cp.handles(row):  # experts and context parallelism: simdist.validate.moe_cp
+            got = moe_cp.build(row)
+            if isinstance(got, str):
+                skipped.append((rid, got))
+            else:
+                cases.append(Case(rid, moe_cp.group(row), row["model_name"], got[2][0], got[2][1], got[0], got[1]))
+            continue
         why = unsupported(row)
         if why:
             skipped.append((rid, "; ".join(why)))

@@ -39,7 +39,7 @@ def refused(capsys: pytest.CaptureFixture[str], path: Path, nproc: int = 2, **op
     ({"plan": {"tp": 3}}, 2, "plan.tp"),  # does not divide the heads (and not the world)
     ({"plan": {"pp": 8}, "cluster": {"gpus_per_node": 8}}, 8, "plan.pp"),  # more stages than layers
     ({}, 4, "--nproc"),  # degrees multiply to 2, not 4
-    ({"plan": {"cp": 2, "dp": 1}}, 2, "plan.cp"),
+    ({"plan": {"cp": 2, "tp": 2, "dp": 1}, "cluster": {"gpus_per_node": 4}}, 4, "plan.cp"),  # cp runs with dp only
     ({"plan": {"precision": "fp16"}}, 2, "plan.precision"),
     ({"plan": {"optimizer": "adafactor"}}, 2, "plan.optimizer"),
     ({"model": {"tie_embeddings": True}, "plan": {"pp": 2}}, 2, "model.tie_embeddings"),

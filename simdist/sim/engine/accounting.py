@@ -21,9 +21,10 @@ from simdist.analytic.result import Span, StepResult, breakdown_keys
 from simdist.sim.engine.assumptions import engine_assumptions
 from simdist.sim.engine.servers import Servers
 from simdist.sim.engine.state import Run, Tally
+from simdist.spec.plan import ParallelPlan
 
-PRE_FLUSH = ("compute", "recompute", "compression", "tp", "pp", "dp", "offload")
-BREAKDOWN_NAME = {"tp": "tp_comm", "pp": "pp_comm", "dp": "dp_comm"}
+PRE_FLUSH = ("compute", "recompute", "compression", "tp", "pp", "dp", "offload", "cp", "ep")
+BREAKDOWN_NAME = {"tp": "tp_comm", "pp": "pp_comm", "dp": "dp_comm", "cp": "cp_comm", "ep": "ep_comm"}
 
 
 def events_scheduled(env: simpy.Environment) -> int:
@@ -32,12 +33,18 @@ def events_scheduled(env: simpy.Environment) -> int:
     return next(counter) if counter is not None else 0
 
 
-def _parts(t: Tally) -> dict[str, float]:
-    return {BREAKDOWN_NAME.get(k, k): getattr(t, k) for k in PRE_FLUSH}
+def _parts(t: Tally, plan: ParallelPlan) -> dict[str, float]:
+    """The tally by breakdown key; a plan without cp (ep) counts its cp (ep) waits as TP's."""
+    out = {BREAKDOWN_NAME.get(k, k): getattr(t, k) for k in PRE_FLUSH}
+    for key, used in (("cp_comm", plan.cp > 1), ("ep_comm", plan.ep > 1)):
+        if not used:
+            out["tp_comm"] += out.pop(key)
+    return out
 
 
 def _keys(run: Run) -> tuple[str, ...]:
-    return breakdown_keys(run.plan.offload.any, run.plan.grad_compression.enabled)
+    plan = run.plan
+    return breakdown_keys(plan.offload.any, plan.grad_compression.enabled, plan.ep > 1, plan.cp > 1)
 
 
 def step_result(run: Run) -> StepResult:
@@ -48,7 +55,7 @@ def step_result(run: Run) -> StepResult:
     step = max(t.end for t in tallies)
     flush = max(t.flush_end for t in tallies)
     busiest = max(range(len(slices)), key=lambda i: tallies[i].busy)
-    parts = _parts(tallies[busiest])
+    parts = _parts(tallies[busiest], run.plan)
     parts["bubble"] = max(0.0, flush - sum(parts.values()))
     crit = next(t for t in tallies if t.end == step)
     after = 0.0
@@ -74,7 +81,7 @@ def async_result(run: Run, servers: Servers) -> StepResult:
     mean: dict[str, float] = dict.fromkeys(_keys(run), 0.0)
     length = 0.0
     for t in cycles:
-        for k, v in _parts(t).items():
+        for k, v in _parts(t, run.plan).items():
             mean[k] = mean.get(k, 0.0) + v / len(cycles)
         for start, end, category in t.post:
             mean[category] = mean.get(category, 0.0) + (end - start) / len(cycles)

@@ -27,6 +27,8 @@ class Tally:
     recompute: float = 0.0
     compression: float = 0.0
     tp: float = 0.0
+    cp: float = 0.0  # exposed context-parallel communication
+    ep: float = 0.0  # waits for the expert all-to-all
     pp: float = 0.0  # blocking sends + the exposed part of waits for a transfer
     dp: float = 0.0  # waits for ZeRO-3 parameters and gradient reductions before the flush
     offload: float = 0.0  # waits for parameter uploads and gradient copies before the flush
@@ -37,7 +39,7 @@ class Tally:
 
     @property
     def busy(self) -> float:
-        return self.compute + self.recompute + self.compression + self.tp + self.pp
+        return self.compute + self.recompute + self.compression + self.tp + self.pp + self.cp + self.ep
 
     @property
     def work(self) -> float:

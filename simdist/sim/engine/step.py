@@ -19,6 +19,7 @@ from __future__ import annotations
 import simpy
 
 from simdist.analytic.passes import sync_wait_part
+from simdist.sim import dualpipe
 from simdist.sim.engine.servers import Servers
 from simdist.sim.engine.state import Proc, Run, Slice, Tally
 from simdist.sim.engine.streams import Streams
@@ -169,6 +170,16 @@ class StepDriver:
 
     def _task(self, sl: Slice, action: Action, task: Task) -> Proc:
         env, t = self.env, sl.tally
+        flow = None
+        if task.ep is not None:  # the task's expert all-to-all (simdist.sim.expert_flows)
+            spec, t0 = task.ep, env.now
+            flow = self.net.collective(spec.collective, spec.nbytes, spec.axis, sl.stage, (sl.replica,), spec.extra_s)
+            if not task.ep_overlap:
+                yield flow
+                t.ep += env.now - t0
+                self.run.span(sl, "ep", spec.name, t0, env.now, "ep_comm")
+            else:
+                flow.callbacks.append(lambda _e, t0=t0: self.run.span(sl, "ep", spec.name, t0, env.now, "ep_comm"))
         start = env.now
         ready: list[tuple[simpy.Event | None, simpy.Event | None]] = []  # per segment: upload, gather
         pieces, k = task.pieces, 0  # ordered by segment
@@ -195,12 +206,17 @@ class StepDriver:
             t.recompute += seg.recompute * sl.factor
             t.compression += seg.compression * sl.factor
             t.tp += seg.tp
+            t.cp += seg.cp
             if self.sync_on_tp:
                 t.tp += seg.sync
             else:
                 t.dp += seg.sync
             if not task.overlapped and pieces:
                 yield from self._reduced(sl)
+        if flow is not None and task.ep_overlap and not flow.processed:
+            t0 = env.now
+            yield flow
+            t.ep += env.now - t0
         end = env.now
         if self.keep_spans:
             self._task_spans(sl, action, task, start, end)
@@ -253,8 +269,9 @@ class StepDriver:
         if rec > 0:
             self.run.span(sl, "compute", f"R mb{action.microbatch} chunk{action.chunk}", start, start + rec, "recompute")
         self.run.span(sl, "compute", name, start + rec, end, CATEGORY[action.kind])
-        if w.tp > 0:
-            self.run.span(sl, "tp", task.tp_name or "tp", end - w.tp - w.sync, end - w.sync, "tp_comm")
+        if w.tp + w.cp > 0:
+            part = "cp_comm" if w.cp > w.tp and self.plan.cp > 1 else "tp_comm"
+            self.run.span(sl, "tp", task.tp_name or "tp", end - w.tp - w.cp - w.sync, end - w.sync, part)
         if w.sync > 0:
             stream, part = ("tp", "tp_comm") if self.sync_on_tp else ("dp", "dp_comm")
             self.run.span(sl, stream, "wait for the slowest rank", end - w.sync, end, part)
@@ -264,8 +281,13 @@ class StepDriver:
     def _send(self, sl: Slice, action: Action, spec: CommSpec) -> Proc:
         """A blocking pipeline send to the stage that needs this action's output."""
         p = self.plan.pp
-        step = 1 if action.kind == "F" else -1
-        dst = (sl.stage + step) % p
+        if self.plan.dualpipe:  # the next stage's rank (itself at the tip of DualPipeV's V)
+            dst = dualpipe.neighbour(self.plan.schedule, action, sl.stage, p, self.plan.num_microbatches)
+            if dst == sl.stage:
+                self._arrival(sl.cycle, sl.replica, sl.stage, action).succeed(self.env.now)
+                return
+        else:
+            dst = (sl.stage + (1 if action.kind == "F" else -1)) % p
         start = self.env.now
         yield self.net.p2p(spec.nbytes, sl.stage, dst, sl.replica, spec.extra_s)
         sl.tally.pp += self.env.now - start

@@ -41,8 +41,10 @@ from simdist.analytic.collectives import (
     layout_for_axis,
 )
 from simdist.analytic.param_server import ps_server_count
+from simdist.sim.network.alltoall import alltoall_fractions
 from simdist.spec import topology as topo
 from simdist.spec.cluster import ClusterSpec
+from simdist.spec.groups import GROUP_AXES, group_ranks
 from simdist.spec.plan import RankCoord, rank_coord, rank_of
 from simdist.spec.scenario import Scenario
 
@@ -141,10 +143,11 @@ class LinkModel:
         if layout is None:
             layout = self._layouts[axis] = layout_for_axis(self.cluster, self.plan, axis)
         latency, work, capped = self._split(kind, nbytes, layout, busbw_cap(self.plan, axis))
-        key = ("c", axis, stage, replicas, layout.intra_only)
+        key = ("c", axis, stage, replicas, layout.intra_only, kind == "alltoall")
         loads = self._loads.get(key)
         if loads is None:
-            loads = self._loads[key] = self._collective_loads(axis, stage, replicas, layout)
+            fractions = alltoall_fractions(layout, self.net) if kind == "alltoall" else None
+            loads = self._loads[key] = self._collective_loads(axis, stage, replicas, layout, fractions)
         if capped > latency + work:
             # a software ceiling (each rank's copies and host waits) sets the pace, latency
             # included: the rank's concurrent capped collectives share it, and the links run
@@ -285,9 +288,10 @@ class LinkModel:
         images = sum(1 for r in range(first, last) if member(rank_coord(r, self.plan)))
         return images * f_inter * cross * c.spine_oversubscription / (gpn * npl)
 
-    def _collective_loads(self, axis: str, stage: int, replicas: tuple[int, ...], layout: GroupLayout) -> Loads:
+    def _collective_loads(self, axis: str, stage: int, replicas: tuple[int, ...], layout: GroupLayout,
+                          fractions: tuple[float, float] | None = None) -> Loads:
         c, plan = self.cluster, self.plan
-        f_inter, f_intra = self._fractions(layout)
+        f_inter, f_intra = fractions or self._fractions(layout)
         member = self._member(stage, replicas)
         out: dict[LinkKey, float] = {}
         for d in replicas:
@@ -297,7 +301,8 @@ class LinkModel:
             if f_inter <= 0.0:
                 continue
             _add_both(out, topo.nic_link(c, rep), self._nic_load(rep, member, f_inter), replace_value=True)
-            group = [rep + k * plan.axis_stride(axis) for k in range(plan.axis_size(axis))]
+            group = (list(group_ranks(plan, axis, rep)) if axis in GROUP_AXES
+                     else [rep + k * plan.axis_stride(axis) for k in range(plan.axis_size(axis))])
             leaf = topo.leaf_of(c, c.node_of(rep))
             cross = _leaf_crossing(c, group, leaf)
             load = self._uplink_load(leaf, member, f_inter, cross)

@@ -1,0 +1,150 @@
+"""Mixture-of-experts layers: their parameters, and what one GPU runs for one MoE FFN block.
+
+The block (Megatron-Core's MoELayer with the alltoall token dispatcher, core/transformer/moe/;
+Fedus et al. 2022 for top-k routing; DeepSeek-V3 sec 2.1.2 for shared experts):
+
+1. router: a (hidden x experts) GEMM on the rank's tokens, a softmax or sigmoid and a top-k;
+2. permute: each token copied once per chosen expert, grouped by destination;
+3. dispatch: an all-to-all over the expert-parallel group (``moe_dispatcher: alltoall``), or an
+   all-gather of every token of the group (``allgather``); with expert tensor parallelism an
+   all-gather of the received tokens over ``etp``;
+4. the local experts (num_experts / ep of them) as grouped GEMMs, each FFN split over ``etp``;
+5. the way back: a reduce-scatter over ``etp``, the combine all-to-all (or a reduce-scatter for
+   the all-gather dispatcher), and the unpermute that sums each token's k expert outputs
+   weighted by its gates;
+6. shared experts: a dense FFN of num_shared_experts x moe_ffn_hidden_size on every token,
+   tensor-parallel like a dense FFN.
+
+Dispatchers: ``alltoall`` sends every token copy to its expert's rank (Megatron-Core's
+alltoall dispatcher over NCCL); ``flex`` (Megatron-Core's flex dispatcher with DeepEP or
+HybridEP, DeepSeek-V3 sec 3.2.2) sends a token once to each other node that holds one of its
+experts, over the NIC of the rank's rail, and forwards it inside that node over NVLink, so the
+bytes that cross nodes shrink to the distinct destination nodes (:func:`wire_factor`);
+``allgather`` gathers every token of the group.
+
+Tokens: with tp > 1 Megatron-Core needs sequence parallelism for MoE, so each rank routes its
+s/(cp*tp) sequence shard; without it, its s/cp tokens. Each rank sends T*k token copies and,
+balanced, receives as many. Load imbalance (``moe_load_imbalance`` = the busiest expert's tokens
+over the mean) makes the rank holding the busiest expert receive (x + n - 1)/n times the mean,
+with n local experts and x the busiest expert's factor, capped by the capacity factor when
+tokens are dropped (Fedus et al. 2022 sec 2.2); its experts and its all-to-all set the pace.
+"""
+
+from __future__ import annotations
+
+from simdist.analytic.collectives import GroupLayout
+from simdist.analytic.ops import Comm, Compute, Op
+from simdist.spec.model import ModelSpec
+from simdist.spec.plan import ParallelPlan
+
+
+def active_ffn_flops_per_token(m: ModelSpec) -> float:
+    """Forward FLOPs of one MoE FFN block per token: router, the k routed and the shared
+    experts (the active parameters, as frameworks count them)."""
+    n_in = 2 if m.mlp == "swiglu" else 1
+    matrices = (n_in + 1) * m.hidden_size * m.moe_ffn_hidden_size
+    return 2.0 * (matrices * (m.experts_per_token + m.num_shared_experts) + m.hidden_size * m.num_experts)
+
+
+# --- what one rank runs ---------------------------------------------------------------------
+
+
+def routed_tokens(m: ModelSpec, plan: ParallelPlan) -> int:
+    """Tokens one rank routes per micro-batch (its sequence shard)."""
+    tokens = m.seq_length // plan.cp * plan.micro_batch_size
+    return tokens // plan.tp if plan.sequence_parallel and plan.tp > 1 else tokens
+
+
+def local_experts(m: ModelSpec, plan: ParallelPlan) -> int:
+    return max(1, m.num_experts // plan.ep)
+
+
+def busiest_expert_factor(m: ModelSpec) -> float:
+    """Tokens on the busiest expert over the mean, after capacity dropping."""
+    x = m.moe_load_imbalance
+    return min(x, m.moe_capacity_factor) if m.moe_capacity_factor is not None else x
+
+
+def rank_load_factor(m: ModelSpec, plan: ParallelPlan) -> float:
+    """Token copies the busiest rank's experts receive over the mean (see the module docstring)."""
+    n = local_experts(m, plan)
+    return (busiest_expert_factor(m) + n - 1) / n
+
+
+def dispatch_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
+    """The dispatch all-to-all's buffer on one rank (nccl-tests' S): T*k token copies."""
+    return routed_tokens(m, plan) * m.experts_per_token * m.hidden_size * plan.element_bytes
+
+
+def wire_factor(m: ModelSpec, plan: ParallelPlan, g: GroupLayout) -> float:
+    """Bytes the ``flex`` dispatcher moves over the all-to-all's per byte the plain one moves:
+    each token goes once to every other node holding one of its k experts. With N nodes of
+    E/N experts each and uniform routing, a node receives it with probability
+    1 - C(E - E/N, k) / C(E, k), against k(n - g)/n copies leaving the node without it."""
+    if plan.moe_dispatcher != "flex" or g.nodes <= 1 or not m.is_moe:
+        return 1.0
+    e, k, nodes = m.num_experts, m.experts_per_token, g.nodes
+    per_node = e / nodes
+    none = 1.0
+    for i in range(k):
+        none *= max(0.0, (e - per_node - i) / (e - i))
+    distinct = (nodes - 1) * (1.0 - none)
+    copies = k * (g.size - g.ranks_per_node) / g.size
+    return min(1.0, distinct / copies) if copies > 0 else 1.0
+
+
+def _grouped(name: str, rows: float, n: int, k: int, experts: int, bwd: bool) -> list[Compute]:
+    """A grouped GEMM: ``experts`` GEMMs of ``rows`` x k by k x n (fractional rows: a mean)."""
+    r = max(1, round(rows))
+    flops = 2.0 * rows * n * k * experts
+    if not bwd:
+        return [Compute(name, "gemm", flops, m=r, n=n, k=k, batch=experts)]
+    return [Compute(f"{name} wgrad", "gemm", flops, m=k, n=n, k=r, batch=experts),
+            Compute(f"{name} dgrad", "gemm", flops, m=r, n=k, k=n, batch=experts)]
+
+
+def _mem(name: str, nbytes: float) -> Compute:
+    return Compute(name, "memory", bytes=nbytes)
+
+
+def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
+    """Router, permute, dispatch, local experts, combine, unpermute (items 1-5 of the module
+    docstring), in forward order; backward runs the same steps with gradients, GEMMs twice."""
+    e, h, k = plan.element_bytes, m.hidden_size, m.experts_per_token
+    t = routed_tokens(m, plan)
+    ep, etp = plan.ep, plan.etp
+    n_local = local_experts(m, plan)
+    load = rank_load_factor(m, plan)
+    rows = t * k * load * etp  # token copies the busiest rank's experts run (after the etp gather)
+    scale = 2.0 if bwd else 1.0
+    suffix = " bwd" if bwd else ""
+    f = m.moe_ffn_hidden_size // etp
+    n_in = 2 if m.mlp == "swiglu" else 1
+    ops: list[Op] = []
+    ops += _grouped("router", t, m.num_experts, h, 1, bwd)
+    ops.append(_mem("router top-k" + suffix, scale * 3 * t * m.num_experts * 4))
+    ops.append(_mem("permute" + suffix, scale * (1 + k) * t * h * e))
+    if ep > 1:
+        if plan.moe_dispatcher == "allgather":
+            ops.append(Comm("allgather ep dispatch", "allgather", "ep", t * ep * h * e))
+        else:
+            ops.append(Comm("alltoall ep dispatch", "alltoall", "ep", t * k * h * e * load))
+    if etp > 1:
+        ops.append(Comm("allgather etp tokens", "allgather", "etp", rows * h * e))
+    if n_local > 1:
+        ops.append(_mem("sort by expert" + suffix, scale * 2 * rows * h * e))
+    per_expert = rows / n_local
+    ops += _grouped("experts fc1", per_expert, n_in * f, h, n_local, bwd)
+    ops.append(_mem("expert activation" + suffix, scale * (n_in + 1) * rows * f * e))
+    ops += _grouped("experts fc2", per_expert, h, f, n_local, bwd)
+    if n_local > 1:
+        ops.append(_mem("unsort" + suffix, scale * 2 * rows * h * e))
+    if etp > 1:
+        ops.append(Comm("reducescatter etp tokens", "reducescatter", "etp", rows * h * e))
+    if ep > 1:
+        if plan.moe_dispatcher == "allgather":
+            ops.append(Comm("reducescatter ep combine", "reducescatter", "ep", t * ep * h * e))
+        else:
+            ops.append(Comm("alltoall ep combine", "alltoall", "ep", t * k * h * e * load))
+    ops.append(_mem("unpermute" + suffix, scale * (1 + k) * t * h * e))
+    return ops

@@ -1,0 +1,56 @@
+"""Which transformer layers are what: a mixture-of-experts FFN or a dense one, windowed or full
+attention. The simulator prices each kind once; the executor builds each layer by its kind.
+
+- MoE: every layer from ``first_dense_layers`` on, when the model has experts (DeepSeek-V3's
+  ``first_k_dense_replace``; Megatron-Core's ``--moe-layer-freq`` with leading dense layers).
+- Windowed: ``sliding_window_layers`` layers (all when unset) spread evenly from layer 0, so
+  half of them alternate window, full, window, ... (GPT-OSS's ``layer_types``, which starts
+  with a sliding-attention layer).
+- The multi-token-prediction modules (DeepSeek-V3 sec 2.2) each hold one layer of the kind of
+  the model's last layer (Megatron-Core's MTP block builds it from the last layer's spec).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from simdist.spec.model import ModelSpec
+
+
+class LayerKind(NamedTuple):
+    moe: bool  # mixture-of-experts FFN (else the dense FFN of ffn_hidden_size)
+    window: bool  # sliding-window attention (else full causal attention)
+
+
+DENSE = LayerKind(False, False)
+
+
+def windowed(m: ModelSpec, index: int) -> bool:
+    if m.sliding_window is None or m.sliding_window >= m.seq_length:
+        return False
+    w = m.num_layers if m.sliding_window_layers is None else m.sliding_window_layers
+    n = m.num_layers
+    return math.ceil((index + 1) * w / n) > math.ceil(index * w / n)
+
+
+def layer_kind(m: ModelSpec, index: int) -> LayerKind:
+    """The kind of layer ``index`` (0-based); ``index`` = num_layers + j is MTP module j's layer."""
+    if index >= m.num_layers:
+        index = m.num_layers - 1
+    return LayerKind(m.is_moe and index >= m.first_dense_layers, windowed(m, index))
+
+
+def kind_counts(m: ModelSpec, indices: Iterable[int]) -> tuple[tuple[LayerKind, int], ...]:
+    """(kind, layers) of the given layers, kinds in the order they first appear."""
+    counts: dict[LayerKind, int] = {}
+    for i in indices:
+        k = layer_kind(m, i)
+        counts[k] = counts.get(k, 0) + 1
+    return tuple(counts.items())
+
+
+def model_kind_counts(m: ModelSpec) -> tuple[tuple[LayerKind, int], ...]:
+    """Every layer of the model (MTP modules not included)."""
+    return kind_counts(m, range(m.num_layers))

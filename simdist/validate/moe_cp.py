@@ -1,0 +1,205 @@
+"""Validation rows with experts or a split sequence: the mixture-of-experts runs of the
+Megatron-Bridge performance summaries, the context-parallel runs of NeMo's long-sequence table
+and torchtitan's Llama 3.1 benchmarks, and Llama 3 405B's long-context stage. The training
+report (:mod:`simdist.validate.training`) hands these rows here.
+
+MoE rows name the model only; its dimensions come from the catalog preset of the same model,
+each figure next to its published config.json (simdist/catalog/models.yaml). The plans are the
+Megatron-Bridge H100 recipes' (scripts/performance/configs/*/*_workload_base_configs.py):
+distributed optimizer, sequence parallelism with tp > 1, expert tensor parallelism 1, and per
+model the token dispatcher and all-to-all overlap (:data:`MOE_MODELS`). The benchmarks route
+tokens force-balanced (the summary's note), so ``moe_load_imbalance`` stays 1.0.
+
+Step times: ``derived_step_s`` where the row has it (global batch x sequence / tokens per second
+per GPU / GPUs), the same arithmetic from torchtitan's tokens per second per GPU (local batch 1
+per data-parallel rank: global batch = dp), else the reported TFLOP/s with simdist's FLOP count,
+which equals NeMo's Llama 2 formula (attention over the whole s x s square).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simdist.analytic.flops import model_flops_per_step
+from simdist.errors import ScenarioError
+from simdist.spec.scenario import Scenario, scenario_from_dict
+from simdist.validate.rows import cell_float, cell_int
+
+# model name (lower case, as the rows spell it) -> (preset, plan fields of its H100 recipe)
+MOE_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
+    # QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_*: moe_flex_dispatcher_backend hybridep, no a2a overlap
+    "qwen3_30b_a3b": ("qwen3-30b-a3b", {"moe_dispatcher": "flex"}),
+    # QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_*: alltoall dispatcher, moe_a2a_overlap
+    "qwen3_235b_a22b": ("qwen3-235b-a22b", {"moe_dispatcher": "alltoall", "ep_comm_overlap": True}),
+    # DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1: hybridep, no a2a overlap, recompute_modules
+    # [mla_up_proj, mlp] (selective: simdist.analytic.variants.recompute_ops)
+    "deepseekv3": ("deepseek-v3", {"moe_dispatcher": "flex", "recompute": "selective"}),
+    # GPT_OSS_120B_PRETRAIN_CONFIG_H100_*: the alltoall dispatcher, recompute_modules
+    # [layernorm, moe_act]
+    "gpt oss 120b": ("gpt-oss-120b", {"moe_dispatcher": "alltoall", "recompute": "selective"}),
+}
+NOT_EXPRESSIBLE = {"nemotron_3_nano": "Nemotron 3 Nano interleaves Mamba-2 layers with its attention and MoE "
+                                      "layers; a scenario cannot express state-space layers"}
+NEMO_CP = tuple(f"R{i:04d}" for i in range(80, 98))
+TORCHTITAN_CP = ("R0148", "R0149", "R0150", "R0151", "R0159", "R0160", "R0161", "R0162")
+LLAMA3_CP = ("R0061",)
+GROUP_MOE = "MoE: Megatron-Bridge (H100)"
+GROUP_CP = {"NeMo": "CP: NeMo long-sequence (H100)", "torchtitan": "CP: torchtitan Llama 3.1 (H100)",
+            "Llama 3": "CP: Llama 3 405B pre-training"}
+
+
+def _model_key(row: dict[str, str]) -> str:
+    return row["model_name"].split("(")[0].strip().lower()
+
+
+def handles(row: dict[str, str]) -> bool:
+    """Rows this module predicts (or skips with its own reason)."""
+    if row["run_id"] in NEMO_CP + TORCHTITAN_CP + LLAMA3_CP:
+        return True
+    key = _model_key(row)
+    return key in MOE_MODELS or key in NOT_EXPRESSIBLE
+
+
+def group(row: dict[str, str]) -> str:
+    rid = row["run_id"]
+    if rid in NEMO_CP:
+        return GROUP_CP["NeMo"]
+    if rid in TORCHTITAN_CP:
+        return GROUP_CP["torchtitan"]
+    if rid in LLAMA3_CP:
+        return GROUP_CP["Llama 3"]
+    return GROUP_MOE
+
+
+def _megatron_plan(row: dict[str, str], tp: int, pp: int) -> dict[str, Any]:
+    """Megatron-Core's defaults in the vendors' recipes: distributed optimizer, overlapped grad
+    reduce and param gather, sequence parallelism and TP overlap with tp > 1, flash attention,
+    fp32 main grads, the default DDP bucket."""
+    gpus = int(row["num_gpus"])
+    plan: dict[str, Any] = {
+        "tp": tp, "pp": pp, "zero_stage": 1, "sequence_parallel": tp > 1, "tp_comm_overlap": tp > 1,
+        "flash_attention": True, "fp32_grad_accumulation": True, "overlap_grad_reduce": True,
+        "overlap_param_gather": True, "global_batch_size": int(row["global_batch"]),
+        "micro_batch_size": cell_int(row["micro_batch"]) or 1,
+        "ddp_bucket_size": f"{4 * max(40_000_000, 1_000_000 * (gpus // (tp * pp)))} B",
+    }
+    vpp = cell_int(row.get("vpp")) or 1
+    if vpp > 1:
+        plan.update(virtual_pipeline_stages=vpp, schedule="interleaved-1f1b")
+    return plan
+
+
+def _cluster(gpus: int, gpn: int = 8) -> dict[str, Any]:
+    gpn = min(gpus, gpn)
+    return {"preset": "dgx-h100", "num_nodes": max(1, gpus // gpn), "gpus_per_node": gpn}
+
+
+def moe_scenario(row: dict[str, str]) -> dict[str, Any]:
+    preset, extra = MOE_MODELS[_model_key(row)]
+    tp, pp = cell_int(row["tp"]) or 1, cell_int(row["pp"]) or 1
+    plan = _megatron_plan(row, tp, pp)
+    plan.update(ep=cell_int(row["ep"]) or 1, cp=cell_int(row["cp"]) or 1, **extra)
+    precision = row["precision"].lower()
+    # the 25.09 section has no precision column; its TFLOP/s come in pairs for two FP8 scaling
+    # granularities (the data README), so its runs are FP8
+    plan["precision"] = "fp8" if ("fp8" in precision or not precision) else "bf16"
+    model = {"preset": preset, "seq_length": int(row["seq_len"])}
+    if "tokendrop" in row["model_name"].lower():
+        model["moe_capacity_factor"] = 1.0  # Megatron-Bridge's token-drop variant
+    return {"name": f"{row['run_id']} {row['model_name']}", "model": model,
+            "cluster": _cluster(int(row["num_gpus"])), "plan": plan}
+
+
+def cp_scenario(row: dict[str, str], recompute: str, vpp: int = 2) -> dict[str, Any]:
+    rid = row["run_id"]
+    tp, pp, cp = cell_int(row["tp"]) or 1, cell_int(row["pp"]) or 1, cell_int(row["cp"]) or 1
+    gpus = int(row["num_gpus"])
+    seq = int(row["seq_len"])
+    if rid in NEMO_CP:  # Llama 2 7B in FP8 on NeMo 24.03 (Megatron-Core, ring attention)
+        model: dict[str, Any] = {"preset": "llama2-7b", "seq_length": seq}
+        plan = _megatron_plan(row, tp, pp)
+        plan.update(cp=cp, cp_method="ring", precision="fp8", recompute=recompute)
+        return {"name": f"{rid} {row['model_name']}", "model": model, "cluster": _cluster(gpus), "plan": plan}
+    if rid in TORCHTITAN_CP:  # FSDP2 (+TP, 1F1B PP), Float8 linears, full AC, all-gather CP
+        dp = cell_int(row["dp"]) or 1
+        preset = "llama3.1-405b" if "405" in row["model_name"] else "llama3.1-8b"
+        local = 8 if pp > 1 else 1  # Table 6's local batch of 8 under PP, else 1
+        plan = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "cp_method": "allgather", "precision": "fp8",
+                "zero_stage": 2 if pp > 1 else 3, "recompute": "full", "micro_batch_size": 1,
+                "global_batch_size": local * dp, "sequence_parallel": tp > 1, "tp_comm_overlap": tp > 1,
+                "flash_attention": True}
+        cluster = _cluster(gpus)
+        cluster["inter_node"] = {"kind": "roce", "nics_per_node": 8, "bandwidth": "400 Gb/s"}
+        return {"name": f"{rid} {row['model_name']}", "model": {"preset": preset, "seq_length": seq},
+                "cluster": cluster, "plan": plan}
+    # Llama 3 405B long-context stage (Table 4): 16 sequences of 128K per DP rank, 16M tokens
+    plan = {"tp": tp, "pp": pp, "cp": cp, "dp": gpus // (tp * pp * cp), "cp_method": "allgather",
+            "virtual_pipeline_stages": vpp, "schedule": "interleaved-1f1b" if vpp > 1 else "1f1b", "zero_stage": 1,
+            "sequence_parallel": True, "tp_comm_overlap": True, "recompute": recompute, "micro_batch_size": 1,
+            "global_batch_size": 16 * (gpus // (tp * pp * cp)), "precision": "bf16", "flash_attention": True}
+    cluster = _cluster(gpus)
+    cluster["inter_node"] = {"kind": "roce", "nics_per_node": 8, "bandwidth": "400 Gb/s", "latency": "5 us"}
+    return {"name": f"{rid} {row['model_name']}", "model": {"preset": "llama3.1-405b", "seq_length": seq},
+            "cluster": cluster, "plan": plan}
+
+
+def unsupported(row: dict[str, str]) -> list[str]:
+    key = _model_key(row)
+    if key in NOT_EXPRESSIBLE:
+        return [f"model not expressible: {NOT_EXPRESSIBLE[key]}"]
+    if row["run_id"] in NEMO_CP and not row["tp"].strip():
+        return ["plan (tp/pp) not stated: the row is the best configuration without CP, not given"]
+    return []
+
+
+def measured_step(row: dict[str, str], sc: Scenario) -> tuple[float, str] | None:
+    step = cell_float(row["measured_step_s"]) or cell_float(row["derived_step_s"])
+    if step:
+        return step, "step time"
+    tokens = cell_float(row["measured_tokens_per_s_per_gpu"])
+    if tokens:
+        return sc.plan.global_batch_size * sc.model.seq_length / (tokens * sc.world_size), "tokens/s"
+    tflops = cell_float(row["measured_tflops_per_gpu"])
+    if tflops:
+        return model_flops_per_step(sc.model, sc.plan) / (tflops * 1e12 * sc.world_size), "TFLOP/s (model FLOPs)"
+    return None
+
+
+def candidates(row: dict[str, str]) -> list[tuple[dict[str, Any], list[str]]]:
+    """Scenario dicts to try (the fastest that fits is kept) and what each tuned."""
+    if _model_key(row) in MOE_MODELS:
+        return [(moe_scenario(row), [])]
+    if row["run_id"] in TORCHTITAN_CP:
+        return [(cp_scenario(row, "full"), [])]
+    if row["run_id"] in LLAMA3_CP:  # the paper's interleaved schedule: chunks per stage unstated
+        return [(cp_scenario(row, r, v), [f"recompute={r}", f"virtual_pipeline_stages={v}"])
+                for r in ("none", "selective", "full") for v in range(1, 8)]
+    return [(cp_scenario(row, r), [f"recompute={r}"]) for r in ("none", "selective", "full")]
+
+
+def build(row: dict[str, str]) -> tuple[Scenario, list[str], tuple[float, str]] | str:
+    """(scenario, tuned fields, (measured step s, how)) of a handled row, or why it is skipped."""
+    from simdist.predict import predict
+
+    why = unsupported(row)
+    if why:
+        return "; ".join(why)
+    best: tuple[tuple[bool, float], Scenario, list[str]] | None = None
+    problems: list[str] = []
+    for d, tuned in candidates(row):
+        try:
+            sc = scenario_from_dict(d)
+        except ScenarioError as e:
+            problems += [str(p) for p in e.problems]
+            continue
+        p = predict(sc, engine="analytic", keep_spans=False)
+        key = (not p.fits, p.step_time_s)
+        if best is None or key < best[0]:
+            best = (key, sc, tuned)
+    if best is None:
+        return "no valid plan: " + "; ".join(problems[:3])
+    _, sc, tuned = best
+    meas = measured_step(row, sc)
+    if meas is None:
+        return "no step time, tokens/s or TFLOP/s"
+    return sc, tuned if len(candidates(row)) > 1 else [], meas
