@@ -13,6 +13,7 @@ and wave quantization and arithmetic intensity).
 
 from __future__ import annotations
 
+import functools
 import math
 
 from simdist.analytic.ops import Compute
@@ -27,6 +28,7 @@ _SEQ_HALF = 384  # FlashAttention: sequence length at which a kernel reaches hal
 KERNEL_OVERHEAD_S = 4e-6  # launch gap between dependent kernels on a busy stream
 
 
+@functools.lru_cache(maxsize=65536)
 def gemm_shape_efficiency(m: int, n: int, k: int, sms: int, batch: int = 1) -> float:
     """Fraction of a GPU's large-GEMM efficiency that a (m x k)(k x n) GEMM reaches."""
     best = 0.0

@@ -74,6 +74,20 @@ class Case:
     measured_from: str  # "step time" | "TFLOP/s (Megatron eq. 3)" | "TFLOP/s (model)"
     scenario: Scenario
     tuned: list[str]  # unstated plan fields chosen as the fastest that fits
+    # the runner-up choices of the unstated fields (fitting, fastest first, ``scenario`` among
+    # them): cross-validation picks among them again with its refitted constants
+    options: tuple[tuple[Scenario, tuple[str, ...]], ...] = ()
+    measured_peak_gib: float | None = None  # the row's published peak memory per GPU, if any
+
+    @property
+    def gpu_generation(self) -> str:
+        """The GPU generation whose fitted efficiencies this row informs (a100, h100, ...)."""
+        return generation(self.scenario.cluster.gpu.name)
+
+
+def generation(gpu_name: str) -> str:
+    """A catalog GPU's generation: the efficiencies are fitted per generation, never per SKU."""
+    return gpu_name.split("-")[0]
 
 
 def row_to_scenario_dict(row: dict[str, str], plan_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -168,6 +182,9 @@ def candidates(row: dict[str, str], base: dict[str, Any]) -> list[dict[str, Any]
     return out
 
 
+OPTIONS_KEPT = 3  # runner-up choices of unstated fields kept for cross-validation
+
+
 def build_cases(data: str | Path | None = None) -> tuple[list[Case], list[tuple[str, str]]]:
     """The predictable rows of training_runs.csv as cases, and (run_id, reasons) of the rest."""
     from simdist.predict import predict
@@ -181,25 +198,27 @@ def build_cases(data: str | Path | None = None) -> tuple[list[Case], list[tuple[
             skipped.append((rid, "; ".join(why)))
             continue
         base = row_to_scenario_dict(row)
-        best: tuple[tuple[bool, float], Scenario, list[str]] | None = None
-        for ov in candidates(row, base):
+        ranked: list[tuple[tuple[bool, float], int, Scenario, tuple[str, ...]]] = []
+        for i, ov in enumerate(candidates(row, base)):
             try:
                 sc = scenario_from_dict(row_to_scenario_dict(row, ov))
             except ScenarioError:
                 continue
             p = predict(sc, engine="analytic", keep_spans=False)
-            key = (not p.fits, p.step_time_s)  # fitting plans first, then the fastest
-            if best is None or key < best[0]:
-                best = (key, sc, [f"{k}={v}" for k, v in ov.items()])
-        if best is None:
+            # fitting plans first, then the fastest
+            ranked.append(((not p.fits, p.step_time_s), i, sc, tuple(f"{k}={v}" for k, v in ov.items())))
+        if not ranked:
             skipped.append((rid, "no valid plan"))
             continue
-        _, sc, tuned = best
+        ranked.sort(key=lambda r: r[:2])
+        options = tuple((r[2], r[3]) for r in ranked[:OPTIONS_KEPT] if r[0][0] == ranked[0][0][0])
+        sc, tuned = options[0][0], list(options[0][1])
         meas = _measured(row, sc)
         if meas is None:
             skipped.append((rid, "no step time or TFLOP/s"))
             continue
-        cases.append(Case(rid, row["source"], row["model_name"], meas[0], meas[1], sc, tuned))
+        cases.append(Case(rid, row["source"], row["model_name"], meas[0], meas[1], sc, tuned, options,
+                          cell_float(row.get("measured_peak_mem_gib"))))
     return cases, skipped
 
 
