@@ -121,12 +121,12 @@ def test_every_row_is_predicted_or_skipped_with_a_reason(report):
     ("R0099", "mixture of experts"),  # Qwen3 30B-A3B, ep=16
     ("R0133", "mixture of experts"),  # DeepSeek-V3, ep=64
     ("R0061", "context parallel"),  # Llama 3 405B at 131K tokens, cp=16
-    ("R0124", "FP8 recipe"),  # FP8 current scaling (FP8-CS)
-    ("R0147", "FP8 recipe"),  # torchtitan Float8 linears
-    ("R0080", "model dimensions not stated"),  # LLAMA2-7B by name only
+    ("R0099", "model dimensions not stated"),  # Qwen3 30B-A3B by name only
+    ("R0081", "plan (tp/pp) not stated"),  # NeMo's best configuration without CP, not stated
     ("R0057", "plan (tp/pp) not stated"),
-    ("R0148", "cells not stated"),  # no global batch
-    ("R0145", "framework not mapped"),  # torchtitan
+    ("R0102", "LoRA fine-tuning"),
+    ("R0130", "precision not stated"),
+    ("R0441", "framework not mapped"),  # metaseq
 ])
 def test_rows_the_simulator_cannot_express_yet_say_why(report, run_id, kind):
     reasons = dict(report[2])[run_id].split("; ")
