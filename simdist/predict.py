@@ -8,6 +8,7 @@ from typing import Any, Literal
 from simdist.analytic.collectives import Network, busbw_cap
 from simdist.analytic.compression import compression_ratio, keeps_residual
 from simdist.analytic.cost import CostModel
+from simdist.analytic.explain import step_lines
 from simdist.analytic.flops import model_flops_per_step, recompute_flops_per_step
 from simdist.analytic.param_server import async_staleness_steps
 from simdist.analytic.result import StepResult
@@ -45,7 +46,7 @@ def predict(
     plan, model, cluster = scenario.plan, scenario.model, scenario.cluster
     cost = CostModel(cluster.gpu, plan.precision, profile)
     described = describe(scenario, cost, Network.of(cluster, profile))
-    assumptions = _assumptions(scenario, profile)
+    assumptions = _assumptions(scenario, profile) + step_lines(described)
     assumptions += [f"not simulated yet: {n.field} ({n.instead})" for n in unsimulated]
 
     result: StepResult

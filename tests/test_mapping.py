@@ -10,7 +10,8 @@ from simdist.spec.scenario import scenario_from_dict
 from simdist.validate.mapping import candidates, row_to_scenario_dict, unsupported
 from simdist.validate.rows import packaged_data_dir
 
-ROWS = {r["run_id"]: r for r in csv.DictReader(open(packaged_data_dir() / "training_runs.csv", encoding="utf-8"))}
+with open(packaged_data_dir() / "training_runs.csv", encoding="utf-8", newline="") as _fh:
+    ROWS = {r["run_id"]: r for r in csv.DictReader(_fh)}
 
 
 def sc(run_id):

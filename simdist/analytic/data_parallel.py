@@ -20,7 +20,12 @@ from simdist.analytic.compression import (
     topk_wire_bytes,
     uncompressed_grad_bytes,
 )
-from simdist.analytic.overlap import bucketed_exposed, grad_buckets, prefetch_exposed
+from simdist.analytic.overlap import (
+    bucketed_exposed,
+    chunked_buckets_exposed,
+    grad_buckets,
+    prefetch_exposed,
+)
 from simdist.analytic.params import params_per_rank, stage_num_layers
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
@@ -184,14 +189,18 @@ class DataParallelTimes:
 
 
 def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: float,
-             last_bwd: float | None = None, first_fwd: float | None = None) -> DataParallelTimes:
+             last_bwd: float | None = None, first_fwd: float | None = None,
+             chunk_shares: tuple[float, ...] = (1.0,)) -> DataParallelTimes:
     """Exposed time of the timed traffic ``tr`` (:meth:`DataParallelTraffic.timed`) given one
     micro-batch's forward and backward compute on the stage.
 
     ZeRO-3: prefetched all-gathers and per-layer reduce-scatters hide behind compute except the
     first gather and the last reduce-scatter (prefetch_exposed); without ``overlap_param_gather``
     all of it waits. ZeRO-2: the per-layer reduce-scatters trail backward (the first chunk
-    exposed). The per-step sync runs in buckets during the last backward (bucketed_exposed).
+    exposed). The per-step sync runs in buckets during the last backward (bucketed_exposed); under
+    the interleaved schedule each model chunk's buckets (``chunk_shares``: the chunks' parts of
+    the stage's parameters, in chunk order) during that chunk's last backward, which ends
+    pp chunk-backwards per lower chunk before the stage's last (chunked_buckets_exposed).
     The post-step all-gather overlaps the next step's first forward with Megatron's
     ``--overlap-param-gather`` (overlap_param_gather), and waits in full otherwise.
     """
@@ -215,7 +224,15 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
     if tr.step_grad_sync:
         nb = tr.step_buckets
         t_b = sum(c.seconds * c.calls / nb for c in tr.step_grad_sync)
-        step = bucketed_exposed(t_b, nb, last_bwd, plan.overlap_grad_reduce)
+        if plan.overlap_grad_reduce and len(chunk_shares) > 1:
+            groups, below = [], 0.0
+            for share in chunk_shares:  # chunk 0 ends last; each chunk above waits pp backwards of those below
+                t_c = last_bwd * share
+                groups.append((below + t_c, below, max(1, round(nb * share))))
+                below += plan.pp * t_c
+            step = chunked_buckets_exposed(t_b, groups[::-1])
+        else:
+            step = bucketed_exposed(t_b, nb, last_bwd, plan.overlap_grad_reduce)
     post = calls_seconds(tr.post_step_gathers)
     if tr.post_step_behind_forward:  # each bucket's gather ahead of the forward that needs it
         post = prefetch_exposed(post, tr.step_buckets, first_fwd)

@@ -107,7 +107,9 @@ def end_of_step(s: StageDescription, plan: ParallelPlan, st: StageTime) -> EndOf
     """Gradient sync (all-reduce or parameter server), compression kernels of a once-per-step
     sync, offload transfers and the optimizer (GPU, or CPU under ZeRO-Offload)."""
     last_bwd = st.last_backward
-    dp = dp_times(s.dp, plan, st.fwd.total, last_bwd, last_bwd=last_bwd)
+    total = sum(c.params for c in s.chunks) or 1
+    shares = tuple(c.params / total for c in s.chunks) if plan.interleaved else (1.0,)
+    dp = dp_times(s.dp, plan, st.fwd.total, last_bwd, last_bwd=last_bwd, chunk_shares=shares)
     off = s.offload_s
     offload = 0.0
     if off.before_step:  # ZeRO-0/1 gradients go down in buckets as the sync finishes

@@ -48,7 +48,6 @@ NOT_SIMULATED_YET: tuple[NotSimulated, ...] = (
     NotSimulated("plan.cp_method", "ring attention"),
     NotSimulated("plan.schedule", "dualpipe and dualpipev have no schedule in the engines yet", blocking=True),
     NotSimulated("plan.fp8_recipe", "one FP8 GEMM efficiency, no recipe"),
-    NotSimulated("plan.framework", "simdist's own defaults"),
     NotSimulated("plan.zero_hpz_partition_size", "plain ZeRO-3 (no secondary weight partition)"),
 )
 _BY_FIELD = {n.field: n for n in NOT_SIMULATED_YET}

@@ -282,8 +282,7 @@ def _legacy(row: dict[str, str]) -> dict[str, Any]:
     }
     if "DeepSpeed" in framework and zero == 3:
         plan["zero3_fetch"] = "module"  # DeepSpeed gathers each submodule's parameters on its own
-    if mcore:  # --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap, distributed optimizer
-        plan.update(zero_stage=1, tp_comm_overlap=True)
-        # Megatron-Core's default DDP bucket: max(40M, 1M x dp) parameters of fp32 main grads
-        plan["ddp_bucket_size"] = f"{4 * max(40_000_000, 1_000_000 * (gpus // (tp * pp)))} B"
+    if mcore:  # --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap, distributed optimizer;
+        # Megatron-Core's own DDP bucket rule (framework megatron)
+        plan.update(framework="megatron", zero_stage=1, tp_comm_overlap=True, overlap_param_gather=True)
     return {"model": model, "cluster": cluster, "plan": plan}

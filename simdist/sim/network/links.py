@@ -1,9 +1,9 @@
 """Which links a transfer loads, and how much: the contention part of the fluid network backend.
 
 :class:`LinkModel` turns a collective, a pipeline send, a host transfer or a parameter-server
-push/pull into a :class:`FlowTiming`: its latency, its *solo* transfer time (from
-:func:`simdist.analytic.collectives.collective_time`, so that the engine and the closed form
-agree when nothing contends) and the *load* it puts on each link of the topology
+push/pull into a :class:`FlowTiming`: its latency, its *solo* transfer time (the two parts of
+:func:`simdist.analytic.collectives.collective_choice`, the algorithm NCCL's tuning model picks,
+so that the engine and the closed form agree when nothing contends) and the *load* it puts on each link of the topology
 (:mod:`simdist.spec.topology`) while it runs at that solo speed, as a fraction of the link's
 bandwidth. :mod:`simdist.sim.network.fluid` shares the links among the flows.
 
@@ -31,12 +31,13 @@ when there are few servers.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from simdist.analytic.collectives import (
     GroupLayout,
     Network,
     busbw_cap,
+    collective_choice,
     collective_time,
     layout_for_axis,
 )
@@ -107,7 +108,6 @@ class LinkModel:
     def __init__(self, sc: Scenario, net: Network, replicas_alike: bool):
         self.sc, self.net, self.alike = sc, net, replicas_alike
         self.cluster, self.plan = sc.cluster, sc.plan
-        self._net0 = replace(net, intra_latency=0.0, inter_latency=0.0)
         self._loads: dict[tuple, Loads] = {}
         self._times: dict[tuple, tuple[float, float, float]] = {}
         self._flows: dict[tuple, FlowTiming] = {}
@@ -119,10 +119,9 @@ class LinkModel:
         key = (kind, nbytes, layout, cap)
         got = self._times.get(key)
         if got is None:
-            total = collective_time(kind, nbytes, layout, self.net)
-            transfer = collective_time(kind, nbytes, layout, self._net0)
+            choice = collective_choice(kind, nbytes, layout, self.net)
             capped = collective_time(kind, nbytes, layout, self.net, cap) if cap else 0.0
-            got = self._times[key] = (max(0.0, total - transfer), transfer, capped)
+            got = self._times[key] = (choice.latency_s, choice.transfer_s, capped)
         return got
 
     def rep(self, replica: int, stage: int) -> int:
