@@ -120,7 +120,7 @@ def test_deepseek_v3_on_1024_h100_the_public_megatron_bridge_plan():
     sc = scenario_from_dict(d)
     assert (sc.plan.dp, sc.plan.expert_dp, sc.model.moe_layers) == (64, 2, 58)
     flagged = {n.field for n in not_simulated(sc)}
-    assert {"plan.ep", "plan.fp8_recipe", "model.attention", "model.moe_ffn_hidden_size",
+    assert {"plan.ep", "model.attention", "model.moe_ffn_hidden_size",
             "model.num_shared_experts", "model.first_dense_layers", "model.router", "model.mtp_layers"} <= flagged
     assert not any(n.blocking for n in not_simulated(sc))
 

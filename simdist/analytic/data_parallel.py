@@ -27,6 +27,7 @@ from simdist.analytic.overlap import (
     prefetch_exposed,
 )
 from simdist.analytic.params import params_per_rank, stage_num_layers
+from simdist.spec.frameworks import framework_of
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
@@ -108,6 +109,8 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int) -> DataParallelTraf
     layers = max(1, stage_num_layers(m, plan, stage))
     method = plan.grad_compression.method
 
+    if plan.shards_params and plan.pp > 1 and framework_of(plan.framework).fsdp_pipeline_no_sync:
+        return _fsdp_under_pipeline(plan, n, layers)
     if plan.shards_gradients:
         gb = grad_wire_bytes(plan, sharded=True)
         grad_bytes = n * gb
@@ -170,6 +173,24 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int) -> DataParallelTraf
                 else CollectiveCall("allgather params", "allgather", ax, params),)
     return DataParallelTraffic(step_grad_sync=tuple(calls), post_step_gathers=post, step_buckets=nb,
                                post_step_behind_forward=behind)
+
+
+def _fsdp_under_pipeline(plan: ParallelPlan, n: float, layers: int) -> DataParallelTraffic:
+    """FSDP2 inside a torch.distributed.pipelining schedule (torchtitan): the stage keeps its
+    parameters unsharded and its gradients unreduced until the last micro-batch
+    (stage.backward_maybe_with_nosync sets requires_gradient_sync and reshard_after_backward
+    off before it; parallelize_llama: reshard_after_forward off under PP), so each layer's
+    parameters are gathered once per step, ahead of its first forward, and its gradients
+    reduce-scattered once, in the last backward."""
+    ax = plan.shard_axis
+    grad = n * grad_wire_bytes(plan, sharded=True)
+    sync = [CollectiveCall("reducescatter grads", "reducescatter", ax, grad / layers, layers)]
+    if plan.hybrid_sharding:
+        sync.append(CollectiveCall("allreduce grads across replicas", "allreduce", "dp_replica",
+                                   grad / plan.dp_shard / layers, layers))
+    gathers = (CollectiveCall("allgather params", "allgather", ax, n * param_wire_bytes(plan) / layers, layers),)
+    return DataParallelTraffic(step_grad_sync=tuple(sync), post_step_gathers=gathers, step_buckets=layers,
+                               post_step_behind_forward=plan.overlap_param_gather)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,11 @@
 """What a described step assumed about its framework and its collectives, in plain sentences for
-the prediction's assumptions: the framework whose defaults and rules apply, the gradient bucket
-rule, and the algorithm and protocol NCCL's tuning model picks for each collective kind on each
+the prediction's assumptions: the framework whose defaults and rules apply, the FP8 recipe, the
+gradient bucket rule, and the algorithm and protocol NCCL's tuning model picks for each collective kind on each
 plan axis (at the size of that kind's largest call)."""
 
 from __future__ import annotations
 
+from simdist.analytic import fp8
 from simdist.analytic.collectives import collective_choice, layout_for_axis
 from simdist.analytic.ops import Comm, embedding_ops, head_ops, layer_ops
 from simdist.analytic.overlap import bucket_rule_text
@@ -27,6 +28,8 @@ def framework_lines(d: StepDescription) -> list[str]:
                   "op-level": "every second matmul and the elementwise ops (per-op selective AC)"}
         out.append(f"framework {fw.name}: {fw.description}; its defaults fill the plan fields the scenario leaves "
                    f"unset; recompute: selective recomputes {policy[fw.selective_recompute]}")
+    if plan.precision == "fp8":
+        out.append(fp8.description(plan, d.scenario.cluster.gpu.name))
     dp = d.stages[0].dp
     if plan.dp > 1 and dp.step_grad_sync:
         out.append(f"gradient buckets: {bucket_rule_text(plan)}, {dp.step_buckets} per stage"

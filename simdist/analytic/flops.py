@@ -10,23 +10,26 @@ sec 5.1). With the GPT defaults this gives exactly the Megatron-LM count
 
 from __future__ import annotations
 
+from simdist.analytic.ops import attention_keys
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
 
 def layer_forward_flops_per_token(m: ModelSpec) -> float:
     h, kv, s = m.hidden_size, m.kv_dim, m.seq_length
-    qkv_out = 2 * h * (h + 2 * kv) + 2 * h * h
+    q = m.num_attention_heads * m.head_dim  # = h unless head_dim is set apart (Qwen3, GPT-OSS)
+    qkv_out = 2 * h * (q + 2 * kv) + 2 * q * h
     n_in = 2 if m.mlp == "swiglu" else 1
     mlp = 2 * (n_in + 1) * h * m.ffn_hidden_size * m.experts_per_token
     router = 2 * h * m.num_experts if m.num_experts > 1 else 0
-    attention = 4 * s * h  # QK^T and AV: 2*s*h each per token
+    # QK^T and AV: 2*s*q each per token, over the keys a query sees (sliding windows: fewer)
+    attention = 4 * attention_keys(m, s) * q
     return qkv_out + mlp + router + attention
 
 
 def attention_core_flops_per_token(m: ModelSpec) -> float:
     """The s^2 part (scores and weighted sum): what selective recompute runs again."""
-    return 4 * m.seq_length * m.hidden_size
+    return 4 * attention_keys(m, m.seq_length) * m.num_attention_heads * m.head_dim
 
 
 def head_forward_flops_per_token(m: ModelSpec) -> float:

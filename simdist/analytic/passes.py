@@ -86,11 +86,12 @@ class OpTimer:
                 compute += t
                 if op.name.endswith("wgrad"):
                     w += t
-                prev = op
+                if not _is_cast(op):
+                    prev = op
                 continue
             t = self.comm(op)
             hide = 0.0
-            nxt = ops[i + 1] if i + 1 < len(ops) and isinstance(ops[i + 1], Compute) else None
+            nxt = _next_compute(ops, i)
             if op.axis == "cp" and nxt is not None:
                 hide = self.cost.time(nxt)  # ring attention overlaps KV exchange with compute
             elif prev is not None and prev.name.endswith("wgrad"):
@@ -105,6 +106,22 @@ class OpTimer:
             else:
                 tp += exposed
         return PassTime(compute, tp, cp, w, compute * self.sync_wait)
+
+
+def _is_cast(op: Compute) -> bool:
+    """An FP8 quantization kernel: it sits between a collective and the GEMM the collective
+    overlaps with, and hides nothing itself."""
+    return op.kind == "memory" and op.name.startswith("fp8 cast")
+
+
+def _next_compute(ops: tuple[Op, ...], i: int) -> Compute | None:
+    """The compute op right after ops[i], past any FP8 casts (None when a collective comes first)."""
+    for op in ops[i + 1:]:
+        if not isinstance(op, Compute):
+            return None
+        if not _is_cast(op):
+            return op
+    return None
 
 
 def software_layers(sc: Scenario) -> tuple[str, ...]:

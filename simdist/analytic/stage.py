@@ -39,6 +39,7 @@ from simdist.analytic.param_server import (
 )
 from simdist.analytic.params import embedding_params, head_params, layer_params
 from simdist.analytic.passes import OpTimer, PassTime
+from simdist.spec.frameworks import framework_of
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
 from simdist.spec.stages import stage_layer_ranges
@@ -72,6 +73,7 @@ class PipelineSend:
     nbytes: float  # what each TP rank sends
     send_s: float  # the send alone on the pp axis's links
     gather_s: float  # the receiver's TP all-gather
+    overlapped: bool = False  # sends overlap the next compute (Megatron's interleaved overlap_p2p_comm)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,15 +192,21 @@ def stage_chunks(sc: Scenario, stage: int) -> tuple[Chunk, ...]:
 
 
 def pipeline_send(sc: Scenario, net: Network) -> PipelineSend | None:
-    """One micro-batch's activation between neighbouring virtual stages ([s/cp, b, h] per rank)."""
+    """One micro-batch's activation between neighbouring virtual stages ([s/cp, b, h] per rank).
+    With sequence parallelism the activation is already split over the TP ranks, so each sends
+    its shard and nothing is gathered (Megatron-Core sends the [s/tp, b, h] tensor; torchtitan's
+    stage outputs are sequence-sharded DTensors)."""
     m, plan = sc.model, sc.plan
     if plan.pp == 1:
         return None
     act = m.seq_length // plan.cp * plan.micro_batch_size * m.hidden_size * plan.element_bytes
     sent = act / plan.tp
     send = collective_time("sendrecv", sent, layout_for_axis(sc.cluster, plan, "pp"), net)
-    gather = collective_time("allgather", act, layout_for_axis(sc.cluster, plan, "tp"), net) if plan.tp > 1 else 0.0
-    return PipelineSend(sent, send, gather)
+    gather = 0.0
+    if plan.tp > 1 and not plan.sequence_parallel:
+        gather = collective_time("allgather", act, layout_for_axis(sc.cluster, plan, "tp"), net)
+    overlapped = plan.interleaved and framework_of(plan.framework).overlap_p2p
+    return PipelineSend(sent, send, gather, overlapped)
 
 
 def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, layer: LayerPasses,

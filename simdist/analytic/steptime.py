@@ -56,9 +56,11 @@ class StageTime:
 def stage_time(d: StepDescription, s: StageDescription) -> StageTime:
     plan = d.plan
     p2p = 0.0
+    t_fwd, t_bwd = s.fwd.total, s.bwd.total + s.recompute.total
     if d.send is not None:  # each chunk receives its input and sends its output, both ways
         p2p = 2 * plan.virtual_pipeline_stages * (d.send.send_s + d.send.gather_s)
-    t_fwd, t_bwd = s.fwd.total, s.bwd.total + s.recompute.total
+        if d.send.overlapped:  # isend/irecv beside the next chunk's compute: only what outlasts it shows
+            p2p = max(0.0, p2p - t_fwd - t_bwd)
     dp = dp_times(s.dp, plan, t_fwd, t_bwd)
     off = offload_per_microbatch(s, plan, t_fwd, t_bwd, dp)
     return StageTime(s.fwd, s.bwd, s.recompute, p2p, dp.per_microbatch, off, s.compression_per_microbatch)

@@ -56,6 +56,10 @@ class GpuSpec:
     efficiency: dict[str, float] = spec_field(default_factory=dict, compare=False, keys=EFFICIENCY_KEYS,
                                               check="fraction", doc="achieved fractions of peak")
     source: str = spec_field("", compare=False, doc="where the figures come from")
+    # v1.2: how much faster the frameworks' own fused attention kernels (cuDNN's, FlashAttention-3)
+    # run than FlashAttention-2, whose speed `efficiency.attention` is (1.0: the same kernel class)
+    fused_attention_speedup: float = spec_field(1.0, check="at_least_1", compare=False, since="1.2",
+                                                doc="cuDNN / FlashAttention-3 attention over FlashAttention-2")
 
     def __post_init__(self) -> None:
         validate(self)

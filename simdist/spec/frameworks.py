@@ -14,14 +14,17 @@ this module only says which rule a plan gets, so the executor and the simulator 
   (``accumulate_allreduce_grads_in_fp32`` is forced on for bf16); DDP buckets of
   max(40M, 1M x dp) parameters (DistributedDataParallelConfig.bucket_size: "larger DP sizes need
   larger buckets to ensure collectives do not become latency-bound"); selective recompute is the
-  attention core (Korthikanti et al. 2022).
+  attention core (Korthikanti et al. 2022); attention runs Transformer Engine's cuDNN fused kernel
+  (on Hopper a FlashAttention-3-class kernel: GpuSpec.fused_attention_speedup); under the
+  interleaved schedule the pipeline sends overlap compute (``--overlap-p2p-communication``, on
+  by default for interleaving, ``overlap_p2p_comm``).
 - ``nemo``: NeMo 2 / Megatron-Bridge performance recipes (the configurations of NVIDIA's
   published performance summaries): Megatron-Core with the distributed optimizer, gradient
   reduce and parameter gather overlapped, fp32 gradient reduction, sequence parallelism and TP
   communication overlap whenever tp > 1, Transformer Engine fused attention.
 - ``pytorch``: PyTorch DDP / FSDP defaults: 25 MiB DDP buckets (torch.nn.parallel.
   DistributedDataParallel bucket_cap_mb=25), FSDP reduces and gathers per wrapped module (one
-  transformer block), forward and backward prefetch on, SDPA flash attention; torchao float8
+  transformer block), forward and backward prefetch on, SDPA's FlashAttention-2 kernel; torchao float8
   (tensorwise dynamic scaling) when FP8.
 - ``torchtitan``: FSDP2 over the data-parallel ranks (data_parallel_shard_degree -1), sequence
   parallelism with every TP plan, per-op selective activation checkpointing (its Llama 3
@@ -55,13 +58,15 @@ class Framework:
     selective_recompute: str  # "attention-core" | "op-level"
     fp8_recipe: str  # "te-default" (Transformer Engine's, by GPU) or a recipe name
     fsdp_pipeline_no_sync: bool = False  # FSDP under PP: gather once, reduce at the last micro-batch
+    native_attention: bool = False  # Transformer Engine's cuDNN fused attention (Hopper-native kernels)
+    overlap_p2p: bool = False  # interleaved schedule: pipeline sends overlap compute (isend/irecv)
     description: str = ""
 
 
 FRAMEWORKS: dict[str, Framework] = {
-    "megatron": Framework("megatron", "megatron", "attention-core", "te-default",
+    "megatron": Framework("megatron", "megatron", "attention-core", "te-default", native_attention=True, overlap_p2p=True,
                           description="Megatron-LM / Megatron-Core argument defaults"),
-    "nemo": Framework("nemo", "megatron", "attention-core", "te-default",
+    "nemo": Framework("nemo", "megatron", "attention-core", "te-default", native_attention=True, overlap_p2p=True,
                       description="NeMo 2 / Megatron-Bridge performance recipes"),
     "pytorch": Framework("pytorch", "ddp", "attention-core", "tensorwise",
                          description="PyTorch DDP / FSDP defaults"),

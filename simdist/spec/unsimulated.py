@@ -27,9 +27,6 @@ class NotSimulated:
 
 
 NOT_SIMULATED_YET: tuple[NotSimulated, ...] = (
-    NotSimulated("model.head_dim", "attention scores use it; the query and output projections assume hidden_size"),
-    NotSimulated("model.sliding_window", "full causal attention over seq_length"),
-    NotSimulated("model.sliding_window_layers", "full causal attention in every layer"),
     NotSimulated("model.attention", "mla is priced as multi-head attention"),
     NotSimulated("model.kv_lora_rank", "ignored (multi-head attention)"),
     NotSimulated("model.q_lora_rank", "ignored (multi-head attention)"),
@@ -47,7 +44,6 @@ NOT_SIMULATED_YET: tuple[NotSimulated, ...] = (
     NotSimulated("plan.moe_dispatcher", "no token dispatch traffic"),
     NotSimulated("plan.cp_method", "ring attention"),
     NotSimulated("plan.schedule", "dualpipe and dualpipev have no schedule in the engines yet", blocking=True),
-    NotSimulated("plan.fp8_recipe", "one FP8 GEMM efficiency, no recipe"),
     NotSimulated("plan.zero_hpz_partition_size", "plain ZeRO-3 (no secondary weight partition)"),
 )
 _BY_FIELD = {n.field: n for n in NOT_SIMULATED_YET}

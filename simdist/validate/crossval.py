@@ -135,7 +135,8 @@ def crossval_table(cv: CrossValidation) -> str:
     fits = [("all rows", cv.full_fit)] + [(f"without {g}", f) for g, f in cv.held_out_fits.items()]
     lines = []
     for name, f in fits:
-        gens = ", ".join(f"{gen} gemm {e['gemm']:.3f} attn {e['attention']:.3f}" for gen, e in f.per_generation.items())
+        gens = ", ".join(f"{gen} gemm {e['gemm']:.3f} attn {e['attention']:.3f}"
+                         + (f" fp8 {e['fp8_gemm']:.3f}" if "fp8_gemm" in e else "") for gen, e in f.per_generation.items())
         lacking = sorted(set(cv.full_fit.per_generation) - set(f.per_generation))
         pooled = (f"; {', '.join(lacking)} pooled gemm {f.pooled['gemm']:.3f} attn {f.pooled['attention']:.3f}"
                   if lacking and f.pooled else "")

@@ -27,8 +27,8 @@ from simdist.analytic.steptime import reduce_step
 from simdist.spec.scenario import Scenario
 from simdist.validate.training import Case
 
-FITTED = ("gemm", "attention")
-BOUNDS = {"gemm": (0.30, 0.95), "attention": (0.10, 0.95)}
+FITTED = ("gemm", "attention", "fp8_gemm")
+BOUNDS = {"gemm": (0.30, 0.95), "attention": (0.10, 0.95), "fp8_gemm": (0.20, 0.95)}
 COARSE = 5  # points per constant in the coarse grid
 WARM_STEP = 0.02  # first step of a search started from a previous fit
 TOLERANCE = 0.004  # the compass search stops when its step is below this (fraction of peak)
@@ -38,7 +38,7 @@ Efficiency = Mapping[str, float]
 
 def with_efficiency(sc: Scenario, eff: Efficiency) -> Scenario:
     """``sc`` on its GPU with the fitted constants ``eff`` in place of the catalog's. FP8 GEMMs
-    keep the catalog's ratio of FP8 to 16-bit GEMM efficiency."""
+    keep the catalog's ratio of FP8 to 16-bit GEMM efficiency unless ``eff`` fits its own."""
     gpu = sc.cluster.gpu
     old = gpu.efficiency
     new = {**old, **eff}
@@ -92,34 +92,45 @@ def _clip(name: str, x: float) -> float:
 
 
 def fit_constants(cases: Sequence[Case], start: Efficiency | None = None) -> tuple[dict[str, float], float]:
-    """The constants that minimise :func:`objective` over ``cases``: a coarse grid (skipped when
-    ``start`` is given, e.g. the fit on more rows), then a compass search."""
+    """The constants that minimise :func:`objective` over ``cases``: a coarse grid of the GEMM
+    and attention efficiencies (skipped when ``start`` is given, e.g. the fit on more rows),
+    then a compass search. The FP8 GEMM efficiency is fitted only on rows that train in FP8
+    (others do not depend on it), starting from the catalog's FP8 / 16-bit ratio."""
     memo: dict[tuple[float, ...], float] = {}
+    fp8 = any(c.scenario.plan.precision == "fp8" for c in cases)
+    dims = FITTED if fp8 else FITTED[:2]
 
     def score(point: dict[str, float]) -> float:
-        key = tuple(round(point[k], 6) for k in FITTED)
+        key = tuple(round(point[k], 6) for k in dims)
         if key not in memo:
             memo[key] = objective(cases, point)
         return memo[key]
 
+    def with_fp8(point: dict[str, float]) -> dict[str, float]:
+        if not fp8 or "fp8_gemm" in point:
+            return point
+        eff = cases[0].scenario.cluster.gpu.efficiency
+        return {**point, "fp8_gemm": _clip("fp8_gemm", point["gemm"] * eff.get("fp8_gemm", eff["gemm"]) / eff["gemm"])}
+
     if start is None:
-        grids = {k: [lo + (hi - lo) * i / (COARSE - 1) for i in range(COARSE)] for k, (lo, hi) in BOUNDS.items()}
-        points = [{"gemm": g, "attention": a} for g in grids["gemm"] for a in grids["attention"]]
+        grids = {k: [lo + (hi - lo) * i / (COARSE - 1) for i in range(COARSE)]
+                 for k, (lo, hi) in BOUNDS.items()}
+        points = [with_fp8({"gemm": g, "attention": a}) for g in grids["gemm"] for a in grids["attention"]]
         best = min(points, key=score)
         step = max((hi - lo) / (COARSE - 1) for lo, hi in BOUNDS.values()) / 2
     else:
-        best = {k: _clip(k, start[k]) for k in FITTED}
+        best = with_fp8({k: _clip(k, start[k]) for k in dims if k in start})
         step = WARM_STEP
     while step >= TOLERANCE:
         moved = False
-        for k in FITTED:
+        for k in dims:
             for sign in (1, -1):
                 trial = {**best, k: _clip(k, best[k] + sign * step)}
                 if score(trial) < score(best) - 1e-12:
                     best, moved = trial, True
         if not moved:
             step /= 2
-    return {k: round(v, 4) for k, v in best.items()}, score(best)
+    return {k: round(v, 4) for k, v in best.items() if k in dims}, score(best)
 
 
 def fit(cases: Sequence[Case], start: FitResult | None = None, only: Iterable[str] | None = None) -> FitResult:
@@ -138,5 +149,5 @@ def fit(cases: Sequence[Case], start: FitResult | None = None, only: Iterable[st
             continue
         eff, s = fit_constants(rows, start.per_generation.get(gen) if start else None)
         per[gen], scores[gen] = eff, (len(rows), s)
-    pooled = {k: round(sum(e[k] for e in per.values()) / len(per), 4) for k in FITTED} if per else {}
+    pooled = {k: round(sum(e[k] for e in per.values()) / len(per), 4) for k in FITTED[:2]} if per else {}
     return FitResult(per, pooled, scores)
