@@ -24,6 +24,7 @@ adds contention.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from simdist.analytic import nccl as tuning
@@ -259,6 +260,7 @@ class CollectiveCall:
     bytes: float
     calls: int = 1
     seconds: float = 0.0
+    links: str = ""  # "intra" (inside a node) or "inter" (across nodes), once timed
 
     @property
     def total_bytes(self) -> float:
@@ -271,10 +273,14 @@ class CollectiveCall:
 
 
 class CommContext:
-    """Times collectives of one scenario on its cluster (alpha-beta, with the plan's ceilings)."""
+    """Times collectives of one scenario on its cluster: NCCL's choice, the plan's ceilings, and
+    ``slowdown(axis)``, how much slower a transfer runs when every group of the axis runs it at
+    once on shared links (simdist.analytic.fabric; None: never)."""
 
-    def __init__(self, cluster: ClusterSpec, plan: ParallelPlan, net: Network):
+    def __init__(self, cluster: ClusterSpec, plan: ParallelPlan, net: Network,
+                 slowdown: Callable[[str], float] | None = None):
         self.cluster, self.plan, self.net = cluster, plan, net
+        self.slowdown = slowdown
         self._layouts: dict[str, GroupLayout] = {}
 
     def layout(self, axis: str) -> GroupLayout:
@@ -284,12 +290,19 @@ class CommContext:
         return g
 
     def time(self, kind: str, nbytes: float, axis: str) -> float:
-        """One collective over ``axis`` alone on the links."""
-        return collective_time(kind, nbytes, self.layout(axis), self.net, busbw_cap(self.plan, axis))
+        """One collective over ``axis``, its peer groups running it at the same time."""
+        g = self.layout(axis)
+        if g.size <= 1 or nbytes <= 0:
+            return 0.0
+        c = collective_choice(kind, nbytes, g, self.net)
+        t = c.latency_s + c.transfer_s * (self.slowdown(axis) if self.slowdown else 1.0)
+        cap = busbw_cap(self.plan, axis)
+        return max(t, ring_steps(kind, g.size) / g.size * nbytes / cap) if cap > 0 else t
 
     def timed(self, calls: tuple[CollectiveCall, ...]) -> tuple[CollectiveCall, ...]:
-        """``calls`` with the seconds of one call of each filled in."""
-        return tuple(replace(c, seconds=self.time(c.kind, c.bytes, c.axis)) for c in calls)
+        """``calls`` with the seconds of one call of each, and the links it runs on, filled in."""
+        return tuple(replace(c, seconds=self.time(c.kind, c.bytes, c.axis),
+                             links="intra" if self.layout(c.axis).intra_only else "inter") for c in calls)
 
 
 def calls_seconds(calls: tuple[CollectiveCall, ...]) -> float:

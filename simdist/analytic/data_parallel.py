@@ -193,6 +193,14 @@ def _fsdp_under_pipeline(plan: ParallelPlan, n: float, layers: int) -> DataParal
                                post_step_behind_forward=plan.overlap_param_gather)
 
 
+def _seconds_by_links(calls: tuple[CollectiveCall, ...]) -> dict[str, float]:
+    """Seconds of timed ``calls`` per link class (intra-node, inter-node)."""
+    out: dict[str, float] = {}
+    for c in calls:
+        out[c.links] = out.get(c.links, 0.0) + c.total_seconds
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class DataParallelTimes:
     """Exposed DP time of one GPU: per micro-batch (ZeRO-2/3) and once per step."""
@@ -232,13 +240,17 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
     ag_b = calls_seconds(tr.bwd_gathers)
     rs = calls_seconds(tr.microbatch_grad_sync)
     fwd_exp = bwd_exp = 0.0
+    v = plan.virtual_pipeline_stages  # each model chunk runs on its own: its first gather waits
     if tr.fwd_gathers:  # ZeRO-3
         if not plan.overlap_param_gather:
             fwd_exp, bwd_exp = ag_f, ag_b + rs
         else:
-            fwd_exp = prefetch_exposed(ag_f, chunks, t_fwd)
-            # one layer's gather and one layer's reduce-scatter cannot hide
-            bwd_exp = max((ag_f + rs) / chunks, ag_b + rs - t_bwd) if (ag_b + rs) > 0 else 0.0
+            fwd_exp = max(min(v, chunks) * ag_f / chunks, ag_f - t_fwd) if ag_f > 0 else 0.0
+            # one layer's gather and one layer's reduce-scatter per chunk cannot hide; gathers
+            # and reductions on the same links share them, on different links (HSDP's node-local
+            # shard group and cross-node replicas) they run side by side
+            busiest = max(_seconds_by_links(tr.bwd_gathers + tr.microbatch_grad_sync).values(), default=0.0)
+            bwd_exp = max(min(v, chunks) * (ag_f + rs) / chunks, busiest - t_bwd) if (ag_b + rs) > 0 else 0.0
     elif tr.microbatch_grad_sync:  # ZeRO-2
         bwd_exp = prefetch_exposed(rs, chunks, t_bwd)
     step = 0.0

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simdist.analytic.collectives import GroupLayout, Network, collective_time, layout_for_axis
+from simdist.analytic import fabric
+from simdist.analytic.collectives import (
+    GroupLayout,
+    Network,
+    collective_choice,
+    collective_time,
+    layout_for_axis,
+)
 from simdist.analytic.cost import CostModel
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.spec.plan import ParallelPlan
@@ -63,11 +70,15 @@ class OpTimer:
         self.sync_wait = sync_wait_fraction(sc, cost)
 
     def comm(self, op: Comm) -> float:
-        """A TP/CP collective alone on the links its group crosses."""
+        """A TP/CP collective on the links its group crosses, the other groups of the stage
+        running theirs at the same time (simdist.analytic.fabric)."""
         g = self._layouts.get(op.axis)
         if g is None:
             g = self._layouts[op.axis] = layout_for_axis(self.sc.cluster, self.sc.plan, op.axis)
-        return collective_time(op.collective, op.bytes, g, self.net)
+        if g.intra_only or op.collective == "sendrecv":
+            return collective_time(op.collective, op.bytes, g, self.net)
+        c = collective_choice(op.collective, op.bytes, g, self.net)
+        return c.latency_s + c.transfer_s * fabric.slowdown(self.sc.cluster, self.sc.plan, self.net, op.axis)
 
     def passes(self, ops: tuple[Op, ...]) -> PassTime:
         """Sum an op list; a comm hides behind the GEMM it may overlap with."""

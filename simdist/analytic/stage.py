@@ -22,7 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from simdist.analytic.collectives import CommContext, Network, collective_time, layout_for_axis
+from simdist.analytic import fabric
+from simdist.analytic.collectives import (
+    CommContext,
+    Network,
+    collective_choice,
+    collective_time,
+    layout_for_axis,
+)
 from simdist.analytic.compression import compression_kernel_bytes
 from simdist.analytic.cost import CostModel, optimizer_bytes_per_param
 from simdist.analytic.data_parallel import DataParallelTraffic, dp_traffic
@@ -152,7 +159,7 @@ def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True)
     layer = layer_passes(timer)
     embedding = (timer.passes(embedding_ops(m, plan, "fwd")), timer.passes(embedding_ops(m, plan, "bwd")))
     head = (timer.passes(head_ops(m, plan, "fwd")), timer.passes(head_ops(m, plan, "bwd")))
-    ctx = CommContext(sc.cluster, plan, net)
+    ctx = CommContext(sc.cluster, plan, net, lambda axis: fabric.slowdown(sc.cluster, plan, net, axis))
     kinds: list[StageDescription] = []
     index: dict[tuple[Chunk, ...], int] = {}
     kind_of = []
@@ -201,7 +208,9 @@ def pipeline_send(sc: Scenario, net: Network) -> PipelineSend | None:
         return None
     act = m.seq_length // plan.cp * plan.micro_batch_size * m.hidden_size * plan.element_bytes
     sent = act / plan.tp
-    send = collective_time("sendrecv", sent, layout_for_axis(sc.cluster, plan, "pp"), net)
+    choice = collective_choice("sendrecv", sent, layout_for_axis(sc.cluster, plan, "pp"), net)
+    worst = max(fabric.p2p_slowdown(sc.cluster, plan, s, s + 1) for s in range(plan.pp - 1))
+    send = choice.latency_s + choice.transfer_s * worst  # every replica's pair sends at once
     gather = 0.0
     if plan.tp > 1 and not plan.sequence_parallel:
         gather = collective_time("allgather", act, layout_for_axis(sc.cluster, plan, "tp"), net)

@@ -22,7 +22,8 @@ Families (by the row's framework):
   default), two stages per rank for interleaved schedules (its default split), float8 linears with
   tensorwise dynamic scaling;
 - Llama 3 405B pre-training (Meta): FSDP with the optimizer states and gradients sharded (ZeRO-2
-  style), interleaved pipeline, RoCE with 1:7 oversubscription above each 3,072-GPU pod.
+  style), an interleaved pipeline (the paper says so; its chunks per stage are not stated, so
+  they are among the candidates), RoCE with 1:7 oversubscription above each 3,072-GPU pod.
 
 Rows whose family is another (the context-parallel and mixture-of-experts rows, mapped by their
 own module) or that state too little are left to :func:`unsupported`, with the reason.
@@ -122,8 +123,8 @@ def candidates(row: dict[str, str], base: dict[str, Any]) -> list[dict[str, Any]
         return [{}]
     mbs = [None] if row["micro_batch"].strip() else [1, 2, 4, 8]
     pp, layers = base["plan"]["pp"], base["model"]["num_layers"]
-    if family(row) == "llama3":  # Meta's modified interleaved schedule: no even-split rule
-        vs = [v for v in range(1, 9) if pp > 1 and pp * v <= layers] or [1]
+    if family(row) == "llama3":  # interleaved (stated), chunks not stated; Meta's schedule needs no even split
+        vs = [v for v in range(2, 9) if pp > 1 and pp * v <= layers] or [1]
     else:
         # Megatron-LM's interleaved schedule needs the layers to split evenly into pp*v chunks
         # (chunks per stage: the divisors of the layers per stage, up to 24)

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from simdist.analytic import fabric
 from simdist.analytic.collectives import (
     GroupLayout,
     Network,
@@ -41,7 +42,7 @@ from simdist.analytic.collectives import (
     collective_time,
     layout_for_axis,
 )
-from simdist.analytic.param_server import ps_server_count
+from simdist.analytic.param_server import ps_server_count, server_counts
 from simdist.spec import topology as topo
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.plan import RankCoord, rank_coord, rank_of
@@ -82,12 +83,8 @@ def software_resource(rank: int) -> str:
 
 
 def server_nodes(cluster: ClusterSpec, servers: int) -> tuple[int, ...]:
-    """Servers per node: server i sits on node i * nodes // servers, so they spread evenly (one
-    per node by default; as in param_server.ps_traffic, ceil or floor of servers / nodes on each)."""
-    counts = [0] * cluster.num_nodes
-    for i in range(servers):
-        counts[i * cluster.num_nodes // servers] += 1
-    return tuple(counts)
+    """Servers per node (simdist.analytic.param_server.server_counts: spread evenly)."""
+    return server_counts(cluster, servers)
 
 
 def node_nic_links(cluster: ClusterSpec, node: int) -> tuple[str, ...]:
@@ -253,40 +250,11 @@ class LinkModel:
                                              for n, s in enumerate(on_node) if s)
         return FlowTiming(0.0, seconds, loads)
 
-    # --- loads ---
-
-    def _fractions(self, layout: GroupLayout) -> tuple[float, float]:
-        """(NIC, switch-port) use of one rank at the collective's solo speed."""
-        if layout.intra_only:
-            return 0.0, 1.0
-        share = self.net.inter_share(layout)
-        if layout.ranks_per_node == 1:
-            return 1.0, 0.0
-        busbw = min(share, self.net.intra_bw)
-        return busbw / share, busbw / self.net.intra_bw
-
-    def _nic_load(self, rank: int, member: Callable[[RankCoord], bool], f_inter: float) -> float:
-        """Load on ``rank``'s NIC from every member rank that shares it."""
-        c = self.cluster
-        gpn = c.gpus_per_node
-        node, nic = c.node_of(rank), topo.nic_of(c, rank)
-        images = sum(1 for r in range(node * gpn, (node + 1) * gpn)
-                     if topo.nic_of(c, r) == nic and member(rank_coord(r, self.plan)))
-        return images * f_inter * c.nics_per_node / gpn
-
-    def _uplink_load(self, leaf: int, member: Callable[[RankCoord], bool], f_inter: float, cross: float) -> float:
-        """Load on a leaf's uplink: each member rank's NIC traffic times the part leaving the leaf."""
-        c = self.cluster
-        if cross <= 0.0:
-            return 0.0
-        gpn, npl = c.gpus_per_node, c.nodes_per_leaf
-        first, last = leaf * npl * gpn, min(c.num_nodes, (leaf + 1) * npl) * gpn
-        images = sum(1 for r in range(first, last) if member(rank_coord(r, self.plan)))
-        return images * f_inter * cross * c.spine_oversubscription / (gpn * npl)
+    # --- loads (the arithmetic both engines share: simdist.analytic.fabric) ---
 
     def _collective_loads(self, axis: str, stage: int, replicas: tuple[int, ...], layout: GroupLayout) -> Loads:
         c, plan = self.cluster, self.plan
-        f_inter, f_intra = self._fractions(layout)
+        f_inter, f_intra = fabric.fractions(self.net, layout)
         member = self._member(stage, replicas)
         out: dict[LinkKey, float] = {}
         for d in replicas:
@@ -295,11 +263,10 @@ class LinkModel:
                 _add_both(out, topo.port_link(c, rep), f_intra)
             if f_inter <= 0.0:
                 continue
-            _add_both(out, topo.nic_link(c, rep), self._nic_load(rep, member, f_inter), replace_value=True)
-            group = [rep + k * plan.axis_stride(axis) for k in range(plan.axis_size(axis))]
+            _add_both(out, topo.nic_link(c, rep), fabric.nic_load(c, plan, rep, member, f_inter), replace_value=True)
             leaf = topo.leaf_of(c, c.node_of(rep))
-            cross = _leaf_crossing(c, group, leaf)
-            load = self._uplink_load(leaf, member, f_inter, cross)
+            cross = fabric.leaf_crossing(c, fabric.group_ranks(plan, rep, axis), leaf)
+            load = fabric.uplink_load(c, plan, leaf, member, f_inter, cross)
             if load > 0.0:
                 _add_both(out, topo.uplink(c, leaf), load, replace_value=True)
         return tuple(out.items())
@@ -317,9 +284,10 @@ class LinkModel:
             if kind == "intra":
                 out[(link, direction)] = 1.0
             elif kind == "nic":
-                out[(link, direction)] = self._nic_load(end, member, 1.0)
+                out[(link, direction)] = fabric.nic_load(c, self.plan, end, member, 1.0)
             elif kind == "uplink":
-                out[(link, direction)] = self._uplink_load(topo.leaf_of(c, c.node_of(end)), member, 1.0, 1.0)
+                out[(link, direction)] = fabric.uplink_load(c, self.plan, topo.leaf_of(c, c.node_of(end)), member,
+                                                            1.0, 1.0)
         return tuple(out.items())
 
 
@@ -328,14 +296,3 @@ def _add_both(out: dict[LinkKey, float], link: str, load: float, replace_value: 
     for direction in ("up", "down"):
         key = (link, direction)
         out[key] = load if replace_value else out.get(key, 0.0) + load
-
-
-def _leaf_crossing(cluster, group: list[int], leaf: int) -> float:
-    """Part of a member node's ring traffic that leaves ``leaf``: a ring over the group's nodes
-    in order enters and leaves each leaf once, shared by that leaf's member nodes."""
-    nodes = sorted({cluster.node_of(r) for r in group})
-    leaves = {topo.leaf_of(cluster, n) for n in nodes}
-    if len(leaves) <= 1:
-        return 0.0
-    here = sum(1 for n in nodes if topo.leaf_of(cluster, n) == leaf)
-    return 1.0 / max(1, here)
