@@ -33,7 +33,9 @@ def main() -> None:
         errs = log_errors(rows, eff)
         mean = sum(abs(e) for e in errs) / len(errs)
         bias = sum(errs) / len(errs)
-        print(f"{gen}: gemm {eff['gemm']:.3f}, attention {eff['attention']:.3f}  ({len(rows)} runs, "
+        fp8 = sum(1 for c in rows if c.scenario.plan.precision == "fp8")
+        fp8_text = f", fp8_gemm {eff['fp8_gemm']:.3f} ({fp8} FP8 runs)" if "fp8_gemm" in eff else ""
+        print(f"{gen}: gemm {eff['gemm']:.3f}, attention {eff['attention']:.3f}{fp8_text}  ({len(rows)} runs, "
               f"mean |log err| {mean:.3f}, bias {bias:+.3f}, worst {max(abs(e) for e in errs):.3f})")
     if result.pooled:
         print(f"pooled (a generation without runs): gemm {result.pooled['gemm']:.3f}, "
