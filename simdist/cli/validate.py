@@ -40,7 +40,8 @@ def main(args: argparse.Namespace) -> int:
             p = c.scenario.plan
             plan = f"tp{p.tp} pp{p.pp} dp{p.dp} v{p.virtual_pipeline_stages} mb{p.micro_batch_size} z{p.zero_stage} {p.recompute}"
             rows.append([c.run_id, c.label, c.scenario.world_size, plan, c.measured_step_s, r.predicted_s,
-                         f"{r.error:+.1%}", ", ".join(c.tuned) + (" (tuned)" if c.tuned else "")])
+                         f"{r.error:+.1%}", "; ".join(([", ".join(c.tuned) + " (tuned)"] if c.tuned else [])
+                                                      + list(c.defaults))])
         print(table(["run", "model", "GPUs", "plan", "measured s", "predicted s", "error", "unstated"], rows,
                     align="llrlrrrl"))
         print()

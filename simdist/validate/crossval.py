@@ -44,6 +44,9 @@ def predicted_peak_gib(case: Case, fitted: Any = None) -> float:
 
     p = predict(case.scenario, engine="analytic", keep_spans=False)
     reserved = getattr(p, "reserved_gib", None)
+    if reserved is None:
+        per_stage = [getattr(s, "reserved_gib", None) for s in p.per_stage]
+        reserved = max(per_stage) if per_stage and all(v is not None for v in per_stage) else None
     return float(reserved) if reserved is not None else p.peak_gib
 
 

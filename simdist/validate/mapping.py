@@ -116,6 +116,39 @@ def row_to_scenario_dict(row: dict[str, str], plan_overrides: dict[str, Any] | N
     return {"name": f"{row['run_id']} {row['model_name']}", **out}
 
 
+def row_defaults(row: dict[str, str]) -> list[str]:
+    """The unstated values a row takes from its framework's documented defaults (the report's
+    note on the row); unstated values chosen as the fastest are :func:`candidates`'."""
+    fam, out = family(row), []
+    precision = row["precision"].lower()
+    if fam == "nemo":
+        out.append("framework nemo: distributed optimizer, overlaps, sequence parallel / TP overlap with tp > 1")
+        if not row["micro_batch"].strip():
+            out.append("micro_batch_size=1 (NeMo Llama recipes)")
+        out.append("recompute=none (NeMo performance recipes)")
+        if model_preset(row):
+            out.append(f"dimensions of the {model_preset(row)} preset (its config.json)")
+        if "fp8" in precision and "cs" not in precision:
+            out.append("fp8_recipe: Transformer Engine's default (delayed scaling on H100)")
+    elif fam == "torchtitan":
+        out.append("framework torchtitan: FSDP2, per-op selective AC, sequence parallel with TP")
+        if not row["seq_len"].strip():
+            out.append("seq_length=8192 (torchtitan llama3 train configs)")
+        if not row["global_batch"].strip():
+            out.append("global_batch_size = local batch x dp (no gradient accumulation)")
+        if (cell_int(row["pp"]) or 1) > 1 and not row["micro_batch"].strip():
+            out.append("pp micro-batches per local batch (torchtitan default)")
+        if "Interleaved" in row["notes"]:
+            out.append("2 stages per rank (torchtitan's default split)")
+        if "fp8" in precision:
+            out.append("fp8_recipe: torchao tensorwise (torchtitan's float8 default)")
+        out.append("torch.compile and the 500 W power limit not modelled")
+    elif fam == "llama3":
+        out.append("framework pytorch: FSDP with optimizer and gradients sharded (zero_stage 2)")
+        out.append("global batch = 16M tokens / seq_len; no recompute (paper)")
+    return out
+
+
 def candidates(row: dict[str, str], base: dict[str, Any]) -> list[dict[str, Any]]:
     """Unstated micro-batch size and interleaving of the older rows: the usual choices. The
     rows of frameworks with documented defaults (NeMo, torchtitan) have none."""

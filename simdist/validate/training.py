@@ -21,7 +21,7 @@ from pathlib import Path
 from simdist.analytic.flops import megatron_flops_per_step, model_flops_per_step
 from simdist.errors import ScenarioError
 from simdist.spec.scenario import Scenario, scenario_from_dict
-from simdist.validate.mapping import candidates, row_to_scenario_dict, unsupported
+from simdist.validate.mapping import candidates, row_defaults, row_to_scenario_dict, unsupported
 from simdist.validate.rows import cell_float, data_dir, error_summary, read_csv
 
 __all__ = ["Case", "Result", "build_cases", "candidates", "row_to_scenario_dict", "run_training", "summarize",
@@ -42,6 +42,7 @@ class Case:
     # them): cross-validation picks among them again with its refitted constants
     options: tuple[tuple[Scenario, tuple[str, ...]], ...] = ()
     measured_peak_gib: float | None = None  # the row's published peak memory per GPU, if any
+    defaults: tuple[str, ...] = ()  # unstated values taken from the framework's documented defaults
 
     @property
     def gpu_generation(self) -> str:
@@ -106,7 +107,7 @@ def build_cases(data: str | Path | None = None) -> tuple[list[Case], list[tuple[
             skipped.append((rid, "no step time or TFLOP/s"))
             continue
         cases.append(Case(rid, row["source"], row["model_name"], meas[0], meas[1], sc, tuned, options,
-                          cell_float(row.get("measured_peak_mem_gib"))))
+                          cell_float(row.get("measured_peak_mem_gib")), tuple(row_defaults(row))))
     return cases, skipped
 
 
