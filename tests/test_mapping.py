@@ -78,3 +78,29 @@ def test_megatron_framework_is_megatron_lm_argument_defaults():
     assert meg.fp32_grad_accumulation and not none.fp32_grad_accumulation  # bf16 forces fp32 main grads
     ds = scenario_from_dict({**base, "plan": {"framework": "deepspeed", "zero_stage": 3, "global_batch_size": 64}})
     assert ds.plan.zero3_fetch == "module"
+
+
+def test_another_module_maps_its_rows_through_the_hook(monkeypatch):
+    """A row family mapped elsewhere (context parallel here) answers through ROW_MAPPERS."""
+    from simdist.validate import mapping
+
+    class CPRows:
+        def handles(self, row):
+            return row["run_id"] == "R0149"
+
+        def unsupported(self, row):
+            return []
+
+        def row_to_scenario_dict(self, row, plan_overrides):
+            d = mapping._torchtitan({**row, "cp": "1", "dp": "8"})  # as if cp were mapped
+            d["plan"].update(plan_overrides or {})
+            return {"name": "cp row", **d}
+
+        def candidates(self, row, base):
+            return [{}]
+
+    row = ROWS["R0149"]
+    assert any(r.startswith("context parallel") for r in unsupported(row))
+    monkeypatch.setattr(mapping, "ROW_MAPPERS", [CPRows()])
+    assert unsupported(row) == [] and candidates(row, {}) == [{}]
+    assert scenario_from_dict(row_to_scenario_dict(row)).name == "cp row"

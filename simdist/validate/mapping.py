@@ -26,13 +26,15 @@ Families (by the row's framework):
   they are among the candidates), RoCE with 1:7 oversubscription above each 3,072-GPU pod.
 
 Rows whose family is another (the context-parallel and mixture-of-experts rows, mapped by their
-own module) or that state too little are left to :func:`unsupported`, with the reason.
+own module) or that state too little are left to :func:`unsupported`, with the reason. Another
+module maps its rows by adding a :class:`RowMapper` to :data:`ROW_MAPPERS`: the first mapper
+whose ``handles(row)`` is true answers all three questions for that row.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Protocol
 
 from simdist.validate.rows import cell_float, cell_int
 
@@ -55,6 +57,22 @@ MAPPED_FRAMEWORKS = ("MosaicML", "Megatron-LM", "Megatron-Core", "Megatron-Bridg
                      "Meta internal")
 
 
+class RowMapper(Protocol):
+    """What a module that maps its own rows provides (see :data:`ROW_MAPPERS`)."""
+
+    def handles(self, row: dict[str, str]) -> bool: ...
+    def unsupported(self, row: dict[str, str]) -> list[str]: ...
+    def row_to_scenario_dict(self, row: dict[str, str], plan_overrides: dict[str, Any] | None) -> dict[str, Any]: ...
+    def candidates(self, row: dict[str, str], base: dict[str, Any]) -> list[dict[str, Any]]: ...
+
+
+ROW_MAPPERS: list[RowMapper] = []  # e.g. the mixture-of-experts / context-parallel rows' module
+
+
+def _mapper(row: dict[str, str]) -> RowMapper | None:
+    return next((m for m in ROW_MAPPERS if m.handles(row)), None)
+
+
 def family(row: dict[str, str]) -> str:
     fw = row["framework"]
     for prefix, name in (("MosaicML", "mosaic"), ("Megatron-LM", "megatron-lm"), ("Megatron-Core", "megatron-core"),
@@ -73,6 +91,8 @@ def model_preset(row: dict[str, str]) -> str | None:
 
 def unsupported(row: dict[str, str]) -> list[str]:
     """Why a row cannot be predicted yet (empty: it can), one "kind: detail" reason each."""
+    if (mapper := _mapper(row)) is not None:
+        return mapper.unsupported(row)
     why = []
     fam = family(row)
     if not all(row[k].strip() for k in ("layers", "hidden", "heads")) and model_preset(row) is None:
@@ -103,6 +123,8 @@ def unsupported(row: dict[str, str]) -> list[str]:
 
 
 def row_to_scenario_dict(row: dict[str, str], plan_overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    if (mapper := _mapper(row)) is not None:
+        return mapper.row_to_scenario_dict(row, plan_overrides)
     fam = family(row)
     if fam == "nemo":
         out = _nemo(row)
@@ -152,6 +174,8 @@ def row_defaults(row: dict[str, str]) -> list[str]:
 def candidates(row: dict[str, str], base: dict[str, Any]) -> list[dict[str, Any]]:
     """Unstated micro-batch size and interleaving of the older rows: the usual choices. The
     rows of frameworks with documented defaults (NeMo, torchtitan) have none."""
+    if (mapper := _mapper(row)) is not None:
+        return mapper.candidates(row, base)
     if family(row) in ("nemo", "torchtitan"):
         return [{}]
     mbs = [None] if row["micro_batch"].strip() else [1, 2, 4, 8]
