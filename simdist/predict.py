@@ -10,6 +10,7 @@ from simdist.analytic.allocation_trace import LazyStageGaps
 from simdist.analytic.collectives import Network, busbw_cap
 from simdist.analytic.compression import compression_ratio, keeps_residual
 from simdist.analytic.cost import CostModel
+from simdist.analytic.explain import step_lines
 from simdist.analytic.flops import model_flops_per_step, recompute_flops_per_step
 from simdist.analytic.memory import StageMemory
 from simdist.analytic.memory_report import memory_assumption
@@ -49,7 +50,7 @@ def predict(
     plan, model, cluster = scenario.plan, scenario.model, scenario.cluster
     cost = CostModel(cluster.gpu, plan.precision, profile)
     described = describe(scenario, cost, Network.of(cluster, profile))
-    assumptions = _assumptions(scenario, profile)
+    assumptions = _assumptions(scenario, profile) + step_lines(described)
     assumptions += [f"not simulated yet: {n.field} ({n.instead})" for n in unsimulated]
 
     result: StepResult

@@ -9,7 +9,7 @@ import pytest
 from param_count import attention_params as mla_reference
 from param_count import ffn_params
 
-from simdist.analytic.collectives import Network, alltoall_time, layout_for_axis
+from simdist.analytic.collectives import Network, collective_time, layout_for_axis
 from simdist.analytic.context import kv_block_bytes
 from simdist.analytic.flops import model_flops_per_token
 from simdist.analytic.memory import model_state_bytes
@@ -137,8 +137,8 @@ def test_dispatch_bytes_and_alltoall_on_the_topology():
     one_node = layout_for_axis(make("qwen3-30b-a3b", nodes=1, ep=8).cluster, make("qwen3-30b-a3b", nodes=1, ep=8).plan, "ep")
     s = dispatch_bytes(m, plan)
     # half the copies leave the node through the NICs, a quarter of NVLink's speed each
-    assert alltoall_time(s, g, net) == pytest.approx(net.inter_latency + 8 / 16 * s / (net.inter_bw_node / 8))
-    assert alltoall_time(s, one_node, net) < alltoall_time(s, g, net) / 4
+    assert collective_time("alltoall", s, g, net) == pytest.approx(net.inter_latency + 8 / 16 * s / (net.inter_bw_node / 8))
+    assert collective_time("alltoall", s, one_node, net) < collective_time("alltoall", s, g, net) / 4
     flex = make("qwen3-30b-a3b", nodes=2, ep=16, moe_dispatcher="flex")
     # 8 of 128 experts among 64 per node: a token reaches the other node ~once, against 4 copies
     assert wire_factor(flex.model, flex.plan, g) == pytest.approx((1 - math.comb(64, 8) / math.comb(128, 8)) / 4)

@@ -119,8 +119,8 @@ def test_deepseek_v3_on_1024_h100_the_public_megatron_bridge_plan():
                   "global_batch_size": 8192, "precision": "fp8", "fp8_recipe": "blockwise", "framework": "megatron"}}
     sc = scenario_from_dict(d)
     assert (sc.plan.dp, sc.plan.expert_dp, sc.model.moe_layers) == (64, 2, 58)
-    # experts, MLA and MTP are simulated (issue 16); the FP8 recipe and framework defaults not yet
-    assert {n.field for n in not_simulated(sc)} == {"plan.fp8_recipe", "plan.framework"}
+    # experts, MLA, MTP, the FP8 recipe and the framework's defaults are simulated (issues 15, 16)
+    assert not_simulated(sc) == []
     assert not any(n.blocking for n in not_simulated(sc))
 
 

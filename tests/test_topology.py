@@ -64,7 +64,7 @@ def test_graph_shape_and_attributes() -> None:
     assert sum(1 for _, d in g.nodes(data=True) if d["kind"] == "leaf") == 2
     edge = g.edges["nic0.0", "leaf0"]
     assert edge["bandwidth_bytes_per_s"] == pytest.approx(25e9)  # HDR 200 Gb/s
-    assert edge["latency_s"] == pytest.approx(5e-6)
+    assert edge["latency_s"] == pytest.approx(c.inter_node.latency_s)
     assert g.edges["gpu0", "nvswitch0"]["bandwidth_bytes_per_s"] == pytest.approx(300e9)
     assert g.edges["leaf0", "spine"]["bandwidth_bytes_per_s"] == pytest.approx(32 * 8 * 25e9)
 

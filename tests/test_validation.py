@@ -118,10 +118,11 @@ def test_every_row_is_predicted_or_skipped_with_a_reason(report):
 
 
 @pytest.mark.parametrize(("run_id", "kind"), [  # MoE and CP rows: tests/test_moe_cp.py
-    ("R0124", "FP8 recipe"),  # FP8 current scaling (FP8-CS)
-    ("R0147", "FP8 recipe"),  # torchtitan Float8 linears
+    ("R0081", "plan (tp/pp) not stated"),  # NeMo's best configuration without CP, not stated
     ("R0057", "plan (tp/pp) not stated"),
-    ("R0145", "framework not mapped"),  # torchtitan
+    ("R0102", "LoRA fine-tuning"),
+    ("R0130", "precision not stated"),
+    ("R0441", "framework not mapped"),  # metaseq
 ])
 def test_rows_the_simulator_cannot_express_yet_say_why(report, run_id, kind):
     reasons = dict(report[2])[run_id].split("; ")

@@ -1,10 +1,12 @@
 """Fit the catalog's starting efficiencies (large-GEMM and fused-attention fractions of peak)
-per GPU to the public validation runs, and print them with the fit's residuals.
+per GPU generation to the public validation runs, and print them with the fit's residuals.
 
 This is the calibration step the catalog's `efficiency` figures come from: one pair of numbers
-per GPU generation, fitted over every public run on that GPU (dozens of runs, several
-frameworks, model sizes and sequence lengths), never per run. Run it after changing the cost
-model, then copy the printed figures into simdist/catalog/gpus.yaml by hand.
+per GPU generation, fitted over every public run on it (dozens of runs, several frameworks,
+model sizes and sequence lengths), never per run. Run it after changing the cost model, then
+copy the printed figures into simdist/catalog/gpus.yaml by hand. The fit itself is
+simdist.validate.fit (coarse grid, then compass search); `simdist validate --cv` refits it
+without each source group to score what it does on runs it was not fitted to.
 
     python tools/fit_efficiencies.py [--data DIR]
 """
@@ -12,43 +14,32 @@ model, then copy the printed figures into simdist/catalog/gpus.yaml by hand.
 from __future__ import annotations
 
 import argparse
-import math
-from dataclasses import replace
-
-from simdist.predict import predict
-from simdist.validate import build_cases
-
-GEMM = [round(0.40 + 0.025 * i, 3) for i in range(23)]
-ATTN = [round(0.10 + 0.025 * i, 3) for i in range(27)]
+import sys
+from pathlib import Path
 
 
 def main() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from simdist.validate.fit import fit, log_errors
+    from simdist.validate.training import build_cases
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", help="validation data folder (default: the copy shipped with simdist)")
     args = ap.parse_args()
     cases, _ = build_cases(args.data)
-    by_gpu: dict[str, list] = {}
-    for c in cases:
-        by_gpu.setdefault(c.scenario.cluster.gpu.name, []).append(c)
-    for gpu, group in sorted(by_gpu.items()):
-        best = None
-        for g in GEMM:
-            for a in ATTN:
-                errs = []
-                for c in group:
-                    sc = c.scenario
-                    eff = {**sc.cluster.gpu.efficiency, "gemm": g, "attention": a}
-                    if "fp8_gemm" in eff:
-                        eff["fp8_gemm"] = g * sc.cluster.gpu.efficiency["fp8_gemm"] / sc.cluster.gpu.efficiency["gemm"]
-                    gpu_spec = replace(sc.cluster.gpu, efficiency=eff)
-                    sc2 = replace(sc, cluster=replace(sc.cluster, gpu=gpu_spec))
-                    t = predict(sc2, engine="analytic", keep_spans=False).step_time_s
-                    errs.append(math.log(t / c.measured_step_s))
-                score = sum(abs(e) for e in errs) / len(errs)
-                if best is None or score < best[0]:
-                    best = (score, g, a, sum(errs) / len(errs))
-        assert best
-        print(f"{gpu}: gemm {best[1]}, attention {best[2]}  ({len(group)} runs, mean |log err| {best[0]:.3f}, bias {best[3]:+.3f})")
+    result = fit(cases)
+    for gen, eff in result.per_generation.items():
+        rows = [c for c in cases if c.gpu_generation == gen]
+        errs = log_errors(rows, eff)
+        mean = sum(abs(e) for e in errs) / len(errs)
+        bias = sum(errs) / len(errs)
+        fp8 = sum(1 for c in rows if c.scenario.plan.precision == "fp8")
+        fp8_text = f", fp8_gemm {eff['fp8_gemm']:.3f} ({fp8} FP8 runs)" if "fp8_gemm" in eff else ""
+        print(f"{gen}: gemm {eff['gemm']:.3f}, attention {eff['attention']:.3f}{fp8_text}  ({len(rows)} runs, "
+              f"mean |log err| {mean:.3f}, bias {bias:+.3f}, worst {max(abs(e) for e in errs):.3f})")
+    if result.pooled:
+        print(f"pooled (a generation without runs): gemm {result.pooled['gemm']:.3f}, "
+              f"attention {result.pooled['attention']:.3f}")
 
 
 if __name__ == "__main__":

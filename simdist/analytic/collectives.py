@@ -1,10 +1,12 @@
-"""Collective times on the cluster's links: ring, tree, hierarchical and in-switch (NVLS).
+"""Collective times on the cluster's links: the algorithm and protocol NCCL's tuning model picks
+(ring, tree, PAT, NVLS, NVLS tree, CollNet x LL, LL128, Simple; :mod:`simdist.analytic.nccl`),
+on the bus bandwidth the links give a Simple ring.
 
-time = steps x latency + bytes on the busiest link / achieved bandwidth (the alpha-beta model),
-with the bus-bandwidth factors of nccl-tests (doc/PERFORMANCE.md): an all-reduce moves
+The ring's bus bandwidth follows nccl-tests (doc/PERFORMANCE.md): an all-reduce moves
 2(n-1)/n x S over each rank's link, all-gather and reduce-scatter (n-1)/n x S. Across nodes, a
 ring's inter-node edges run through the NICs, so its bus bandwidth is the node's NIC bandwidth
-shared by the ranks of that node that communicate at the same time.
+shared by the ranks of that node that communicate at the same time. A calibration profile's
+measured links (gloo on CPU) keep the plain alpha-beta model: steps x latency + bytes / busbw.
 
 Achieved-bandwidth factors (fraction of line rate), from the NCCL maintainers' figures in
 tests/data/validation/collectives.csv: A100 NVSwitch ring ~230 of 300 GB/s (nccl-tests #149),
@@ -12,7 +14,8 @@ H100 ring ~370 of 450 GB/s (nccl-tests #212), H100 NVLS all-reduce algbw ~275 GB
 HDR ~24 of 25 GB/s per NIC (nccl #412), NDR 46-48 of 50 GB/s per NIC (nccl-tests #290).
 
 What this module offers the rest: :class:`Network` (achieved bandwidth and latency of the two
-link levels), :func:`collective_time` (one collective alone on the links), and for the
+link levels), :func:`collective_time` and :func:`collective_choice` (one collective alone on the
+links, and how NCCL runs it), and for the
 per-stage description :class:`CollectiveCall` (calls of one collective over a plan axis) timed
 by :class:`CommContext`. The event engine's network backend starts from the same solo times and
 adds contention.
@@ -21,8 +24,10 @@ adds contention.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from simdist.analytic import nccl as tuning
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.groups import GROUP_AXES, group_ranks
 from simdist.spec.plan import ParallelPlan
@@ -93,9 +98,14 @@ def layout_of_ranks(cluster: ClusterSpec, ranks: tuple[int, ...]) -> GroupLayout
     return GroupLayout(len(ranks), max(per.values()), len(per), cluster.gpus_per_node)
 
 
+INTRA_CLASS = {"nvswitch": "nvlink", "nvlink": "nvlink", "pcie": "pci", "loopback": "pci"}
+
+
 @dataclass(frozen=True)
 class Network:
-    """Achieved bandwidth and latency of the two link levels, from the catalog or a profile."""
+    """Achieved bandwidth and latency of the two link levels, from the catalog or a profile, and
+    what NCCL's tuning model needs (``nccl``: collectives priced by :mod:`simdist.analytic.nccl`;
+    off when a calibration profile measured the links, whose library runs its own algorithm)."""
 
     intra_bw: float  # per GPU per direction, achieved
     intra_latency: float
@@ -106,6 +116,11 @@ class Network:
     # per collective kind (latency, bandwidth) inside a node, from a calibration profile whose
     # library (gloo on CPU) runs each kind with its own algorithm
     intra_by_kind: tuple[tuple[str, float, float], ...] = ()
+    nccl: bool = False
+    intra_class: str = "nvlink"  # NCCL's hardware class of the intra-node link: nvlink | pci
+    collnet: bool = False  # SHARP in-network reduction (NCCL CollNet)
+    algorithms: frozenset[str] = frozenset(tuning.ALGORITHMS)
+    protocols: frozenset[str] = frozenset(tuning.PROTOCOLS)
 
     @classmethod
     def of(cls, cluster: ClusterSpec, profile: CalibrationProfile | None = None) -> Network:
@@ -113,19 +128,26 @@ class Network:
         intra_bw = intra.bandwidth_bytes_per_s * LINK_EFFICIENCY.get(intra.kind, 0.8)
         inter_bw = cluster.node_injection_bytes_per_s * LINK_EFFICIENCY.get(inter.kind, 0.85)
         intra_lat, inter_lat = intra.latency_s, inter.latency_s
+        measured = False
         if profile:
             if "intra" in profile.links:
                 intra_bw = profile.links["intra"].bandwidth_bytes_per_s
                 intra_lat = profile.links["intra"].latency_s
+                measured = True
             if "inter" in profile.links:
                 inter_bw = profile.links["inter"].bandwidth_bytes_per_s * cluster.nics_per_node
                 inter_lat = profile.links["inter"].latency_s
+                measured = True
         by_kind: tuple[tuple[str, float, float], ...] = ()
         if profile:
             by_kind = tuple((k.split(".", 1)[1], v.latency_s, v.bandwidth_bytes_per_s)
                             for k, v in profile.links.items() if k.startswith("intra."))
+            measured = measured or bool(by_kind)
         return cls(intra_bw, intra_lat, inter_bw, inter_lat,
-                   cluster.in_switch_reduction, intra.bandwidth_bytes_per_s, by_kind)
+                   cluster.in_switch_reduction, intra.bandwidth_bytes_per_s, by_kind,
+                   nccl=not measured, intra_class=INTRA_CLASS.get(intra.kind, "pci"),
+                   collnet=cluster.in_network_reduction, algorithms=cluster.nccl_algorithm_set,
+                   protocols=cluster.nccl_protocol_set)
 
     def intra(self, kind: str) -> tuple[float, float]:
         """(latency, bandwidth) of ``kind`` inside a node."""
@@ -138,20 +160,54 @@ class Network:
         """NIC bandwidth available to one rank's ring edge when the node's ranks all talk."""
         return self.inter_bw_node * g.ranks_per_node / g.concurrent_per_node
 
+    def ring_busbw(self, kind: str, g: GroupLayout) -> float:
+        """Bus bandwidth of a Simple ring over ``g``: NVLink inside a node; across nodes the NIC
+        share, or NVLink if slower when several ranks of a node take part."""
+        if g.intra_only:
+            return self.intra(kind)[1]
+        busbw = self.inter_share(g)
+        return min(busbw, self.intra_bw) if g.ranks_per_node > 1 else busbw
+
+    def nccl_links(self, kind: str, g: GroupLayout) -> tuning.Links:
+        """What NCCL's tuning model needs about group ``g`` on these links."""
+        return tuning.Links(g.size, g.nodes, self.intra_class, self.ring_busbw(kind, g), self.intra_latency,
+                          self.inter_latency, nvls=self.nvls, nvls_algbw=self.intra_line_rate * NVLS_EFFICIENCY,
+                          collnet=self.collnet, ll128=self.intra_class == "nvlink", enabled=self.algorithms,
+                          protocols=self.protocols)
+
 
 def collective_time(kind: str, nbytes: float, g: GroupLayout, net: Network, busbw_cap: float = 0.0) -> float:
-    """Seconds for one collective of buffer size ``nbytes`` (nccl-tests' S) over group ``g``;
-    the fastest algorithm NCCL could pick (ring, tree, hierarchical, NVLS).
+    """Seconds for one collective of buffer size ``nbytes`` (nccl-tests' S) over group ``g``:
+    the algorithm and protocol NCCL's tuning model picks (:func:`collective_choice`).
 
     ``busbw_cap`` (bytes/s, 0 = none) is a ceiling on the bus bandwidth that the software issuing
     the collective reaches, whatever the links could carry (see :func:`busbw_cap`)."""
     n = g.size
     if n <= 1 or nbytes <= 0:
         return 0.0
-    t = _network_time(kind, nbytes, g, net)
+    t = collective_choice(kind, nbytes, g, net).seconds
     if busbw_cap > 0:
         t = max(t, ring_steps(kind, n) / n * nbytes / busbw_cap)
     return t
+
+
+def collective_choice(kind: str, nbytes: float, g: GroupLayout, net: Network) -> tuning.Choice:
+    """How one collective runs alone on the links: its algorithm, protocol, latency and
+    transfer time. Point-to-point kinds (sendrecv, all-to-all: grouped sends; broadcast as a ring
+    all-gather) and networks measured by a calibration profile use the alpha-beta ring;
+    NCCL's collectives its tuning model (:mod:`simdist.analytic.nccl`)."""
+    if g.size <= 1 or nbytes <= 0:
+        return tuning.Choice("none", "", 0.0, 0.0)
+    if kind == "sendrecv":
+        lat, bw = net.intra("sendrecv") if g.intra_only else (net.inter_latency, net.inter_share(g))
+        return tuning.Choice("p2p", "Simple", lat, nbytes / bw)
+    if kind == "alltoall":  # grouped sends and receives, not one of NCCL's tuned collectives
+        return tuning.Choice("p2p", "Simple", *alltoall_parts(nbytes, g, net))
+    if kind == "broadcast":
+        kind, nbytes = "allgather", nbytes * g.size
+    if net.nccl:
+        return tuning.choose(net.nccl_links(kind, g), kind, nbytes)
+    return _measured_choice(kind, nbytes, g, net)
 
 
 def ring_steps(kind: str, n: int) -> int:
@@ -159,41 +215,30 @@ def ring_steps(kind: str, n: int) -> int:
     return 2 * (n - 1) if kind == "allreduce" else n - 1
 
 
-def _network_time(kind: str, nbytes: float, g: GroupLayout, net: Network) -> float:
-    n = g.size
-    if kind == "sendrecv":
-        lat, bw = net.intra("sendrecv") if g.intra_only else (net.inter_latency, net.inter_share(g))
-        return lat + nbytes / bw
-    if kind == "broadcast":
-        return ring_time("allgather", nbytes * n, g, net)
-    if kind == "alltoall":
-        return alltoall_time(nbytes, g, net)
-    times = [ring_time(kind, nbytes, g, net)]
+def _measured_choice(kind: str, nbytes: float, g: GroupLayout, net: Network) -> tuning.Choice:
+    """Alpha-beta on links a calibration profile measured (or a network built by hand): the
+    ring, and for all-reduce the tree, the hierarchical pattern and NVLS where they are faster."""
+    options = [("ring", ring_parts(kind, nbytes, g, net))]
     if kind == "allreduce":
         if g.intra_only and net.nvls:
-            times.append(2 * net.intra_latency + nbytes / (net.intra_line_rate * NVLS_EFFICIENCY))
+            options.append(("nvls", (2 * net.intra_latency, nbytes / (net.intra_line_rate * NVLS_EFFICIENCY))))
         if not g.intra_only:
-            times.append(tree_allreduce_time(nbytes, g, net))
+            options.append(("tree", tree_allreduce_parts(nbytes, g, net)))
             if g.ranks_per_node > 1:
-                times.append(hierarchical_allreduce_time(nbytes, g, net))
-    return min(times)
+                options.append(("hierarchical", hierarchical_allreduce_parts(nbytes, g, net)))
+    name, (lat, xfer) = min(options, key=lambda o: sum(o[1]))
+    return tuning.Choice(name, "measured", lat, xfer)
 
 
-def ring_time(kind: str, nbytes: float, g: GroupLayout, net: Network) -> float:
+def ring_parts(kind: str, nbytes: float, g: GroupLayout, net: Network) -> tuple[float, float]:
+    """(latency, transfer) of an alpha-beta ring: steps x latency + (steps/n) S / busbw."""
     n = g.size
     steps = ring_steps(kind, n)
-    factor = steps / n
-    if g.intra_only:
-        lat, busbw = net.intra(kind)
-    else:
-        busbw = net.inter_share(g)
-        if g.ranks_per_node > 1:
-            busbw = min(busbw, net.intra_bw)
-        lat = net.inter_latency
-    return steps * lat + factor * nbytes / busbw
+    lat = net.intra(kind)[0] if g.intra_only else net.inter_latency
+    return steps * lat, steps / n * nbytes / net.ring_busbw(kind, g)
 
 
-def alltoall_time(nbytes: float, g: GroupLayout, net: Network) -> float:
+def alltoall_parts(nbytes: float, g: GroupLayout, net: Network) -> tuple[float, float]:
     """All-to-all of S = ``nbytes`` per rank (S/n to every peer): the (g-1)/n part for peers on
     the rank's node over NVLink and the (n-g)/n part for the other nodes through the NICs, at
     once (NCCL's all-to-all is one grouped send/receive per peer; the expert dispatchers of
@@ -202,29 +247,27 @@ def alltoall_time(nbytes: float, g: GroupLayout, net: Network) -> float:
     n, gpn = g.size, g.ranks_per_node
     intra = (gpn - 1) / n * nbytes / net.intra("alltoall")[1]
     if g.intra_only:
-        return net.intra("alltoall")[0] + intra
+        return net.intra("alltoall")[0], intra
     inter = (n - gpn) / n * nbytes / (net.inter_bw_node / g.concurrent_per_node)
-    return net.inter_latency + max(intra, inter)
+    return net.inter_latency, max(intra, inter)
 
 
-def tree_allreduce_time(nbytes: float, g: GroupLayout, net: Network) -> float:
-    """NCCL's double binary tree across nodes (chain inside each node): log-depth latency,
-    about the ring's bandwidth for large messages (NCCL 2.4 release notes / NVIDIA blog)."""
+def tree_allreduce_parts(nbytes: float, g: GroupLayout, net: Network) -> tuple[float, float]:
+    """Double binary tree across nodes (chain inside each node): log-depth latency, about the
+    ring's bandwidth for large messages (NCCL 2.4 release notes / NVIDIA blog)."""
     depth = math.ceil(math.log2(g.nodes)) + (g.ranks_per_node - 1)
-    busbw = net.inter_share(g)
-    if g.ranks_per_node > 1:
-        busbw = min(busbw, net.intra_bw)
-    return 2 * depth * net.inter_latency + 2 * nbytes / busbw
+    return 2 * depth * net.inter_latency, 2 * nbytes / net.ring_busbw("allreduce", g)
 
 
-def hierarchical_allreduce_time(nbytes: float, g: GroupLayout, net: Network) -> float:
+def hierarchical_allreduce_parts(nbytes: float, g: GroupLayout, net: Network) -> tuple[float, float]:
     """Reduce-scatter inside each node, all-reduce of 1/g of the data across nodes, all-gather
     inside the node (the NVLS-tree / 2D pattern)."""
     intra = GroupLayout(g.ranks_per_node, g.ranks_per_node, 1, g.concurrent_per_node)
     inter = GroupLayout(g.nodes, 1, g.nodes, g.concurrent_per_node)
     part = nbytes / g.ranks_per_node
-    cross = min(ring_time("allreduce", part, inter, net), tree_allreduce_time(part, inter, net))
-    return ring_time("reducescatter", nbytes, intra, net) + cross + ring_time("allgather", nbytes, intra, net)
+    cross = min((ring_parts("allreduce", part, inter, net), tree_allreduce_parts(part, inter, net)), key=sum)
+    rs, ag = ring_parts("reducescatter", nbytes, intra, net), ring_parts("allgather", nbytes, intra, net)
+    return rs[0] + cross[0] + ag[0], rs[1] + cross[1] + ag[1]
 
 
 # --- calls of the plan's collectives, timed ---------------------------------------------------
@@ -242,6 +285,7 @@ class CollectiveCall:
     bytes: float
     calls: int = 1
     seconds: float = 0.0
+    links: str = ""  # "intra" (inside a node) or "inter" (across nodes), once timed
 
     @property
     def total_bytes(self) -> float:
@@ -254,10 +298,14 @@ class CollectiveCall:
 
 
 class CommContext:
-    """Times collectives of one scenario on its cluster (alpha-beta, with the plan's ceilings)."""
+    """Times collectives of one scenario on its cluster: NCCL's choice, the plan's ceilings, and
+    ``slowdown(axis)``, how much slower a transfer runs when every group of the axis runs it at
+    once on shared links (simdist.analytic.fabric; None: never)."""
 
-    def __init__(self, cluster: ClusterSpec, plan: ParallelPlan, net: Network):
+    def __init__(self, cluster: ClusterSpec, plan: ParallelPlan, net: Network,
+                 slowdown: Callable[[str], float] | None = None):
         self.cluster, self.plan, self.net = cluster, plan, net
+        self.slowdown = slowdown
         self._layouts: dict[str, GroupLayout] = {}
 
     def layout(self, axis: str) -> GroupLayout:
@@ -267,12 +315,19 @@ class CommContext:
         return g
 
     def time(self, kind: str, nbytes: float, axis: str) -> float:
-        """One collective over ``axis`` alone on the links."""
-        return collective_time(kind, nbytes, self.layout(axis), self.net, busbw_cap(self.plan, axis))
+        """One collective over ``axis``, its peer groups running it at the same time."""
+        g = self.layout(axis)
+        if g.size <= 1 or nbytes <= 0:
+            return 0.0
+        c = collective_choice(kind, nbytes, g, self.net)
+        t = c.latency_s + c.transfer_s * (self.slowdown(axis) if self.slowdown else 1.0)
+        cap = busbw_cap(self.plan, axis)
+        return max(t, ring_steps(kind, g.size) / g.size * nbytes / cap) if cap > 0 else t
 
     def timed(self, calls: tuple[CollectiveCall, ...]) -> tuple[CollectiveCall, ...]:
-        """``calls`` with the seconds of one call of each filled in."""
-        return tuple(replace(c, seconds=self.time(c.kind, c.bytes, c.axis)) for c in calls)
+        """``calls`` with the seconds of one call of each, and the links it runs on, filled in."""
+        return tuple(replace(c, seconds=self.time(c.kind, c.bytes, c.axis),
+                             links="intra" if self.layout(c.axis).intra_only else "inter") for c in calls)
 
 
 def calls_seconds(calls: tuple[CollectiveCall, ...]) -> float:

@@ -13,6 +13,7 @@ and wave quantization and arithmetic intensity).
 
 from __future__ import annotations
 
+import functools
 import math
 
 from simdist.analytic.ops import Compute
@@ -27,6 +28,7 @@ _SEQ_HALF = 384  # FlashAttention: sequence length at which a kernel reaches hal
 KERNEL_OVERHEAD_S = 4e-6  # launch gap between dependent kernels on a busy stream
 
 
+@functools.lru_cache(maxsize=65536)
 def gemm_shape_efficiency(m: int, n: int, k: int, sms: int, batch: int = 1) -> float:
     """Fraction of a GPU's large-GEMM efficiency that a (m x k)(k x n) GEMM reaches."""
     best = 0.0
@@ -54,9 +56,18 @@ class CostModel:
     @property
     def attention_peak(self) -> float:
         """Attention runs in 16-bit even in FP8 training (Transformer Engine's default)."""
+        return self.sixteen_bit_peak
+
+    @property
+    def sixteen_bit_peak(self) -> float:
+        """The peak of everything FP8 training does not run in FP8 (attention, LM head, router):
+        BF16; the plan's own precision otherwise."""
         if self.profile and self.profile.peak_flops:
             return self.profile.peak_flops
         return self.gpu.peak("bf16" if self.precision == "fp8" else self.precision)
+
+    def gemm_peak(self, op: Compute) -> float:
+        return self.peak if op.fp8 else self.sixteen_bit_peak
 
     @property
     def memory_bandwidth(self) -> float:
@@ -72,7 +83,7 @@ class CostModel:
 
     def _eff(self, key: str) -> float:
         eff = self.gpu.efficiency
-        if key == "gemm" and self.precision == "fp8":
+        if key == "fp8_gemm":
             return eff.get("fp8_gemm", eff["gemm"])
         return eff[key]
 
@@ -93,7 +104,8 @@ class CostModel:
             fitted = self.profile.efficiency("gemm", op.flops)
             if fitted is not None:
                 return fitted
-        return self._eff("gemm") * gemm_shape_efficiency(op.m, op.n, op.k, self.gpu.sms, op.batch)
+        return self._eff("fp8_gemm" if op.fp8 else "gemm") * gemm_shape_efficiency(op.m, op.n, op.k, self.gpu.sms,
+                                                                                 op.batch)
 
     def attention_efficiency(self, op: Compute) -> float:
         if self.profile:
@@ -105,7 +117,8 @@ class CostModel:
         # sequence length and is lower for head dim 64 than 128).
         seq = op.m / (op.m + _SEQ_HALF)
         head = min(1.0, (op.k / 128) ** 0.25)
-        return self._eff("attention") * seq * head
+        native = self.gpu.fused_attention_speedup if op.native else 1.0  # cuDNN / FA3 class kernels
+        return min(1.0, self._eff("attention") * seq * head * native)
 
     def memory_efficiency(self, nbytes: float) -> float:
         if self.profile:
@@ -117,8 +130,8 @@ class CostModel:
 
 def _op_time(cm: CostModel, op: Compute) -> float:
     if op.kind == "gemm":
-        compute = op.flops / (cm.peak * cm.gemm_efficiency(op))
-        e = 4 if cm.precision == "fp32" else (1 if cm.precision == "fp8" else 2)
+        compute = op.flops / (cm.gemm_peak(op) * cm.gemm_efficiency(op))
+        e = 4 if cm.precision == "fp32" else (1 if op.fp8 else 2)
         traffic = (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * e
         return max(compute, traffic / (cm.memory_bandwidth * cm.memory_efficiency(traffic))) + cm.kernel_overhead
     if op.kind == "attention":

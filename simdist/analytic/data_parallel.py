@@ -20,8 +20,14 @@ from simdist.analytic.compression import (
     topk_wire_bytes,
     uncompressed_grad_bytes,
 )
-from simdist.analytic.overlap import bucketed_exposed, grad_buckets, prefetch_exposed
+from simdist.analytic.overlap import (
+    bucketed_exposed,
+    chunked_buckets_exposed,
+    grad_buckets,
+    prefetch_exposed,
+)
 from simdist.analytic.params import params_per_rank, stage_num_layers
+from simdist.spec.frameworks import framework_of
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
@@ -105,6 +111,8 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = Non
     layers = max(1, stage_num_layers(m, plan, stage))
     method = plan.grad_compression.method
 
+    if plan.shards_params and plan.pp > 1 and framework_of(plan.framework).fsdp_pipeline_no_sync:
+        return _fsdp_under_pipeline(plan, n, layers)
     if plan.shards_gradients:
         gb = grad_wire_bytes(plan, sharded=True)
         grad_bytes = n * gb
@@ -169,6 +177,32 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = Non
                                post_step_behind_forward=behind)
 
 
+def _fsdp_under_pipeline(plan: ParallelPlan, n: float, layers: int) -> DataParallelTraffic:
+    """FSDP2 inside a torch.distributed.pipelining schedule (torchtitan): the stage keeps its
+    parameters unsharded and its gradients unreduced until the last micro-batch
+    (stage.backward_maybe_with_nosync sets requires_gradient_sync and reshard_after_backward
+    off before it; parallelize_llama: reshard_after_forward off under PP), so each layer's
+    parameters are gathered once per step, ahead of its first forward, and its gradients
+    reduce-scattered once, in the last backward."""
+    ax = plan.shard_axis
+    grad = n * grad_wire_bytes(plan, sharded=True)
+    sync = [CollectiveCall("reducescatter grads", "reducescatter", ax, grad / layers, layers)]
+    if plan.hybrid_sharding:
+        sync.append(CollectiveCall("allreduce grads across replicas", "allreduce", "dp_replica",
+                                   grad / plan.dp_shard / layers, layers))
+    gathers = (CollectiveCall("allgather params", "allgather", ax, n * param_wire_bytes(plan) / layers, layers),)
+    return DataParallelTraffic(step_grad_sync=tuple(sync), post_step_gathers=gathers, step_buckets=layers,
+                               post_step_behind_forward=plan.overlap_param_gather)
+
+
+def _seconds_by_links(calls: tuple[CollectiveCall, ...]) -> dict[str, float]:
+    """Seconds of timed ``calls`` per link class (intra-node, inter-node)."""
+    out: dict[str, float] = {}
+    for c in calls:
+        out[c.links] = out.get(c.links, 0.0) + c.total_seconds
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class DataParallelTimes:
     """Exposed DP time of one GPU: per micro-batch (ZeRO-2/3) and once per step."""
@@ -186,14 +220,18 @@ class DataParallelTimes:
 
 
 def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: float,
-             last_bwd: float | None = None, first_fwd: float | None = None) -> DataParallelTimes:
+             last_bwd: float | None = None, first_fwd: float | None = None,
+             chunk_shares: tuple[float, ...] = (1.0,)) -> DataParallelTimes:
     """Exposed time of the timed traffic ``tr`` (:meth:`DataParallelTraffic.timed`) given one
     micro-batch's forward and backward compute on the stage.
 
     ZeRO-3: prefetched all-gathers and per-layer reduce-scatters hide behind compute except the
     first gather and the last reduce-scatter (prefetch_exposed); without ``overlap_param_gather``
     all of it waits. ZeRO-2: the per-layer reduce-scatters trail backward (the first chunk
-    exposed). The per-step sync runs in buckets during the last backward (bucketed_exposed).
+    exposed). The per-step sync runs in buckets during the last backward (bucketed_exposed); under
+    the interleaved schedule each model chunk's buckets (``chunk_shares``: the chunks' parts of
+    the stage's parameters, in chunk order) during that chunk's last backward, which ends
+    pp chunk-backwards per lower chunk before the stage's last (chunked_buckets_exposed).
     The post-step all-gather overlaps the next step's first forward with Megatron's
     ``--overlap-param-gather`` (overlap_param_gather), and waits in full otherwise.
     """
@@ -204,20 +242,32 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
     ag_b = calls_seconds(tr.bwd_gathers)
     rs = calls_seconds(tr.microbatch_grad_sync)
     fwd_exp = bwd_exp = 0.0
+    v = plan.virtual_pipeline_stages  # each model chunk runs on its own: its first gather waits
     if tr.fwd_gathers:  # ZeRO-3
         if not plan.overlap_param_gather:
             fwd_exp, bwd_exp = ag_f, ag_b + rs
         else:
-            fwd_exp = prefetch_exposed(ag_f, chunks, t_fwd)
-            # one layer's gather and one layer's reduce-scatter cannot hide
-            bwd_exp = max((ag_f + rs) / chunks, ag_b + rs - t_bwd) if (ag_b + rs) > 0 else 0.0
+            fwd_exp = max(min(v, chunks) * ag_f / chunks, ag_f - t_fwd) if ag_f > 0 else 0.0
+            # one layer's gather and one layer's reduce-scatter per chunk cannot hide; gathers
+            # and reductions on the same links share them, on different links (HSDP's node-local
+            # shard group and cross-node replicas) they run side by side
+            busiest = max(_seconds_by_links(tr.bwd_gathers + tr.microbatch_grad_sync).values(), default=0.0)
+            bwd_exp = max(min(v, chunks) * (ag_f + rs) / chunks, busiest - t_bwd) if (ag_b + rs) > 0 else 0.0
     elif tr.microbatch_grad_sync:  # ZeRO-2
         bwd_exp = prefetch_exposed(rs, chunks, t_bwd)
     step = 0.0
     if tr.step_grad_sync:
         nb = tr.step_buckets
         t_b = sum(c.seconds * c.calls / nb for c in tr.step_grad_sync)
-        step = bucketed_exposed(t_b, nb, last_bwd, plan.overlap_grad_reduce)
+        if plan.overlap_grad_reduce and len(chunk_shares) > 1:
+            groups, below = [], 0.0
+            for share in chunk_shares:  # chunk 0 ends last; each chunk above waits pp backwards of those below
+                t_c = last_bwd * share
+                groups.append((below + t_c, below, max(1, round(nb * share))))
+                below += plan.pp * t_c
+            step = chunked_buckets_exposed(t_b, groups[::-1])
+        else:
+            step = bucketed_exposed(t_b, nb, last_bwd, plan.overlap_grad_reduce)
     post = calls_seconds(tr.post_step_gathers)
     if tr.post_step_behind_forward:  # each bucket's gather ahead of the forward that needs it
         post = prefetch_exposed(post, tr.step_buckets, first_fwd)

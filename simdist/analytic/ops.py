@@ -6,6 +6,14 @@ parallelism): QKV and fc1 are column-parallel, the output projection and fc2 row
 each layer does one TP all-reduce after attention and one after the MLP in the forward pass and
 the same two in the backward pass (all-gather + reduce-scatter pairs with sequence
 parallelism).
+
+Attention heads are ``head_dim`` wide, which need not be hidden / heads (Qwen3, GPT-OSS): the
+query and output projections are hidden x heads*head_dim. With fewer KV heads than TP ranks each
+rank keeps one KV head, replicated over tp / kv_heads ranks (Megatron-Core and TE replicate the
+query groups when tp > num_query_groups). Sliding-window layers attend to ``sliding_window``
+keys (:func:`attention_keys`). Under FP8 the transformer linears run in FP8 with their cast
+kernels (:mod:`simdist.analytic.fp8`); what recomputation runs again follows the framework's
+policy (:func:`recompute_ops`).
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Literal
 
+from simdist.analytic import fp8
+from simdist.spec.frameworks import framework_of
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
@@ -33,6 +43,8 @@ class Compute:
     n: int = 0
     k: int = 0
     batch: int = 1  # batched GEMM / attention heads x micro-batch
+    fp8: bool = False  # a GEMM run in FP8 (simdist.analytic.fp8); otherwise in the plan's 16/32-bit type
+    native: bool = False  # attention by the framework's own fused kernel (cuDNN), not FlashAttention-2
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,16 +58,46 @@ class Comm:
 Op = Compute | Comm
 
 
-def _gemm(name: str, m: int, n: int, k: int, backward: bool) -> list[Compute]:
+def _gemm(name: str, m: int, n: int, k: int, backward: bool, in_fp8: bool = False) -> list[Compute]:
     """A linear layer: forward (m x k)(k x n); backward = data grad + weight grad GEMMs.
     Backward lists are built in forward order and reversed at the end, so the weight grad is
     listed first here to run after the data grad (whose TP all-reduce it can then hide)."""
     if not backward:
-        return [Compute(name, "gemm", 2.0 * m * n * k, m=m, n=n, k=k)]
+        return [Compute(name, "gemm", 2.0 * m * n * k, m=m, n=n, k=k, fp8=in_fp8)]
     return [
-        Compute(f"{name} wgrad", "gemm", 2.0 * m * n * k, m=k, n=n, k=m),
-        Compute(f"{name} dgrad", "gemm", 2.0 * m * n * k, m=m, n=k, k=n),
+        Compute(f"{name} wgrad", "gemm", 2.0 * m * n * k, m=k, n=n, k=m, fp8=in_fp8),
+        Compute(f"{name} dgrad", "gemm", 2.0 * m * n * k, m=m, n=k, k=n, fp8=in_fp8),
     ]
+
+
+def _linear(plan: ParallelPlan, name: str, m: int, n: int, k: int, backward: bool) -> list[Compute]:
+    """A transformer linear: its GEMMs, in FP8 under precision fp8 with the recipe's casts of the
+    input (forward) or the output gradient (backward), and of the weight (fp8.py)."""
+    if plan.precision != "fp8":
+        return _gemm(name, m, n, k, backward)
+    cb = fp8.cast_bytes(plan)
+    weight = _mem(f"fp8 cast {name} weight", cb * k * n * fp8.weight_casts_per_microbatch(plan) / 2)
+    operand = _mem(f"fp8 cast {name} {'grad' if backward else 'input'}", cb * m * (n if backward else k))
+    gemms = _gemm(name, m, n, k, backward, in_fp8=True)
+    # backward lists are reversed later: the casts then run before their GEMMs
+    return [*gemms, weight, operand] if backward else [operand, weight, *gemms]
+
+
+def kv_heads_per_rank(m: ModelSpec, tp: int) -> int:
+    """KV heads each TP rank computes: kv_heads / tp, or one replicated head when tp > kv_heads."""
+    return max(1, m.num_kv_heads // tp)
+
+
+def attention_keys(m: ModelSpec, s: int) -> float:
+    """Keys per query on the full-square FLOP convention (4 s h per token, which the fitted
+    attention efficiency is measured on): s for causal attention; a sliding window of w keys
+    does s w - w^2/2 of the causal s^2/2 band's work, i.e. 2w - w^2/s keys; averaged over the
+    layers when only some are windowed (GPT-OSS: every other layer)."""
+    w = m.sliding_window
+    if not w or w >= s:
+        return float(s)
+    windowed = (m.sliding_window_layers if m.sliding_window_layers is not None else m.num_layers) / m.num_layers
+    return windowed * (2 * w - w * w / s) + (1 - windowed) * s
 
 
 def _mem(name: str, nbytes: float) -> Compute:
@@ -70,12 +112,17 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
     e = plan.element_bytes
     s, b = m.seq_length // cp, plan.micro_batch_size
     tokens = s * b
-    h, kv, a = m.hidden_size, m.kv_dim, m.num_attention_heads
+    h, a, hd = m.hidden_size, m.num_attention_heads, m.head_dim
+    q = a * hd // t  # query (and attention output) width per rank
+    kv = kv_heads_per_rank(m, t) * hd  # key / value width per rank
     f = m.ffn_hidden_size
     sp = plan.sequence_parallel and t > 1
     act = tokens * h * e  # one [s, b, h] activation
     rep = act / t if sp else act  # tensors that sequence parallelism splits
     mem_scale = 2.0 if bwd else 1.0  # backward of elementwise ops reads/writes about twice
+    # FP8 linears gather their inputs in FP8 (TE's sequence-parallel all-gather, torchao's
+    # Float8ColwiseParallel): half the bytes of the 16-bit all-gather
+    gather_in = act / 2 if plan.precision == "fp8" else act
     ops: list[Op] = []
 
     def tp_collective(where: str) -> None:
@@ -92,8 +139,10 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
             return
         if into and bwd:
             ops.append(Comm(f"reducescatter tp {where}", "reducescatter", "tp", act))
-            ops.append(Comm(f"allgather tp {where} (wgrad input)", "allgather", "tp", act))
-        elif into or bwd:
+            ops.append(Comm(f"allgather tp {where} (wgrad input)", "allgather", "tp", gather_in))
+        elif into:
+            ops.append(Comm(f"allgather tp {where}", "allgather", "tp", gather_in))
+        elif bwd:
             ops.append(Comm(f"allgather tp {where}", "allgather", "tp", act))
         else:
             ops.append(Comm(f"reducescatter tp {where}", "reducescatter", "tp", act))
@@ -101,29 +150,31 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
     # --- attention block
     ops.append(_mem("norm1", mem_scale * 2 * rep))
     tp_collective("attn in")
-    ops += _gemm("qkv", tokens, (h + 2 * kv) // t, h, bwd)
+    ops += _linear(plan, "qkv", tokens, q + 2 * kv, h, bwd)
     if m.position_embedding == "rope":
-        ops.append(_mem("rope", mem_scale * 2 * tokens * (h + kv) * e / t))
+        ops.append(_mem("rope", mem_scale * 2 * tokens * (q + kv) * e))
     heads = a // t
+    keys = attention_keys(m, s * cp)
     if cp > 1:
         # ring attention (context parallel): K and V of every other CP rank pass through
-        ops.append(Comm("sendrecv cp kv", "sendrecv", "cp", (cp - 1) * 2 * tokens * kv * e / t))
+        ops.append(Comm("sendrecv cp kv", "sendrecv", "cp", (cp - 1) * 2 * tokens * kv * e))
     if plan.flash_attention:
-        flops = 4.0 * tokens * s * cp * h / t * (2.5 if bwd else 1.0)
+        flops = 4.0 * tokens * keys * q * (2.5 if bwd else 1.0)
         ops.append(Compute("flash attention" + (" bwd" if bwd else ""), "attention", flops,
-                           m=s, n=s * cp, k=m.head_dim, batch=b * heads))
+                           m=s, n=s * cp, k=hd, batch=b * heads,
+                           native=framework_of(plan.framework).native_attention))
     else:
         # explicit attention: QK^T and AV batched GEMMs plus the fused scale-mask-softmax,
         # its dropout, all over the s x s scores (Megatron-LM 2021)
         scores = b * heads * s * s * cp
         for name in ("QK^T", "AV"):
             ops.append(Compute(name + (" bwd" if bwd else ""), "gemm",
-                               2.0 * scores * m.head_dim * (2 if bwd else 1),
-                               m=s, n=s * cp if name == "QK^T" else m.head_dim,
-                               k=m.head_dim if name == "QK^T" else s * cp, batch=b * heads))
+                               2.0 * scores * hd * (2 if bwd else 1),
+                               m=s, n=s * cp if name == "QK^T" else hd,
+                               k=hd if name == "QK^T" else s * cp, batch=b * heads))
         drop = (2 * e + 1) if m.dropout else 0
         ops.append(_mem("softmax" + (" bwd" if bwd else ""), mem_scale * scores * (2 * e + drop)))
-    ops += _gemm("attn out", tokens, h, h // t, bwd)
+    ops += _linear(plan, "attn out", tokens, h, q, bwd)
     tp_collective("attn out")
     ops.append(_mem("bias dropout add", mem_scale * (3 * rep + (tokens * h / (t if sp else 1) if m.dropout else 0))))
 
@@ -132,9 +183,9 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
     tp_collective("mlp in")
     n_in = 2 if m.mlp == "swiglu" else 1
     experts = m.experts_per_token
-    ops += _gemm("fc1", tokens * experts, n_in * f // t, h, bwd)
+    ops += _linear(plan, "fc1", tokens * experts, n_in * f // t, h, bwd)
     ops.append(_mem("swiglu" if n_in == 2 else "gelu", mem_scale * (n_in + 1) * tokens * experts * f * e / t))
-    ops += _gemm("fc2", tokens * experts, h, f // t, bwd)
+    ops += _linear(plan, "fc2", tokens * experts, h, f // t, bwd)
     tp_collective("mlp out")
     ops.append(_mem("bias dropout add", mem_scale * (3 * rep + (tokens * h / (t if sp else 1) if m.dropout else 0))))
     if m.num_experts > 1:
@@ -177,12 +228,51 @@ def head_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
 
 @cache
 def recompute_ops(m: ModelSpec, plan: ParallelPlan) -> tuple[Op, ...]:
-    """The forward ops of one layer that backward runs again: the whole layer under full
-    recompute; under selective recompute the attention core of explicit attention (Korthikanti
-    et al. 2022 sec 5; FlashAttention recomputes it inside its backward kernel already)."""
+    """The forward ops of one layer that backward runs again, by the framework's policy:
+
+    - ``full``: the whole layer;
+    - ``selective``, Megatron's (Korthikanti et al. 2022 sec 5): the attention core of explicit
+      attention (FlashAttention recomputes it inside its backward kernel already);
+    - ``selective``, torchtitan's per-op policy (parallelize_llama.py @ba24697, the llama3
+      configs' ``selective_ac_option = 'op'``): the block runs again up to the last tensor
+      backward needs (the MLP's down-projection input), each op recomputed unless saved; saved
+      are the attention outputs, reduce-scatters, amaxes and every odd-numbered ``aten.mm`` in
+      the block (wq, wv, wo... counted q, k, v, o, w1, w3, w2: k, o and w3 recomputed). FP8
+      linears call ``_scaled_mm``, not in that list, so under FP8 every linear up to the
+      down-projection is recomputed. Elementwise ops and the sequence-parallel all-gathers run
+      again."""
     if plan.recompute == "full":
         return layer_ops(m, plan, "fwd")
-    if plan.recompute == "selective" and not plan.flash_attention:
-        return tuple(op for op in layer_ops(m, plan, "fwd")
-                     if isinstance(op, Compute) and op.name in ("QK^T", "AV", "softmax"))
-    return ()
+    if plan.recompute != "selective":
+        return ()
+    fwd = layer_ops(m, plan, "fwd")
+    if framework_of(plan.framework).selective_recompute != "op-level":
+        if plan.flash_attention:
+            return ()
+        return tuple(op for op in fwd if isinstance(op, Compute) and op.name in ("QK^T", "AV", "softmax"))
+    out: list[Op] = []
+    for op in fwd:
+        if op.name.startswith("fc2") or op.name.startswith("fp8 cast fc2"):
+            break  # the down-projection's input is the last tensor backward needs
+        if isinstance(op, Comm):
+            if op.collective == "allgather":
+                out.append(op)
+        elif op.kind == "memory" or (op.kind == "gemm" and op.fp8):
+            out.append(op)
+        elif op.kind == "gemm":
+            out += _unsaved_matmuls(m, plan, op)
+    return tuple(out)
+
+
+def _unsaved_matmuls(m: ModelSpec, plan: ParallelPlan, op: Compute) -> list[Compute]:
+    """The parts of a fused 16-bit GEMM that torchtitan's per-op policy recomputes: the model's
+    separate matmuls numbered q, k, v, o, w1, w3 in the block, the even ones recomputed."""
+    t, hd = plan.tp, m.head_dim
+    if op.name == "qkv":  # k
+        n = kv_heads_per_rank(m, t) * hd
+        return [Compute("qkv (k part)", "gemm", 2.0 * op.m * n * op.k, m=op.m, n=n, k=op.k)]
+    if op.name == "attn out":  # o
+        return [op]
+    if op.name == "fc1" and m.mlp == "swiglu":  # w3
+        return [Compute("fc1 (w3 part)", "gemm", op.flops / 2, m=op.m, n=op.n // 2, k=op.k)]
+    return []

@@ -1,25 +1,68 @@
 """How much of a transfer hides behind the compute that runs beside it, in closed form.
 
 Two patterns cover the data-parallel and host traffic of every plan: gradient buckets reduced
-one after the other as backward fills them (:func:`bucketed_exposed`), and pieces prefetched one
-ahead of the compute that needs them (:func:`prefetch_exposed`). :func:`grad_buckets` says how
-many buckets a gradient buffer is reduced in.
+one after the other as backward fills them (:func:`bucketed_exposed`, and
+:func:`chunked_buckets_exposed` when a pipeline stage's model chunks finish their backward at
+different times), and pieces prefetched one ahead of the compute that needs them
+(:func:`prefetch_exposed`). :func:`grad_buckets` says how many buckets a gradient buffer is
+reduced in, by the framework's bucket rule (:func:`bucket_bytes`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+from simdist.spec.frameworks import (
+    DDP_BUCKET_BYTES,
+    DEEPSPEED_REDUCE_BUCKET_ELEMENTS,
+    MEGATRON_BUCKET_MIN_PARAMS,
+    MEGATRON_BUCKET_PARAMS_PER_DP,
+    framework_of,
+)
 from simdist.spec.plan import ParallelPlan
 
 
+def bucket_bytes(plan: ParallelPlan) -> float:
+    """Bytes of one gradient bucket: ``ddp_bucket_size`` when the scenario sets it, else the
+    framework's rule (simdist/spec/frameworks.py):
+
+    - Megatron-Core (megatron, nemo): max(40M, 1M x dp) parameters of the gradient buffer's type
+      (DistributedDataParallelConfig.bucket_size; dp counts the context-parallel ranks, which
+      reduce gradients together);
+    - DeepSpeed: reduce_bucket_size = 5e8 elements;
+    - PyTorch DDP and no framework: 25 MiB (bucket_cap_mb). FSDP and ZeRO-2/3 reduce per wrapped
+      module (one layer) instead: data_parallel.dp_traffic."""
+    if plan.ddp_bucket_size_bytes != DDP_BUCKET_BYTES:
+        return plan.ddp_bucket_size_bytes
+    rule = framework_of(plan.framework).bucket_rule
+    if rule == "megatron":
+        params = max(MEGATRON_BUCKET_MIN_PARAMS, MEGATRON_BUCKET_PARAMS_PER_DP * plan.dp * plan.cp)
+        return float(params * plan.grad_buffer_bytes)
+    if rule == "deepspeed":
+        return float(DEEPSPEED_REDUCE_BUCKET_ELEMENTS * plan.grad_buffer_bytes)
+    return plan.ddp_bucket_size_bytes
+
+
+def bucket_rule_text(plan: ParallelPlan) -> str:
+    """The bucket rule the plan runs under, in words (for the prediction's assumptions)."""
+    if plan.ddp_bucket_size_bytes != DDP_BUCKET_BYTES:
+        return "ddp_bucket_size as set"
+    rule = framework_of(plan.framework).bucket_rule
+    if rule == "megatron":
+        return f"Megatron-Core max(40M, 1M x dp) parameters = {bucket_bytes(plan) / 2**20:.0f} MiB"
+    if rule == "deepspeed":
+        return f"DeepSpeed reduce_bucket_size 5e8 elements = {bucket_bytes(plan) / 2**20:.0f} MiB"
+    return "PyTorch DDP 25 MiB"
+
+
 def grad_buckets(nbytes: float, plan: ParallelPlan) -> int:
-    """Buckets a gradient buffer of ``nbytes`` is reduced in: ddp_bucket_size buckets when the
-    reduction overlaps backward, one collective over the contiguous buffer otherwise (Megatron-LM
-    without --overlap-grad-reduce)."""
+    """Buckets a gradient buffer of ``nbytes`` is reduced in: buckets of :func:`bucket_bytes`
+    when the reduction overlaps backward, one collective over the contiguous buffer otherwise
+    (Megatron-LM without --overlap-grad-reduce: Megatron-Core then sets no bucket size)."""
     if not plan.overlap_grad_reduce or nbytes <= 0:
         return 1
-    return max(1, math.ceil(nbytes / plan.ddp_bucket_size_bytes))
+    return max(1, math.ceil(nbytes / bucket_bytes(plan)))
 
 
 def bucketed_exposed(t_bucket: float, n_buckets: int, t_overlap: float, overlap: bool = True) -> float:
@@ -38,6 +81,29 @@ def bucketed_exposed(t_bucket: float, n_buckets: int, t_overlap: float, overlap:
     if not overlap:
         return n_buckets * t_bucket
     return max(t_bucket, n_buckets * t_bucket - t_overlap * (n_buckets - 1) / n_buckets)
+
+
+def chunked_buckets_exposed(t_bucket: float, groups: Sequence[tuple[float, float, int]]) -> float:
+    """Exposed time after the backward ends of gradient buckets reduced one after the other
+    (first in, first out), in groups that fill during different intervals: group j's
+    ``buckets`` become ready evenly over [start, end] (seconds before the backward's end,
+    ``start`` > ``end`` >= 0), listed in the order they fill.
+
+    Megatron's interleaved schedule: each model chunk has its own buckets, reduced as that
+    chunk's last backward produces them, and chunk c's last backward ends c*pp chunk-backwards
+    before the stage's last one, so the reductions of the later chunks hide in the pipeline's
+    cool-down (Megatron-Core DistributedDataParallel per model chunk, finish_grad_sync).
+
+    A group's last bucket leaves the FIFO at max(previous + n t_b, first ready + n t_b,
+    last ready + t_b) (its linear max sits at an end, as in :func:`bucketed_exposed`); one group
+    ending at 0 reproduces :func:`bucketed_exposed`."""
+    done = -math.inf
+    for start, end, n in groups:
+        if n <= 0:
+            continue
+        a, b = -start, -end
+        done = max(done + n * t_bucket, a + (b - a) / n + n * t_bucket, b + t_bucket)
+    return max(0.0, done) if done > -math.inf else 0.0
 
 
 def prefetch_exposed(t_comm: float, chunks: int, t_compute: float) -> float:

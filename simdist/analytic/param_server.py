@@ -38,6 +38,7 @@ class PSTraffic:
     per_server_bytes: float  # in + out of one server: 2 G W / K
     node_nic_bytes: float  # per direction, the busiest node's NIC
     servers_per_node: int
+    node_phase_bytes: float = 0.0  # the busiest node's NIC, one direction, pushes alone (= pulls alone)
 
 
 def ps_server_count(plan: ParallelPlan, cluster: ClusterSpec) -> int:
@@ -56,13 +57,15 @@ def ps_traffic(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, stage: in
     spn_max = math.ceil(k / cluster.num_nodes)
     spn_min = k // cluster.num_nodes
 
-    def node_bytes(s: int) -> float:
-        return g_node * worker_bytes * (k - s) / k + s * worker_bytes * (w - g_node) / k
+    def parts(s: int) -> tuple[float, float]:
+        """(local workers' pushes out, local servers' replies out) of a node with s servers."""
+        return g_node * worker_bytes * (k - s) / k, s * worker_bytes * (w - g_node) / k
 
-    busiest = max(node_bytes(spn_max), node_bytes(spn_min))
+    busiest = max(sum(parts(spn_max)), sum(parts(spn_min)))
+    phase = max(*parts(spn_max), *parts(spn_min))
     return PSTraffic(workers=w, servers=k, worker_bytes=worker_bytes,
                      per_server_bytes=2 * worker_bytes * w / k, node_nic_bytes=busiest,
-                     servers_per_node=spn_max)
+                     servers_per_node=spn_max, node_phase_bytes=phase)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,7 @@ class PSTimes:
     nic: float  # the busiest NIC's push/pull time (full duplex: push in, pull out)
     server_cpu: float  # the servers' optimizer step per step (sync) or per worker cycle (async)
     worker_nic: float  # one worker's own push and pull at its share of the node's NIC
+    push: float = 0.0  # the pushes alone on their busiest link (= the pulls alone)
 
 
 def ps_times(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, net: Network, stage: int = 0) -> PSTimes:
@@ -80,7 +84,9 @@ def ps_times(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, net: Networ
     (classic parameter server): the synchronous mode updates each server's 1/K of the parameters
     once per step; the asynchronous mode updates on every worker's push."""
     tr = ps_traffic(m, plan, cluster, stage)
-    nic = 2 * net.inter_latency + tr.node_nic_bytes / net.inter_bw_node
+    up_total, up_phase = leaf_uplink_seconds(plan, cluster, net, tr.worker_bytes)
+    nic = 2 * net.inter_latency + max(tr.node_nic_bytes / net.inter_bw_node, up_total)
+    push = max(tr.node_phase_bytes / net.inter_bw_node, up_phase)
     # a worker pushes G and pulls G at its share of the node's NIC (full duplex)
     own = 2 * net.inter_latency + tr.worker_bytes / (net.inter_bw_node / node_gpus(cluster))
     cpu = 0.0
@@ -89,7 +95,42 @@ def ps_times(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, net: Networ
         per_server = n_total / tr.servers
         updates = plan.dp if plan.async_parameter_servers else 1
         cpu = cpu_optimizer_time(per_server * tr.servers_per_node * updates, plan, cluster.host)
-    return PSTimes(nic, cpu, own)
+    return PSTimes(nic, cpu, own, push)
+
+
+def server_counts(cluster: ClusterSpec, servers: int) -> tuple[int, ...]:
+    """Servers per node: server i sits on node i * nodes // servers, so they spread evenly (one
+    per node by default; ceil or floor of servers / nodes on each)."""
+    counts = [0] * cluster.num_nodes
+    for i in range(servers):
+        counts[i * cluster.num_nodes // servers] += 1
+    return tuple(counts)
+
+
+def leaf_uplink_seconds(plan: ParallelPlan, cluster: ClusterSpec, net: Network,
+                        worker_bytes: float) -> tuple[float, float]:
+    """Seconds of the busiest leaf uplink (per direction) carrying the push/pull traffic that
+    leaves its leaf: its workers' pushes to remote servers plus its servers' replies to remote
+    workers (the same sum as a node's NIC in PSTraffic), at the leaf's downlink bandwidth over
+    ``spine_oversubscription``, and the pushes (or the pulls) alone; (0, 0) in one leaf.
+    The event engine's links load the same uplinks (simdist.sim.network.links.LinkModel.ps)."""
+    npl = cluster.nodes_per_leaf
+    if cluster.num_nodes <= npl:
+        return 0.0, 0.0
+    k = ps_server_count(plan, cluster)
+    on_node = server_counts(cluster, k)
+    gpn = node_gpus(cluster)
+    workers = cluster.world_size
+    up_bw = npl * net.inter_bw_node / cluster.spine_oversubscription
+    worst = phase = 0.0
+    for first in range(0, cluster.num_nodes, npl):
+        nodes = range(first, min(cluster.num_nodes, first + npl))
+        here_servers, here_workers = sum(on_node[n] for n in nodes), gpn * len(nodes)
+        out = here_workers * worker_bytes * (k - here_servers) / k
+        back = here_servers / k * worker_bytes * (workers - here_workers)
+        worst = max(worst, (out + back) / up_bw)  # both leave through the uplink's up direction
+        phase = max(phase, out / up_bw, back / up_bw)
+    return worst, phase
 
 
 def async_staleness_steps(plan: ParallelPlan) -> float:

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simdist.analytic.collectives import GroupLayout, Network, collective_time, layout_for_axis
+from simdist.analytic import fabric
+from simdist.analytic.collectives import (
+    GroupLayout,
+    Network,
+    collective_choice,
+    collective_time,
+    layout_for_axis,
+)
 from simdist.analytic.cost import CostModel
 from simdist.analytic.moe import wire_factor
 from simdist.analytic.ops import Comm, Compute, Op
@@ -75,13 +82,17 @@ class OpTimer:
         self.sync_wait = sync_wait_fraction(sc, cost)
 
     def comm(self, op: Comm) -> float:
-        """A TP/CP/EP collective alone on the links its group crosses (the flex dispatcher's
-        all-to-all sends each token once per node: simdist.analytic.moe.wire_factor)."""
+        """A TP/CP/EP collective on the links its group crosses, the other groups of the stage
+        running theirs at the same time (simdist.analytic.fabric); the flex dispatcher's all-to-all
+        sends each token once per node (simdist.analytic.moe.wire_factor)."""
         g = self._layouts.get(op.axis)
         if g is None:
             g = self._layouts[op.axis] = layout_for_axis(self.sc.cluster, self.sc.plan, op.axis)
         nbytes = op.bytes * wire_factor(self.sc.model, self.sc.plan, g) if op.axis == "ep" else op.bytes
-        return collective_time(op.collective, nbytes, g, self.net)
+        if g.intra_only or op.collective == "sendrecv":
+            return collective_time(op.collective, nbytes, g, self.net)
+        c = collective_choice(op.collective, nbytes, g, self.net)
+        return c.latency_s + c.transfer_s * fabric.slowdown(self.sc.cluster, self.sc.plan, self.net, op.axis)
 
     def passes(self, ops: tuple[Op, ...]) -> PassTime:
         """Sum an op list; a comm hides behind the GEMM it may overlap with."""
@@ -100,14 +111,15 @@ class OpTimer:
                 compute += t
                 if op.name.endswith("wgrad"):
                     w += t
-                prev = op
+                if not _is_cast(op):
+                    prev = op
                 continue
             t = self.comm(op)
             if op.axis == "ep":  # expert all-to-all: exposed unless another micro-batch hides it
                 ep += t
                 continue
             hide = 0.0
-            nxt = ops[i + 1] if i + 1 < len(ops) and isinstance(ops[i + 1], Compute) else None
+            nxt = _next_compute(ops, i)
             if op.axis == "cp" and op.collective == "sendrecv" and nxt is not None:
                 hide = self.cost.time(nxt)  # ring attention overlaps KV exchange with compute
             elif prev is not None and prev.name.endswith("wgrad"):
@@ -124,6 +136,22 @@ class OpTimer:
         # on its own stream, beside everything the compute stream does (another micro-batch's pass)
         hide_ep = compute + tp + cp if plan.ep > 1 and (plan.ep_comm_overlap or plan.dualpipe) else 0.0
         return PassTime(compute, tp, cp, w, compute * self.sync_wait, ep, hide_ep)
+
+
+def _is_cast(op: Compute) -> bool:
+    """An FP8 quantization kernel: it sits between a collective and the GEMM the collective
+    overlaps with, and hides nothing itself."""
+    return op.kind == "memory" and op.name.startswith("fp8 cast")
+
+
+def _next_compute(ops: tuple[Op, ...], i: int) -> Compute | None:
+    """The compute op right after ops[i], past any FP8 casts (None when a collective comes first)."""
+    for op in ops[i + 1:]:
+        if not isinstance(op, Compute):
+            return None
+        if not _is_cast(op):
+            return op
+    return None
 
 
 def software_layers(sc: Scenario) -> tuple[str, ...]:

@@ -22,7 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from simdist.analytic.collectives import CommContext, Network, collective_time, layout_for_axis
+from simdist.analytic import fabric
+from simdist.analytic.collectives import (
+    CommContext,
+    Network,
+    collective_choice,
+    collective_time,
+    layout_for_axis,
+)
 from simdist.analytic.compression import compression_kernel_bytes
 from simdist.analytic.cost import CostModel, optimizer_bytes_per_param
 from simdist.analytic.data_parallel import DataParallelTraffic
@@ -41,6 +48,7 @@ from simdist.analytic.param_server import (
 from simdist.analytic.params import embedding_params, head_params, layers_params, mtp_params
 from simdist.analytic.passes import OpTimer, PassTime
 from simdist.analytic.variants import layer_ops, mtp_ops, recompute_ops
+from simdist.spec.frameworks import framework_of
 from simdist.spec.layers import DENSE, LayerKind, layer_kind, model_kind_counts
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
@@ -77,6 +85,7 @@ class PipelineSend:
     nbytes: float  # what each TP rank sends
     send_s: float  # the send alone on the pp axis's links
     gather_s: float  # the receiver's TP all-gather
+    overlapped: bool = False  # sends overlap the next compute (Megatron's interleaved overlap_p2p_comm)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +174,7 @@ def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True)
     embedding = (timer.passes(embedding_ops(m, plan, "fwd")), timer.passes(embedding_ops(m, plan, "bwd")))
     head = (timer.passes(head_ops(m, plan, "fwd")) + timer.passes(mtp_ops(m, plan, "fwd")),
             timer.passes(head_ops(m, plan, "bwd")) + timer.passes(mtp_ops(m, plan, "bwd")))
-    ctx = CommContext(sc.cluster, plan, net)
+    ctx = CommContext(sc.cluster, plan, net, lambda axis: fabric.slowdown(sc.cluster, plan, net, axis))
     kinds: list[StageDescription] = []
     index: dict[tuple[Chunk, ...], int] = {}
     kind_of = []
@@ -208,15 +217,23 @@ def stage_chunks(sc: Scenario, stage: int) -> tuple[Chunk, ...]:
 
 
 def pipeline_send(sc: Scenario, net: Network) -> PipelineSend | None:
-    """One micro-batch's activation between neighbouring virtual stages ([s/cp, b, h] per rank)."""
+    """One micro-batch's activation between neighbouring virtual stages ([s/cp, b, h] per rank).
+    With sequence parallelism the activation is already split over the TP ranks, so each sends
+    its shard and nothing is gathered (Megatron-Core sends the [s/tp, b, h] tensor; torchtitan's
+    stage outputs are sequence-sharded DTensors)."""
     m, plan = sc.model, sc.plan
     if plan.pp == 1:
         return None
     act = m.seq_length // plan.cp * plan.micro_batch_size * m.hidden_size * plan.element_bytes
     sent = act / plan.tp
-    send = collective_time("sendrecv", sent, layout_for_axis(sc.cluster, plan, "pp"), net)
-    gather = collective_time("allgather", act, layout_for_axis(sc.cluster, plan, "tp"), net) if plan.tp > 1 else 0.0
-    return PipelineSend(sent, send, gather)
+    choice = collective_choice("sendrecv", sent, layout_for_axis(sc.cluster, plan, "pp"), net)
+    worst = max(fabric.p2p_slowdown(sc.cluster, plan, s, s + 1) for s in range(plan.pp - 1))
+    send = choice.latency_s + choice.transfer_s * worst  # every replica's pair sends at once
+    gather = 0.0
+    if plan.tp > 1 and not plan.sequence_parallel:
+        gather = collective_time("allgather", act, layout_for_axis(sc.cluster, plan, "tp"), net)
+    overlapped = plan.interleaved and framework_of(plan.framework).overlap_p2p
+    return PipelineSend(sent, send, gather, overlapped)
 
 
 def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, passes: dict[LayerKind, LayerPasses],

@@ -17,7 +17,7 @@ only when the plan uses them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from simdist.analytic.collectives import Network
 from simdist.analytic.cost import CostModel
@@ -57,9 +57,12 @@ class StageTime:
 def stage_time(d: StepDescription, s: StageDescription) -> StageTime:
     plan = d.plan
     p2p = 0.0
-    if d.send is not None:  # each chunk receives its input and sends its output, both ways
-        p2p = 2 * plan.virtual_pipeline_stages * (d.send.send_s + d.send.gather_s)
     t_fwd, t_bwd = s.fwd.total, s.bwd.total + s.recompute.total
+    if d.send is not None:  # each chunk sends its output on (but the last) and its input gradient back (but the first)
+        sends = sum(1 for c in s.chunks if not c.last) + sum(1 for c in s.chunks if not c.first)
+        p2p = sends * (d.send.send_s + d.send.gather_s)
+        if d.send.overlapped:  # isend/irecv beside the next chunk's compute: only what outlasts it shows
+            p2p = max(0.0, p2p - t_fwd - t_bwd)
     dp = dp_times(s.dp, plan, t_fwd, t_bwd)
     off = offload_per_microbatch(s, plan, t_fwd, t_bwd, dp)
     return StageTime(s.fwd, s.bwd, s.recompute, p2p, dp.per_microbatch, off, s.compression_per_microbatch)
@@ -108,7 +111,9 @@ def end_of_step(s: StageDescription, plan: ParallelPlan, st: StageTime) -> EndOf
     """Gradient sync (all-reduce or parameter server), compression kernels of a once-per-step
     sync, offload transfers and the optimizer (GPU, or CPU under ZeRO-Offload)."""
     last_bwd = st.last_backward
-    dp = dp_times(s.dp, plan, st.fwd.total, last_bwd, last_bwd=last_bwd)
+    total = sum(c.params for c in s.chunks) or 1
+    shares = tuple(c.params / total for c in s.chunks) if plan.interleaved else (1.0,)
+    dp = dp_times(s.dp, plan, st.fwd.total, last_bwd, last_bwd=last_bwd, chunk_shares=shares)
     off = s.offload_s
     offload = 0.0
     if off.before_step:  # ZeRO-0/1 gradients go down in buckets as the sync finishes
@@ -131,8 +136,12 @@ def pipeline_time(plan: ParallelPlan, times: list[float], weight_grads: list[flo
     if plan.interleaved:
         return m * t_max + (sum(times) - t_max) / v
     if plan.split_backward:
+        # ZB-H1 moves one W per stage into the cool-down gap, which needs micro-batches to spare:
+        # with a single micro-batch each W just follows its B (a 1F1B pipeline); in between the
+        # gap closes in proportion
+        spare = min(1.0, (m - 1) / (plan.pp - 1))
         i = times.index(t_max)
-        fill = sum(t - 2 * w for j, (t, w) in enumerate(zip(times, weight_grads, strict=True)) if j != i)
+        fill = sum(t - (1 + spare) * w for j, (t, w) in enumerate(zip(times, weight_grads, strict=True)) if j != i)
         return m * t_max + max(0.0, fill)
     return (m - 1) * t_max + sum(times)
 
@@ -142,18 +151,26 @@ def parameter_server_step(d: StepDescription, t_pipe: float, last: StageTime) ->
 
     Synchronous: every worker pushes its gradient in buckets as backward produces them; each
     server key is updated once all workers pushed it and pulled back, so the step pays what the
-    busiest NIC or the servers' CPUs cannot do behind the last backward (param_server.ps_times).
+    busiest NIC or the servers' CPUs cannot do behind the last backward (param_server.ps_times),
+    and the last bucket's remaining stages (a pull after its push and update).
     Asynchronous (no barrier): a worker only waits for its own push and pull; the servers and the
     NICs must still carry every worker's traffic once per cycle, so the cycle is
     max(worker compute + own exposed push/pull, busiest NIC, server CPU)."""
     plan = d.plan
-    ps = d.stages[-1].ps
+    ps = d.stages[0].ps  # stage 0's last backward ends last; the later stages' pushes went earlier
     assert ps is not None
     t, nb, last_bwd = ps.times, ps.buckets, last.last_backward
     if plan.sync_parameter_servers:
-        total = max(t.nic, t.server_cpu)
-        exposed = bucketed_exposed(total / nb + ps.rtt, nb, last_bwd, plan.overlap_grad_reduce)
-        cpu_part = min(exposed, max(0.0, t.server_cpu - t.nic))
+        if plan.pp > 1:  # the servers' CPUs apply stage 0's part then: its share of the update
+            t = replace(t, server_cpu=ps.update_s)
+        # each bucket: push, update (server CPU), pull; pushes and pulls of different buckets
+        # share the NICs (nic: both, per direction), the servers' CPUs update: the slower paces
+        # the buckets, and the last bucket's push, update and pull run one after the other
+        nic, update = t.nic / nb, t.server_cpu / nb
+        pace = max(nic, update)
+        chain = 2 * t.push / nb + update
+        exposed = bucketed_exposed(pace + ps.rtt, nb, last_bwd, plan.overlap_grad_reduce) + max(0.0, chain - pace)
+        cpu_part = min(exposed, max(0.0, t.server_cpu - t.nic) + (update if update < pace else 0.0))
         return t_pipe + exposed, exposed - cpu_part, cpu_part
     own = bucketed_exposed(t.worker_nic / nb + ps.rtt, nb, last_bwd, plan.overlap_grad_reduce)
     worker_cycle = t_pipe + own
@@ -191,7 +208,7 @@ def reduce_step(d: StepDescription) -> StepResult:
     if not plan.uses_parameter_servers:
         step = t_pipe + dp_end + off_end + comp_end + opt
     else:  # the servers replace the all-reduce and run the optimizer on their CPUs
-        t_ps, dp_end, server = parameter_server_step(d, t_pipe, stages[-1])
+        t_ps, dp_end, server = parameter_server_step(d, t_pipe, stages[0])
         step = t_ps + off_end + comp_end + opt
         opt += server
         if plan.async_parameter_servers:

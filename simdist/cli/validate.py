@@ -13,6 +13,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "$SIMDIST_VALIDATION_DIR if set, else the copy shipped with simdist)")
     p.add_argument("--engine", default="analytic", choices=("des", "analytic"))
     p.add_argument("--rows", action="store_true", help="print every row (and every skipped row), not only the summary")
+    p.add_argument("--cv", action="store_true",
+                   help="cross-validate: refit the fitted constants without each source group and predict it "
+                   "(in-sample and cross-validated error side by side; closed form)")
     p.add_argument("--breadth", action="store_true",
                    help="also predict the fully stated rows of breadth.csv (offload, ZeRO++, FSDP, reliability)")
 
@@ -22,6 +25,13 @@ def main(args: argparse.Namespace) -> int:
     from simdist.validate import breadth_table, data_dir, run_breadth, run_training, summarize
 
     data = data_dir(args.data)
+    if args.cv:
+        from simdist.validate.crossval import cross_validate, crossval_table
+        from simdist.validate.training import build_cases
+
+        cases, _ = build_cases(data)
+        print(crossval_table(cross_validate(cases)))
+        return 0
     results, skipped = run_training(data, args.engine)
     if args.rows:
         rows = []
@@ -30,7 +40,8 @@ def main(args: argparse.Namespace) -> int:
             p = c.scenario.plan
             plan = f"tp{p.tp} pp{p.pp} dp{p.dp} v{p.virtual_pipeline_stages} mb{p.micro_batch_size} z{p.zero_stage} {p.recompute}"
             rows.append([c.run_id, c.label, c.scenario.world_size, plan, c.measured_step_s, r.predicted_s,
-                         f"{r.error:+.1%}", ", ".join(c.tuned) + (" (tuned)" if c.tuned else "")])
+                         f"{r.error:+.1%}", "; ".join(([", ".join(c.tuned) + " (tuned)"] if c.tuned else [])
+                                                      + list(c.defaults))])
         print(table(["run", "model", "GPUs", "plan", "measured s", "predicted s", "error", "unstated"], rows,
                     align="llrlrrrl"))
         print()

@@ -255,7 +255,8 @@ def _chunk(d: StepDescription, chunk: Chunk, index: int, split: bool, traffic: D
     send = None
     if d.send is not None:
         send = comm("sendrecv", "pp", d.send.nbytes, d.send.gather_s)
-    return ChunkWork(tasks, None if chunk.last else send, None if chunk.first else send, n)
+    return ChunkWork(tasks, None if chunk.last else send, None if chunk.first else send, n,
+                     send_async=d.send is not None and d.send.overlapped)
 
 
 def _tasks(plan: ParallelPlan, fwd: list[Work], bwd: list[Work], wgt: list[Work], split: bool,

@@ -125,6 +125,7 @@ class ChunkWork:
     send_fwd: CommSpec | None  # activation to the next virtual stage
     send_bwd: CommSpec | None  # input gradient to the previous virtual stage
     layers: int
+    send_async: bool = False  # sends do not block the sender (Megatron's overlap_p2p_comm)
 
     def task(self, kind: str, last: bool) -> Task:
         return self.tasks.get((kind, last)) or self.tasks[(kind, False)]

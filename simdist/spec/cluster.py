@@ -11,6 +11,28 @@ from simdist.errors import Collector, Problem
 from simdist.spec.fields import spec_field, validate
 from simdist.units import short_repr
 
+# NCCL's algorithm and protocol names as NCCL_ALGO / NCCL_PROTO spell them (src/graph/tuning.cc),
+# and the names simdist.analytic.nccl gives them
+NCCL_ALGORITHMS = ("ring", "tree", "pat", "nvls", "nvls_tree", "collnet")
+NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
+NCCL_ALGORITHM_NAMES = {"ring": "ring", "tree": "tree", "pat": "pat", "nvls": "nvls", "nvlstree": "nvls_tree",
+                        "collnet": "collnet", "collnetdirect": "collnet", "collnetchain": "collnet"}
+NCCL_PROTOCOL_NAMES = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
+
+
+def parse_nccl_list(text: str, names: Mapping[str, str], every: tuple[str, ...]) -> frozenset[str]:
+    """NCCL_ALGO / NCCL_PROTO syntax: a comma list of names to enable, or "^" and the names to
+    disable (case-insensitive). Raises ValueError naming an unknown name."""
+    text = text.strip()
+    negate = text.startswith("^")
+    items = [t.strip().lower() for t in text.lstrip("^").split(",") if t.strip()]
+    unknown = [t for t in items if t not in names]
+    if unknown:
+        raise ValueError(f"unknown {', '.join(unknown)} (one of {', '.join(sorted(names))})")
+    picked = {names[t] for t in items}
+    return frozenset(set(every) - picked) if negate else frozenset(picked)
+
+
 IntraKind = Literal["nvswitch", "nvlink", "pcie", "loopback"]
 InterKind = Literal["infiniband", "roce", "ethernet", "omnipath", "none"]
 LinkKind = Literal[IntraKind, InterKind]
@@ -34,6 +56,10 @@ class GpuSpec:
     efficiency: dict[str, float] = spec_field(default_factory=dict, compare=False, keys=EFFICIENCY_KEYS,
                                               check="fraction", doc="achieved fractions of peak")
     source: str = spec_field("", compare=False, doc="where the figures come from")
+    # v1.2: how much faster the frameworks' own fused attention kernels (cuDNN's, FlashAttention-3)
+    # run than FlashAttention-2, whose speed `efficiency.attention` is (1.0: the same kernel class)
+    fused_attention_speedup: float = spec_field(1.0, check="at_least_1", compare=False, since="1.2",
+                                                doc="cuDNN / FlashAttention-3 attention over FlashAttention-2")
 
     def __post_init__(self) -> None:
         validate(self)
@@ -143,6 +169,14 @@ class ClusterSpec:
     nodes_per_leaf: int = spec_field(32, check="positive", doc="leaf switch radix in nodes (fat tree)")
     spine_oversubscription: float = spec_field(1.0, check="at_least_1",
                                                doc=">1: less spine bandwidth than leaf bandwidth")
+    # v1.2: what NCCL may run (simdist.analytic.nccl)
+    in_network_reduction: bool = spec_field(False, since="1.2",
+                                            doc="SHARP reduction in the network switches (NCCL CollNet)")
+    nccl_algorithms: str | None = spec_field(None, since="1.2",
+                                             doc="NCCL_ALGO-style list of the algorithms NCCL may use "
+                                                 "(ring, tree, pat, nvls, nvlstree, collnet; ^ excludes)")
+    nccl_protocols: str | None = spec_field(None, since="1.2",
+                                            doc="NCCL_PROTO-style list of the protocols (LL, LL128, Simple; ^ excludes)")
 
     def __post_init__(self) -> None:
         validate(self)
@@ -150,6 +184,19 @@ class ClusterSpec:
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+    @property
+    def nccl_algorithm_set(self) -> frozenset[str]:
+        """The NCCL algorithms collectives may use (every one the links support by default)."""
+        if not self.nccl_algorithms:
+            return frozenset(NCCL_ALGORITHMS)
+        return parse_nccl_list(self.nccl_algorithms, NCCL_ALGORITHM_NAMES, NCCL_ALGORITHMS)
+
+    @property
+    def nccl_protocol_set(self) -> frozenset[str]:
+        if not self.nccl_protocols:
+            return frozenset(NCCL_PROTOCOLS)
+        return parse_nccl_list(self.nccl_protocols, NCCL_PROTOCOL_NAMES, NCCL_PROTOCOLS)
 
     @property
     def node_injection_bytes_per_s(self) -> float:
@@ -160,6 +207,14 @@ class ClusterSpec:
 
     def problems(self) -> list[Problem]:
         out = [Problem(f"gpu.{p.field}", p.message) for p in self.gpu.problems()]
+        for key, text, names, every in (("nccl_algorithms", self.nccl_algorithms, NCCL_ALGORITHM_NAMES, NCCL_ALGORITHMS),
+                                        ("nccl_protocols", self.nccl_protocols, NCCL_PROTOCOL_NAMES, NCCL_PROTOCOLS)):
+            if text is not None:
+                try:
+                    if not parse_nccl_list(text, names, every):
+                        out.append(Problem(key, f"{short_repr(text)} leaves no {key[6:-1]} enabled"))
+                except ValueError as exc:
+                    out.append(Problem(key, str(exc)))
         for where, link, kinds in (("intra_node", self.intra_node, get_args(IntraKind)),
                                    ("inter_node", self.inter_node, get_args(InterKind))):
             if link.kind not in kinds:

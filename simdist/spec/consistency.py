@@ -50,8 +50,9 @@ def _tensor_parallel(model: ModelSpec, plan: ParallelPlan, add: Callable[[str, s
     tp = plan.tp
     if model.num_attention_heads % tp:
         add("plan.tp", f"{tp} does not divide model.num_attention_heads ({model.num_attention_heads})")
-    elif model.num_kv_heads % tp:
-        add("plan.tp", f"{tp} does not divide model.num_kv_heads ({model.num_kv_heads})")
+    elif model.num_kv_heads % tp and tp % model.num_kv_heads:
+        # more TP ranks than KV heads replicate each KV head over tp / kv_heads ranks (Megatron-Core)
+        add("plan.tp", f"{tp} and model.num_kv_heads ({model.num_kv_heads}): neither divides the other")
     if model.ffn_hidden_size % tp:
         add("plan.tp", f"{tp} does not divide model.ffn_hidden_size ({model.ffn_hidden_size})")
     if model.vocab_size < tp:

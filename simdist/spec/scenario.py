@@ -25,6 +25,7 @@ from simdist.spec.cluster import ClusterSpec
 from simdist.spec.consistency import check_consistency
 from simdist.spec.fields import legacy_view
 from simdist.spec.files import read_json_object, read_yaml
+from simdist.spec.frameworks import FRAMEWORKS, plan_defaults
 from simdist.spec.model import ModelSpec
 from simdist.spec.parse import build, parse_fields
 from simdist.spec.plan import ParallelPlan
@@ -229,6 +230,9 @@ def _plan(raw: Mapping[str, Any], base: Path, cluster: ClusterSpec | None,
         except ScenarioError as exc:
             dc.extend(exc)
         c.problems.extend(dc.problems)
+    framework = plan_data.get("framework")
+    if isinstance(framework, str) and framework in FRAMEWORKS:  # its defaults fill unset fields
+        plan_data = {**plan_defaults(framework, plan_data), **plan_data}
     # virtual stages imply the interleaved schedule (the contract: ">1 means interleaved 1F1B")
     v = plan_data.get("virtual_pipeline_stages", 1)
     if "schedule" not in plan_data and _whole(v) and v > 1:

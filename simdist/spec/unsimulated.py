@@ -27,8 +27,6 @@ class NotSimulated:
 
 
 NOT_SIMULATED_YET: tuple[NotSimulated, ...] = (
-    NotSimulated("plan.fp8_recipe", "time: one FP8 GEMM efficiency, no recipe (memory follows the recipe)"),
-    NotSimulated("plan.framework", "time: simdist's own defaults (memory follows the framework's layout)"),
     NotSimulated("plan.zero_hpz_partition_size",
                  "time: the backward all-gather spans the whole shard group (memory holds the secondary partition)"),
 )

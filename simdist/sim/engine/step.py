@@ -57,7 +57,9 @@ class StepDriver:
             chunk = work.chunks[action.chunk]
             yield from self._task(sl, action, chunk.task(action.kind, action.microbatch == m - 1))
             spec = chunk.send_fwd if action.kind == "F" else chunk.send_bwd if action.kind == "B" else None
-            if spec is not None:
+            if spec is not None and chunk.send_async:
+                self._send_async(sl, action, spec)
+            elif spec is not None:
                 yield from self._send(sl, action, spec)
         t.flush_end = env.now
         if work.flush_compression:
@@ -277,6 +279,18 @@ class StepDriver:
             self.run.span(sl, stream, "wait for the slowest rank", end - w.sync, end, part)
         if w.compression > 0:
             self.run.span(sl, "compute", "compress gradients", end - w.compression * sl.factor, end, "compression")
+
+    def _send_async(self, sl: Slice, action: Action, spec: CommSpec) -> None:
+        """A pipeline send that does not block the sender (isend, waited for by the receiver):
+        the receiver's wait for it is the exposed part."""
+        p = self.plan.pp
+        dst = (sl.stage + (1 if action.kind == "F" else -1)) % p
+        start = self.env.now
+        done = self.net.p2p(spec.nbytes, sl.stage, dst, sl.replica, spec.extra_s)
+        arrival = self._arrival(sl.cycle, sl.replica, sl.stage, action)
+        done.callbacks.append(lambda _ev: arrival.succeed(start))
+        if self.keep_spans:
+            done.callbacks.append(lambda _ev: self.run.span(sl, "pp", spec.name, start, self.env.now, "pp_comm"))
 
     def _send(self, sl: Slice, action: Action, spec: CommSpec) -> Proc:
         """A blocking pipeline send to the stage that needs this action's output."""

@@ -1,6 +1,6 @@
 """How an all-to-all loads the links (the expert dispatch and combine, Ulysses' head exchange).
 
-:func:`simdist.analytic.collectives.alltoall_time` sends the (g-1)/n part of a rank's buffer
+:func:`simdist.analytic.collectives.alltoall_parts` sends the (g-1)/n part of a rank's buffer
 to its node's peers over NVLink and the (n-g)/n part through the NICs, at once; the transfer
 lasts as long as the slower of the two. While it runs alone, the rank's switch port is busy the
 NVLink part's share of that time and its NIC the network part's share; the link model scales

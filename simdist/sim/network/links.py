@@ -1,9 +1,9 @@
 """Which links a transfer loads, and how much: the contention part of the fluid network backend.
 
 :class:`LinkModel` turns a collective, a pipeline send, a host transfer or a parameter-server
-push/pull into a :class:`FlowTiming`: its latency, its *solo* transfer time (from
-:func:`simdist.analytic.collectives.collective_time`, so that the engine and the closed form
-agree when nothing contends) and the *load* it puts on each link of the topology
+push/pull into a :class:`FlowTiming`: its latency, its *solo* transfer time (the two parts of
+:func:`simdist.analytic.collectives.collective_choice`, the algorithm NCCL's tuning model picks,
+so that the engine and the closed form agree when nothing contends) and the *load* it puts on each link of the topology
 (:mod:`simdist.spec.topology`) while it runs at that solo speed, as a fraction of the link's
 bandwidth. :mod:`simdist.sim.network.fluid` shares the links among the flows.
 
@@ -31,20 +31,21 @@ when there are few servers.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from simdist.analytic import fabric
 from simdist.analytic.collectives import (
     GroupLayout,
     Network,
     busbw_cap,
+    collective_choice,
     collective_time,
     layout_for_axis,
 )
-from simdist.analytic.param_server import ps_server_count
+from simdist.analytic.param_server import ps_server_count, server_counts
 from simdist.sim.network.alltoall import alltoall_fractions
 from simdist.spec import topology as topo
 from simdist.spec.cluster import ClusterSpec
-from simdist.spec.groups import GROUP_AXES, group_ranks
 from simdist.spec.plan import RankCoord, rank_coord, rank_of
 from simdist.spec.scenario import Scenario
 
@@ -83,12 +84,8 @@ def software_resource(rank: int) -> str:
 
 
 def server_nodes(cluster: ClusterSpec, servers: int) -> tuple[int, ...]:
-    """Servers per node: server i sits on node i * nodes // servers, so they spread evenly (one
-    per node by default; as in param_server.ps_traffic, ceil or floor of servers / nodes on each)."""
-    counts = [0] * cluster.num_nodes
-    for i in range(servers):
-        counts[i * cluster.num_nodes // servers] += 1
-    return tuple(counts)
+    """Servers per node (simdist.analytic.param_server.server_counts: spread evenly)."""
+    return server_counts(cluster, servers)
 
 
 def node_nic_links(cluster: ClusterSpec, node: int) -> tuple[str, ...]:
@@ -109,7 +106,6 @@ class LinkModel:
     def __init__(self, sc: Scenario, net: Network, replicas_alike: bool):
         self.sc, self.net, self.alike = sc, net, replicas_alike
         self.cluster, self.plan = sc.cluster, sc.plan
-        self._net0 = replace(net, intra_latency=0.0, inter_latency=0.0)
         self._loads: dict[tuple, Loads] = {}
         self._times: dict[tuple, tuple[float, float, float]] = {}
         self._flows: dict[tuple, FlowTiming] = {}
@@ -121,10 +117,9 @@ class LinkModel:
         key = (kind, nbytes, layout, cap)
         got = self._times.get(key)
         if got is None:
-            total = collective_time(kind, nbytes, layout, self.net)
-            transfer = collective_time(kind, nbytes, layout, self._net0)
+            choice = collective_choice(kind, nbytes, layout, self.net)
             capped = collective_time(kind, nbytes, layout, self.net, cap) if cap else 0.0
-            got = self._times[key] = (max(0.0, total - transfer), transfer, capped)
+            got = self._times[key] = (choice.latency_s, choice.transfer_s, capped)
         return got
 
     def rep(self, replica: int, stage: int) -> int:
@@ -257,41 +252,12 @@ class LinkModel:
                                              for n, s in enumerate(on_node) if s)
         return FlowTiming(0.0, seconds, loads)
 
-    # --- loads ---
-
-    def _fractions(self, layout: GroupLayout) -> tuple[float, float]:
-        """(NIC, switch-port) use of one rank at the collective's solo speed."""
-        if layout.intra_only:
-            return 0.0, 1.0
-        share = self.net.inter_share(layout)
-        if layout.ranks_per_node == 1:
-            return 1.0, 0.0
-        busbw = min(share, self.net.intra_bw)
-        return busbw / share, busbw / self.net.intra_bw
-
-    def _nic_load(self, rank: int, member: Callable[[RankCoord], bool], f_inter: float) -> float:
-        """Load on ``rank``'s NIC from every member rank that shares it."""
-        c = self.cluster
-        gpn = c.gpus_per_node
-        node, nic = c.node_of(rank), topo.nic_of(c, rank)
-        images = sum(1 for r in range(node * gpn, (node + 1) * gpn)
-                     if topo.nic_of(c, r) == nic and member(rank_coord(r, self.plan)))
-        return images * f_inter * c.nics_per_node / gpn
-
-    def _uplink_load(self, leaf: int, member: Callable[[RankCoord], bool], f_inter: float, cross: float) -> float:
-        """Load on a leaf's uplink: each member rank's NIC traffic times the part leaving the leaf."""
-        c = self.cluster
-        if cross <= 0.0:
-            return 0.0
-        gpn, npl = c.gpus_per_node, c.nodes_per_leaf
-        first, last = leaf * npl * gpn, min(c.num_nodes, (leaf + 1) * npl) * gpn
-        images = sum(1 for r in range(first, last) if member(rank_coord(r, self.plan)))
-        return images * f_inter * cross * c.spine_oversubscription / (gpn * npl)
+    # --- loads (the arithmetic both engines share: simdist.analytic.fabric) ---
 
     def _collective_loads(self, axis: str, stage: int, replicas: tuple[int, ...], layout: GroupLayout,
                           fractions: tuple[float, float] | None = None) -> Loads:
         c, plan = self.cluster, self.plan
-        f_inter, f_intra = fractions or self._fractions(layout)
+        f_inter, f_intra = fractions or fabric.fractions(self.net, layout)
         member = self._member(stage, replicas)
         out: dict[LinkKey, float] = {}
         for d in replicas:
@@ -300,12 +266,10 @@ class LinkModel:
                 _add_both(out, topo.port_link(c, rep), f_intra)
             if f_inter <= 0.0:
                 continue
-            _add_both(out, topo.nic_link(c, rep), self._nic_load(rep, member, f_inter), replace_value=True)
-            group = (list(group_ranks(plan, axis, rep)) if axis in GROUP_AXES
-                     else [rep + k * plan.axis_stride(axis) for k in range(plan.axis_size(axis))])
+            _add_both(out, topo.nic_link(c, rep), fabric.nic_load(c, plan, rep, member, f_inter), replace_value=True)
             leaf = topo.leaf_of(c, c.node_of(rep))
-            cross = _leaf_crossing(c, group, leaf)
-            load = self._uplink_load(leaf, member, f_inter, cross)
+            cross = fabric.leaf_crossing(c, fabric.group_ranks(plan, rep, axis), leaf)
+            load = fabric.uplink_load(c, plan, leaf, member, f_inter, cross)
             if load > 0.0:
                 _add_both(out, topo.uplink(c, leaf), load, replace_value=True)
         return tuple(out.items())
@@ -323,9 +287,10 @@ class LinkModel:
             if kind == "intra":
                 out[(link, direction)] = 1.0
             elif kind == "nic":
-                out[(link, direction)] = self._nic_load(end, member, 1.0)
+                out[(link, direction)] = fabric.nic_load(c, self.plan, end, member, 1.0)
             elif kind == "uplink":
-                out[(link, direction)] = self._uplink_load(topo.leaf_of(c, c.node_of(end)), member, 1.0, 1.0)
+                out[(link, direction)] = fabric.uplink_load(c, self.plan, topo.leaf_of(c, c.node_of(end)), member,
+                                                            1.0, 1.0)
         return tuple(out.items())
 
 
@@ -334,14 +299,3 @@ def _add_both(out: dict[LinkKey, float], link: str, load: float, replace_value: 
     for direction in ("up", "down"):
         key = (link, direction)
         out[key] = load if replace_value else out.get(key, 0.0) + load
-
-
-def _leaf_crossing(cluster, group: list[int], leaf: int) -> float:
-    """Part of a member node's ring traffic that leaves ``leaf``: a ring over the group's nodes
-    in order enters and leaves each leaf once, shared by that leaf's member nodes."""
-    nodes = sorted({cluster.node_of(r) for r in group})
-    leaves = {topo.leaf_of(cluster, n) for n in nodes}
-    if len(leaves) <= 1:
-        return 0.0
-    here = sum(1 for n in nodes if topo.leaf_of(cluster, n) == leaf)
-    return 1.0 / max(1, here)

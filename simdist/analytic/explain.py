@@ -1,0 +1,73 @@
+"""What a described step assumed about its framework and its collectives, in plain sentences for
+the prediction's assumptions: the framework whose defaults and rules apply, the FP8 recipe, the
+gradient bucket rule, and the algorithm and protocol NCCL's tuning model picks for each collective kind on each
+plan axis (at the size of that kind's largest call)."""
+
+from __future__ import annotations
+
+from simdist.analytic import fp8
+from simdist.analytic.collectives import collective_choice, layout_for_axis
+from simdist.analytic.ops import Comm, embedding_ops, head_ops, layer_ops
+from simdist.analytic.overlap import bucket_rule_text
+from simdist.analytic.stage import StepDescription
+from simdist.spec.frameworks import framework_of
+from simdist.units import GiB
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / GiB:.1f} GiB" if nbytes >= GiB else f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 \
+        else f"{nbytes / 1024:.0f} KiB"
+
+
+def framework_lines(d: StepDescription) -> list[str]:
+    plan = d.plan
+    out = []
+    if plan.framework:
+        fw = framework_of(plan.framework)
+        policy = {"attention-core": "the attention core (Megatron)",
+                  "op-level": "every second matmul and the elementwise ops (per-op selective AC)"}
+        out.append(f"framework {fw.name}: {fw.description}; its defaults fill the plan fields the scenario leaves "
+                   f"unset; recompute: selective recomputes {policy[fw.selective_recompute]}")
+    if plan.precision == "fp8":
+        out.append(fp8.description(plan, d.scenario.cluster.gpu.name))
+    dp = d.stages[0].dp
+    if plan.dp > 1 and dp.step_grad_sync:
+        out.append(f"gradient buckets: {bucket_rule_text(plan)}, {dp.step_buckets} per stage"
+                   + ("" if plan.overlap_grad_reduce else " (one buffer after backward: no overlap)"))
+    elif plan.dp > 1 and dp.microbatch_grad_sync:
+        out.append("gradient buckets: one per wrapped module (transformer layer), reduce-scattered as backward "
+                   "produces it (FSDP / ZeRO-2/3)")
+    return out
+
+
+def collective_lines(d: StepDescription) -> list[str]:
+    """One line naming, per plan axis and collective kind, what NCCL's model runs its largest
+    call with."""
+    sc, net = d.scenario, d.net
+    m, plan = sc.model, sc.plan
+    largest: dict[tuple[str, str], float] = {}
+    ops = [op for phase in ("fwd", "bwd") for f in (layer_ops, embedding_ops, head_ops) for op in f(m, plan, phase)]
+    for op in ops:
+        if isinstance(op, Comm) and op.collective != "sendrecv":
+            key = (op.axis, op.collective)
+            largest[key] = max(largest.get(key, 0.0), op.bytes)
+    dp = d.stages[0].dp
+    for c in dp.fwd_gathers + dp.bwd_gathers + dp.microbatch_grad_sync + dp.step_grad_sync + dp.post_step_gathers:
+        key = (c.axis, c.kind)
+        largest[key] = max(largest.get(key, 0.0), c.bytes)
+    parts = []
+    for (axis, kind), nbytes in sorted(largest.items()):
+        g = layout_for_axis(sc.cluster, plan, axis)
+        if g.size <= 1 or nbytes <= 0:
+            continue
+        choice = collective_choice(kind, nbytes, g, net)
+        where = f"{g.size} GPUs in {g.nodes} node{'s' if g.nodes > 1 else ''}"
+        parts.append(f"{axis} {kind} {_size(nbytes)} over {where}: {choice.label}")
+    if not parts:
+        return []
+    model = "NCCL's tuning model (NCCL 2.30 tuning.cc)" if net.nccl else "alpha-beta on the profile's measured links"
+    return [f"collective algorithms ({model}, largest call of each kind): " + "; ".join(parts)]
+
+
+def step_lines(d: StepDescription) -> list[str]:
+    return framework_lines(d) + collective_lines(d)

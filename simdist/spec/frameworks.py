@@ -1,0 +1,108 @@
+"""What ``plan.framework`` means: the defaults a training framework gives the plan fields a
+scenario leaves unset, and the framework's own rules that are not plan fields (the DP gradient
+bucket, what ``recompute: selective`` recomputes, the FP8 recipe it uses by default).
+
+Each default is the framework's documented or shipped value, with its source here; a field the
+scenario writes always wins. The rules themselves are applied by the analytic layer
+(:mod:`simdist.analytic.overlap` for buckets, :mod:`simdist.analytic.ops` for recompute and FP8);
+this module only says which rule a plan gets, so the executor and the simulator read one table.
+
+- ``megatron``: Megatron-LM / Megatron-Core command-line defaults (megatron/training/arguments.py,
+  megatron/core/distributed/distributed_data_parallel_config.py): no distributed optimizer and no
+  overlap unless asked (``--use-distributed-optimizer``, ``--overlap-grad-reduce``,
+  ``--overlap-param-gather``); with bf16 the gradients accumulate and reduce in fp32
+  (``accumulate_allreduce_grads_in_fp32`` is forced on for bf16); DDP buckets of
+  max(40M, 1M x dp) parameters (DistributedDataParallelConfig.bucket_size: "larger DP sizes need
+  larger buckets to ensure collectives do not become latency-bound"); selective recompute is the
+  attention core (Korthikanti et al. 2022); attention runs Transformer Engine's cuDNN fused kernel
+  (on Hopper a FlashAttention-3-class kernel: GpuSpec.fused_attention_speedup); under the
+  interleaved schedule the pipeline sends overlap compute (``--overlap-p2p-communication``, on
+  by default for interleaving, ``overlap_p2p_comm``).
+- ``nemo``: NeMo 2 / Megatron-Bridge performance recipes (the configurations of NVIDIA's
+  published performance summaries): Megatron-Core with the distributed optimizer, gradient
+  reduce and parameter gather overlapped, fp32 gradient reduction, sequence parallelism and TP
+  communication overlap whenever tp > 1, Transformer Engine fused attention.
+- ``pytorch``: PyTorch DDP / FSDP defaults: 25 MiB DDP buckets (torch.nn.parallel.
+  DistributedDataParallel bucket_cap_mb=25), FSDP reduces and gathers per wrapped module (one
+  transformer block), forward and backward prefetch on, SDPA's FlashAttention-2 kernel; torchao float8
+  (tensorwise dynamic scaling) when FP8.
+- ``torchtitan``: FSDP2 over the data-parallel ranks (data_parallel_shard_degree -1), sequence
+  parallelism with every TP plan, per-op selective activation checkpointing (its Llama 3
+  configs' ``selective_ac_option = 'op'``: saves every matmul output but every second one, and
+  the attention outputs), torchao float8 with tensorwise dynamic scaling (torchtitan
+  @ba24697, torchtitan/float8.py, parallelize_llama.py); with pipeline parallelism FSDP2 neither
+  reshards after forward nor reduces before the last micro-batch (torch.distributed.pipelining
+  stage.backward_maybe_with_nosync).
+- ``deepspeed``: DeepSpeed ZeRO defaults: ``reduce_bucket_size`` 5e8 elements, each submodule's
+  parameters fetched on their own under ZeRO-3, ``overlap_comm`` on for ZeRO-3 only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MEGATRON_BUCKET_MIN_PARAMS = 40_000_000  # Megatron-Core: max(40M, 1M x dp) parameters per bucket
+MEGATRON_BUCKET_PARAMS_PER_DP = 1_000_000
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel bucket_cap_mb=25
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed zero_optimization.reduce_bucket_size
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One framework's rules beyond plan fields."""
+
+    name: str
+    bucket_rule: str  # "megatron" | "ddp" | "deepspeed" (FSDP/ZeRO-3 reduce per wrapped module)
+    selective_recompute: str  # "attention-core" | "op-level"
+    fp8_recipe: str  # "te-default" (Transformer Engine's, by GPU) or a recipe name
+    fsdp_pipeline_no_sync: bool = False  # FSDP under PP: gather once, reduce at the last micro-batch
+    native_attention: bool = False  # Transformer Engine's cuDNN fused attention (Hopper-native kernels)
+    overlap_p2p: bool = False  # interleaved schedule: pipeline sends overlap compute (isend/irecv)
+    description: str = ""
+
+
+FRAMEWORKS: dict[str, Framework] = {
+    "megatron": Framework("megatron", "megatron", "attention-core", "te-default", native_attention=True, overlap_p2p=True,
+                          description="Megatron-LM / Megatron-Core argument defaults"),
+    "nemo": Framework("nemo", "megatron", "attention-core", "te-default", native_attention=True, overlap_p2p=True,
+                      description="NeMo 2 / Megatron-Bridge performance recipes"),
+    "pytorch": Framework("pytorch", "ddp", "attention-core", "tensorwise",
+                         description="PyTorch DDP / FSDP defaults"),
+    "torchtitan": Framework("torchtitan", "ddp", "op-level", "tensorwise", fsdp_pipeline_no_sync=True,
+                            description="torchtitan (FSDP2, per-op selective AC, torchao float8)"),
+    "deepspeed": Framework("deepspeed", "deepspeed", "attention-core", "te-default",
+                           description="DeepSpeed ZeRO defaults"),
+}
+NO_FRAMEWORK = Framework("none", "ddp", "attention-core", "te-default", description="simdist's own defaults")
+
+
+def framework_of(name: str | None) -> Framework:
+    return FRAMEWORKS.get(name or "", NO_FRAMEWORK)
+
+
+def plan_defaults(framework: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Values of the plan fields ``given`` (the scenario's plan mapping) leaves unset, as
+    ``framework`` sets them. Keys are YAML keys; conditions read the given values with the
+    contract's defaults."""
+    tp = given.get("tp", 1)
+    tp_gt1 = isinstance(tp, int) and not isinstance(tp, bool) and tp > 1
+    zero = given.get("zero_stage", 0)
+    precision = given.get("precision", "bf16")
+    out: dict[str, Any] = {}
+    if framework == "megatron":
+        out = {"flash_attention": True, "overlap_grad_reduce": False, "overlap_param_gather": False,
+               "fp32_grad_accumulation": precision in ("bf16", "fp8")}
+    elif framework == "nemo":
+        out = {"zero_stage": 1, "flash_attention": True, "overlap_grad_reduce": True, "overlap_param_gather": True,
+               "fp32_grad_accumulation": True, "sequence_parallel": tp_gt1, "tp_comm_overlap": tp_gt1}
+    elif framework == "pytorch":
+        out = {"flash_attention": True, "overlap_grad_reduce": True, "overlap_param_gather": True,
+               "zero3_fetch": "layer"}
+    elif framework == "torchtitan":
+        out = {"zero_stage": 3, "flash_attention": True, "overlap_grad_reduce": True, "overlap_param_gather": True,
+               "sequence_parallel": tp_gt1, "zero3_fetch": "layer"}
+    elif framework == "deepspeed":
+        out = {"zero3_fetch": "module", "overlap_grad_reduce": zero == 3, "overlap_param_gather": zero == 3}
+    return {k: v for k, v in out.items() if k not in given}
