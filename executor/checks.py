@@ -78,6 +78,17 @@ def run_problems(scenario: Scenario, nproc: int) -> list[Problem]:
                 "zero_stage 0 and a schedule with one backward per step (not interleaved or zero-bubble)")
     if plan.zero_quantized_weights:
         add("plan.zero_quantized_weights", "quantized weight gathers are not implemented by the executor")
+    if plan.zero_hpz_partition_size:
+        add("plan.zero_hpz_partition_size", "ZeRO++ hierarchical partitioning (hpZ) is not implemented by the executor")
+    if plan.tp_comm_overlap and plan.tp > 1:
+        add("plan.tp_comm_overlap", "overlapping TP collectives with GEMMs is not implemented by the executor "
+            "(PyTorch's async tensor parallel needs CUDA symmetric memory and torch.compile); set it to false")
+    if plan.ep > 1 or plan.etp > 1:
+        field = "plan.ep" if plan.ep > 1 else "plan.etp"
+        add(field, "expert parallelism is not implemented by the executor (its model has no expert layers)")
+    if plan.schedule in ("dualpipe", "dualpipev") and plan.pp > 1:
+        add("plan.schedule", f"{plan.schedule} is not implemented by the executor (gpipe, 1f1b, interleaved-1f1b, "
+            "zero-bubble)")
     if plan.tp > 1 and m.vocab_size % plan.tp:
         add("plan.tp", f"{plan.tp} does not divide model.vocab_size ({m.vocab_size}), which the "
             "vocabulary-parallel embedding and LM head split (pad the vocabulary as Megatron-LM does)")

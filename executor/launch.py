@@ -77,6 +77,7 @@ DEFAULTS: dict[str, Any] = {
     "nnodes": 1,
     "rdzv_endpoint": None,
     "run_dir": None,
+    "trace": None,
 }
 
 
@@ -111,7 +112,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--nnodes", type=int, default=1, help="nodes for --print-launch (default 1)")
     p.add_argument("--rdzv-endpoint", default=None,
                    help="HOST:PORT of the c10d rendezvous for --print-launch (default: this host, port 29500)")
-    p.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)  # --print-launch: the nodes' run directory
+    p.add_argument("--run-dir", default=None,
+                   help="the run directory (heartbeats, events, the measurement); with --print-launch put it on "
+                        "storage every node mounts: the scenario is copied there and the commands name that copy")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="record the measured steps with torch.profiler: one Chrome trace per rank in DIR, beside "
+                        "the phase spans every measurement keeps (the profiler slows the steps a little)")
     return p
 
 
@@ -158,7 +164,26 @@ def execute(args: argparse.Namespace | Mapping[str, Any] | None = None, /, **kwa
         for line in problems:
             _err(line)
         return RunOutcome(2)
+    for line in run_warnings(scenario, o):
+        _err(f"warning: {line}")
+    if o.get("trace"):
+        o = {**o, "trace": str(Path(o["trace"]).resolve())}
     return _launch(scenario.source_path or o["file"], total_processes(scenario), o)
+
+
+def run_warnings(scenario: Any, o: Mapping[str, Any]) -> list[str]:
+    """What the user should know before the run starts: plan fields the executor runs another
+    way than the scenario says (executor.fields), and more processes than this machine's cores."""
+    from executor.fields import field_warnings
+    from executor.hostload import cores
+
+    out = [str(p) for p in field_warnings(scenario, str(o.get("device") or "auto"))]
+    n, c = total_processes(scenario), cores()
+    if n > c and str(o.get("device")) != "cuda":
+        out.append(f"{n} processes on {c} CPU core(s): the ranks time-share the cores, so the step time "
+                   f"measures that sharing too (about {n / c:.2g}x each rank's compute); a profile fitted with at "
+                   f"most {c} ranks predicts it (`simdist predict FILE --profile P`), or run with fewer ranks")
+    return out
 
 
 def _fault_list(fault: Any) -> list[str]:
@@ -251,7 +276,7 @@ def _launch(file: str, world: int, o: dict[str, Any]) -> RunOutcome:
         return RunOutcome(130)
     result = read_json(result_path(run_dir))
     if done.ok and result is not None:
-        measurement = Measurement.from_dict(result)
+        measurement = Measurement.from_dict({**result, "host": done.host})
         if o["out"]:
             measurement.save(Path(o["out"]))
         print(summary(measurement, o["out"]))

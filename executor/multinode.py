@@ -69,6 +69,8 @@ def worker_args(file: str, run_dir: str, o: Mapping[str, Any]) -> list[str]:
     if o.get("checkpoint_dir"):
         args += ["--checkpoint-dir", str(Path(o["checkpoint_dir"]).resolve()),
                  "--checkpoint-every", str(o.get("checkpoint_every") or 0)]
+    if o.get("trace"):
+        args += ["--trace", str(o["trace"])]
     return args
 
 

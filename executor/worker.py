@@ -53,6 +53,7 @@ from executor.faults import (
 )
 from executor.measure import CollectiveCensus, StepProbe
 from executor.report import assemble
+from executor.timeline import Tracer
 from executor.train import DEFAULT_SEED, train_step
 from simdist.spec.files import write_json_atomic
 from simdist.spec.plan import rank_coord
@@ -177,7 +178,8 @@ class Worker:
               group: dist.ProcessGroup | None, servers: int) -> None:
         m, plan = scenario.model, scenario.plan
         self.reports_progress = plan_rank == plan.world_size - 1
-        probe = StepProbe(pm, cuda=device.type == "cuda")
+        tracer = Tracer(self.args.trace, self.rank, cuda=device.type == "cuda")
+        probe = StepProbe(pm, cuda=device.type == "cuda", tracer=tracer)
         warmup, steps, total = self.args.warmup, self.args.steps, self.total_steps()
         ckpt = self.checkpointer()
         if servers:
@@ -200,6 +202,9 @@ class Worker:
             self.maybe_inject_fault(step)
             if measured:
                 self.barrier(device, group)  # every rank starts a measured step together
+                tracer.start()
+            elif instrumented:
+                tracer.stop()
             before = pm.compression.counter.snapshot() if pm.compression is not None else None
             with probe.step(instrument=instrumented):
                 if instrumented:
@@ -211,7 +216,8 @@ class Worker:
                 after = pm.compression.counter.snapshot()
                 wire = {k: after[k] - before.get(k, 0) for k in after}
             if measured:
-                records[str(step)] = {"loss": loss, "wall": probe.times.wall, "phases": probe.phases()}
+                records[str(step)] = {"loss": loss, "wall": probe.times.wall, "phases": probe.phases(),
+                                      "spans": probe.spans.rows()}
             self.progress(step, warmup, steps, loss, probe.times.wall)
             if ckpt is not None and ckpt.due(step + 1, total):
                 self.beat("checkpoint", step)
@@ -229,6 +235,7 @@ class Worker:
             "losses": [records[s]["loss"] for s in measured_steps] if pm.holds_loss else None,
             "step_walls": [records[s]["wall"] for s in measured_steps],
             "phases": [records[s]["phases"] for s in measured_steps],
+            "spans": [records[s].get("spans", []) for s in measured_steps],
             "model_state": {**(probe.model_state or {}), "params_gathered": gathered},
             "activation_bytes": saved,
             "collectives": census.result(),
@@ -335,6 +342,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--out", default=None, help="rank 0 also writes the measurement here")
+    p.add_argument("--trace", default=None, help="write each rank's torch.profiler trace of the measured steps here")
     return p.parse_args(argv)
 
 

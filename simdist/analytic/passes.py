@@ -16,6 +16,7 @@ from simdist.analytic.collectives import GroupLayout, Network, collective_time, 
 from simdist.analytic.cost import CostModel
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.spec.plan import ParallelPlan
+from simdist.spec.profile import profile_layers
 from simdist.spec.scenario import Scenario
 
 
@@ -108,9 +109,9 @@ class OpTimer:
 
 
 def software_layers(sc: Scenario) -> tuple[str, ...]:
-    """The software layers a calibration profile fits separately that this plan runs through:
-    "tp" (DTensor tensor parallelism) and "zero3" (FSDP2 sharded parameters)."""
-    return (("tp",) if sc.plan.tp > 1 else ()) + (("zero3",) if sc.plan.shards_params else ())
+    """The software layers a calibration profile fits separately that this plan runs through
+    ("tp", "zero3", ...: :func:`simdist.spec.profile.profile_layers`)."""
+    return profile_layers(sc.plan)
 
 
 def framework_overhead(sc: Scenario, cost: CostModel) -> float:
