@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from executor.checks import run_problems
+from executor.devices import device_problems
 from executor.faults import (
     diagnose,
     parse_fault,
@@ -160,6 +161,8 @@ def execute(args: argparse.Namespace | Mapping[str, Any] | None = None, /, **kwa
         return RunOutcome(2)
     problems = [str(p) for p in run_problems(scenario, int(o["nproc"]))]
     problems += option_problems(scenario, o, total_processes(scenario))
+    if not problems:
+        problems += [str(p) for p in device_problems(str(o["device"]), int(o["nproc"]))]
     if problems:
         for line in problems:
             _err(line)
@@ -317,7 +320,7 @@ def summary(m: Measurement, out: str | None) -> str:
         f"{m.steps} measured steps",
         f"  step time     {m.step_time_s:.4f} s (median)",
         "  phases        " + "  ".join(f"{k} {fmt(m.phase(k))}" for k in ("forward", "backward", "optimizer", "comm"))
-        + " s",
+        + " s" + ("" if m.phase("core_wait") is None else f"  (waiting for a CPU core {fmt(m.phase('core_wait'))} s)"),
         f"  losses        {', '.join(f'{x:.4f}' for x in m.losses)}",
         f"  memory peak   {m.peak_gib * 1024:.2f} MiB",
     ]
@@ -333,6 +336,10 @@ def summary(m: Measurement, out: str | None) -> str:
     if x.get("restarts"):
         shown = "-" if x.get("restart_s") is None else f"{x['restart_s']:.2f} s"
         lines.append(f"  restarts      {x['restarts']} (restart time {shown}, {x.get('lost_steps', 0)} steps redone)")
+    host = x.get("host") or {}
+    if host.get("others_cores") is not None:
+        lines.append(f"  machine       {host['cores']} cores; other processes used {host['others_cores']:.2f} of them "
+                     f"during the run (load average {', '.join(f'{v:.2f}' for v in host.get('loadavg') or [])})")
     if out:
         lines.append(f"  measurement   {out}")
     return "\n".join(lines)
@@ -341,12 +348,13 @@ def summary(m: Measurement, out: str | None) -> str:
 # --- calibration microbenchmarks ---------------------------------------------------------------
 
 
-def microbenchmarks(nproc: int, quick: bool = False, timeout: float = 1800.0) -> dict[str, Any]:
+def microbenchmarks(nproc: int, quick: bool = False, timeout: float = 1800.0, device: str = "auto") -> dict[str, Any]:
     """Run :mod:`executor.bench` on ``nproc`` ranks (at least 2, for the collectives) through the
     launcher and return rank 0's raw timings; RuntimeError (with the log's path) if it fails."""
     run_dir = Path(tempfile.mkdtemp(prefix="simdist-bench-"))
     out = run_dir / "bench.json"
-    worker = ["-m", "executor.bench", "--run-dir", str(run_dir), "--out", str(out), *(["--quick"] if quick else [])]
+    worker = ["-m", "executor.bench", "--run-dir", str(run_dir), "--out", str(out), "--device", device,
+              *(["--quick"] if quick else [])]
     done = launch(worker, max(2, nproc), run_dir, verbose=True, timeout=timeout)
     if not done.ok or not out.exists():
         why = "interrupted" if done.interrupted else "timed out" if done.timed_out else f"exit code {done.returncode}"

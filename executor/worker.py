@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from executor.checkpoint import Checkpointer, TrainState
+from executor.devices import choose
 from executor.faults import (
     Fault,
     append_event,
@@ -101,12 +102,12 @@ class Worker:
     # --- setup ----------------------------------------------------------------------------
 
     def device_and_backend(self, cpu_only: bool = False) -> tuple[torch.device, str]:
-        want = self.args.device
-        if not cpu_only and (want == "cuda" or (want == "auto" and torch.cuda.is_available()
-                                                and torch.cuda.device_count() > self.local_rank)):
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        kind, backend = choose(self.args.device, gpus, self.local_rank, self.local_world, cpu_only)
+        if kind == "cuda":
             torch.cuda.set_device(self.local_rank)
-            return torch.device("cuda", self.local_rank), "nccl"
-        return torch.device("cpu"), "gloo"
+            return torch.device("cuda", self.local_rank), backend
+        return torch.device("cpu"), backend
 
     def run(self) -> None:
         scenario = load_scenario(self.args.scenario)
