@@ -54,7 +54,7 @@ from executor.faults import (
     remove_partial_checkpoints,
     result_path,
 )
-from executor.multinode import launch_problems, launch_text, worker_args
+from executor.multinode import copy_scenario, launch_problems, launch_text, worker_args
 from executor.torchrun import launch
 from simdist.errors import ScenarioError
 from simdist.spec.measurement import Measurement
@@ -251,7 +251,14 @@ def _print_launch(scenario: Any, o: dict[str, Any]) -> int:
         for line in problems:
             _err(line)
         return 2
-    print(launch_text(scenario, scenario.source_path or o["file"], nnodes, o))
+    file = str(scenario.source_path or o["file"])
+    if o.get("run_dir"):
+        try:
+            file = str(copy_scenario(file, o["run_dir"]))
+        except OSError as exc:
+            _err(f"--run-dir: cannot copy the scenario into {o['run_dir']}: {exc}")
+            return 2
+    print(launch_text(scenario, file, nnodes, o))
     return 0
 
 
@@ -279,7 +286,8 @@ def _launch(file: str, world: int, o: dict[str, Any]) -> RunOutcome:
         return RunOutcome(130)
     result = read_json(result_path(run_dir))
     if done.ok and result is not None:
-        measurement = Measurement.from_dict({**result, "host": done.host})
+        extra = {"host": done.host, **({"trace_dir": o["trace"]} if o.get("trace") else {})}
+        measurement = Measurement.from_dict({**result, **extra})
         if o["out"]:
             measurement.save(Path(o["out"]))
         print(summary(measurement, o["out"]))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,23 +42,26 @@ class Spans:
 
     def __init__(self) -> None:
         self.t0 = 0.0
+        self.epoch = 0.0  # the step's start on the wall clock (Unix seconds), to place profiler traces
         self.items: list[tuple[str, float, float]] = []
 
     def begin(self, t0: float) -> None:
         self.t0 = t0
+        self.epoch = time.time()
         self.items = []
 
     def add(self, name: str, start: float, end: float) -> None:
         self.items.append((name, start - self.t0, end - self.t0))
 
-    def rows(self) -> list[list[Any]]:
-        return [[name, round(a, 7), round(b, 7)] for name, a, b in self.items]
+    def record(self) -> dict[str, Any]:
+        """What a rank keeps of one step: its start on the wall clock and its spans."""
+        return {"epoch": self.epoch, "spans": [[name, round(a, 7), round(b, 7)] for name, a, b in self.items]}
 
 
 def timeline_of(ranks: list[dict[str, Any]], step: int, wall: list[float]) -> dict[str, Any]:
     """The measurement's ``timeline``: each rank's spans of measured step ``step`` (the median)."""
     return {"step": step, "step_time_s": wall[step],
-            "ranks": [{"rank": r["rank"], "spans": r["spans"][step]} for r in ranks if r.get("spans")]}
+            "ranks": [{"rank": r["rank"], **r["spans"][step]} for r in ranks if r.get("spans")]}
 
 
 class Tracer:

@@ -218,7 +218,7 @@ class Worker:
                 wire = {k: after[k] - before.get(k, 0) for k in after}
             if measured:
                 records[str(step)] = {"loss": loss, "wall": probe.times.wall, "phases": probe.phases(),
-                                      "spans": probe.spans.rows()}
+                                      "spans": probe.spans.record()}
             self.progress(step, warmup, steps, loss, probe.times.wall)
             if ckpt is not None and ckpt.due(step + 1, total):
                 self.beat("checkpoint", step)
@@ -236,7 +236,7 @@ class Worker:
             "losses": [records[s]["loss"] for s in measured_steps] if pm.holds_loss else None,
             "step_walls": [records[s]["wall"] for s in measured_steps],
             "phases": [records[s]["phases"] for s in measured_steps],
-            "spans": [records[s].get("spans", []) for s in measured_steps],
+            "spans": [records[s].get("spans") or {"epoch": None, "spans": []} for s in measured_steps],
             "model_state": {**(probe.model_state or {}), "params_gathered": gathered},
             "activation_bytes": saved,
             "collectives": census.result(),

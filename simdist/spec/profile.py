@@ -123,6 +123,15 @@ class CalibrationProfile:
                    for k, v in self.links.items()},
         )
 
+    def band_text(self, step_time_s: float) -> str | None:
+        """The error band of a step time predicted with this profile, as ``predict`` prints it
+        (None when the profile has none: fitted before version 2, or from microbenchmarks only)."""
+        if self.error_band <= 0:
+            return None
+        lo, hi = step_time_s * (1 - self.error_band), step_time_s * (1 + self.error_band)
+        return (f"error band: step time {step_time_s:.4g} s +/-{self.error_band:.0%} ({lo:.4g} to {hi:.4g} s), the "
+                f"largest run-to-run spread or fit residual of the {len(self.spreads)} run(s) the profile was fitted on")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
