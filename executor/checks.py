@@ -8,6 +8,8 @@ cannot run on ``--nproc`` processes, each problem naming its field in the contra
 
 from __future__ import annotations
 
+from typing import Any
+
 from simdist.errors import Problem
 from simdist.spec.scenario import Scenario
 
@@ -131,4 +133,45 @@ def _parameter_server_problems(scenario: Scenario) -> list[Problem]:
         out.append(Problem("plan.optimizer", f"{plan.optimizer} needs whole-tensor norms, which "
                            f"{servers} asynchronous servers (each updating on its own) cannot agree on; "
                            "use one server or another optimizer"))
+    return out
+
+
+# --- fields run another way (executor.fields) ---------------------------------------------
+
+
+def _data_parallel(plan: Any) -> str:
+    if plan.uses_parameter_servers or plan.dp == 1:
+        return "none"
+    if plan.shards_gradients:
+        return "fsdp"
+    if plan.zero_stage == 0 and split_backward_pipeline(plan.pp, plan.virtual_pipeline_stages, plan.schedule):
+        return "replicate"
+    return "ddp"
+
+
+def as_run(scenario: Any, device: str = "cpu") -> dict[str, Any]:
+    """Plan fields the executor runs another way than the scenario says: key -> value run."""
+    plan = scenario.plan
+    out: dict[str, Any] = {}
+    if plan.precision == "bf16" and not plan.fp32_grad_accumulation:
+        out["plan.fp32_grad_accumulation"] = True
+    dp = _data_parallel(plan)
+    if not plan.overlap_grad_reduce and (dp in ("fsdp", "replicate") or (dp == "ddp" and plan.grad_compression.enabled)):
+        out["plan.overlap_grad_reduce"] = True
+    return out
+
+
+_WHY = {
+    "plan.fp32_grad_accumulation": "bf16 autocast keeps fp32 parameters, so gradients accumulate in fp32",
+    "plan.overlap_grad_reduce": "FSDP2 (and DDP with a compression hook) reduces each unit's gradients as its "
+                                "backward ends",
+}
+
+
+def field_warnings(scenario: Any, device: str = "cpu") -> list[Problem]:
+    """One line per plan field the executor runs another way (see :func:`as_run`)."""
+    out = []
+    for key, value in as_run(scenario, device).items():
+        out.append(Problem(key, f"runs as {str(value).lower()} in the executor ({_WHY[key]}); the measurement "
+                           "records it, and simdist compare predicts what ran"))
     return out

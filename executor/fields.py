@@ -9,18 +9,15 @@ as dotted keys) is listed here exactly once:
 - :data:`SIMULATOR_ONLY`: fields that change nothing a run does (they fill defaults when the
   scenario is read, or only matter together with a value the executor refuses).
 
-Where PyTorch runs a field another way than the scenario says, :func:`as_run` gives the value
-that ran, :func:`field_warnings` says so before launch, and the measurement keeps it
-(``as_run``), so that ``simdist compare`` predicts the plan that actually ran. The test
+Where PyTorch runs a field another way than the scenario says, :func:`executor.checks.as_run`
+gives the value that ran, :func:`executor.checks.field_warnings` says so before launch, and the
+measurement keeps it (``as_run``), so that ``simdist compare`` predicts the plan that actually ran. The test
 ``tests/executor/test_executor_fields.py`` checks that this list covers every field and that
 each field in EXECUTOR_READS is read by the executor's code.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from simdist.errors import Problem
 from simdist.spec.fields import spec_fields
 from simdist.spec.plan import ParallelPlan
 
@@ -84,43 +81,3 @@ def plan_field_keys(cls: type = ParallelPlan, prefix: str = "plan.") -> list[str
 def attribute(key: str) -> str:
     """The Python attribute a dotted plan key is read by (its last part, unless renamed)."""
     return ATTRIBUTES.get(key, key.rsplit(".", 1)[-1])
-
-
-def _data_parallel(plan: Any) -> str:
-    from executor.checks import split_backward_pipeline
-
-    if plan.uses_parameter_servers or plan.dp == 1:
-        return "none"
-    if plan.shards_gradients:
-        return "fsdp"
-    if plan.zero_stage == 0 and split_backward_pipeline(plan.pp, plan.virtual_pipeline_stages, plan.schedule):
-        return "replicate"
-    return "ddp"
-
-
-def as_run(scenario: Any, device: str = "cpu") -> dict[str, Any]:
-    """Plan fields the executor runs another way than the scenario says: key -> value run."""
-    plan = scenario.plan
-    out: dict[str, Any] = {}
-    if plan.precision == "bf16" and not plan.fp32_grad_accumulation:
-        out["plan.fp32_grad_accumulation"] = True
-    dp = _data_parallel(plan)
-    if not plan.overlap_grad_reduce and (dp in ("fsdp", "replicate") or (dp == "ddp" and plan.grad_compression.enabled)):
-        out["plan.overlap_grad_reduce"] = True
-    return out
-
-
-_WHY = {
-    "plan.fp32_grad_accumulation": "bf16 autocast keeps fp32 parameters, so gradients accumulate in fp32",
-    "plan.overlap_grad_reduce": "FSDP2 (and DDP with a compression hook) reduces each unit's gradients as its "
-                                "backward ends",
-}
-
-
-def field_warnings(scenario: Any, device: str = "cpu") -> list[Problem]:
-    """One line per plan field the executor runs another way (see :func:`as_run`)."""
-    out = []
-    for key, value in as_run(scenario, device).items():
-        out.append(Problem(key, f"runs as {str(value).lower()} in the executor ({_WHY[key]}); the measurement "
-                           "records it, and simdist compare predicts what ran"))
-    return out

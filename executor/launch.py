@@ -177,7 +177,7 @@ def execute(args: argparse.Namespace | Mapping[str, Any] | None = None, /, **kwa
 def run_warnings(scenario: Any, o: Mapping[str, Any]) -> list[str]:
     """What the user should know before the run starts: plan fields the executor runs another
     way than the scenario says (executor.fields), and more processes than this machine's cores."""
-    from executor.fields import field_warnings
+    from executor.checks import field_warnings
     from executor.hostload import cores
 
     out = [str(p) for p in field_warnings(scenario, str(o.get("device") or "auto"))]

@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
+from executor.checks import as_run
 from executor.faults import read_events
-from executor.fields import as_run
 from executor.timeline import timeline_of
 from simdist.spec.measurement import Measurement
 from simdist.spec.scenario import Scenario
