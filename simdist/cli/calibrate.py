@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=float, default=600.0, help="seconds of runs per scenario at most")
     p.add_argument("--quick", action="store_true", help="fewer benchmark sizes (for tests)")
     p.add_argument("--bench", help="reuse a microbenchmark JSON instead of running them")
+    p.add_argument("--force", action="store_true",
+                   help="write the profile even when the fit is refused (the reasons are still printed, and the "
+                        "profile's error band covers the largest miss): for looking into a noisy machine, not for use")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto: the GPUs with NCCL when there is one per rank, else the CPU with gloo")
     p.add_argument("--from-logs", nargs="+", metavar="LOG",
@@ -118,10 +121,12 @@ def fit_machine(args: argparse.Namespace) -> int:
     if unusable:
         lines = (lines or ["calibration refused, no profile written:"]) + [f"  - {u}" for u in unusable]
     print(_table(checks))
-    if lines:
-        for line in lines:
-            print(line, file=sys.stderr)
+    for line in lines:
+        print(line, file=sys.stderr)
+    if lines and not args.force:
         return 1
+    if lines:
+        print("--force: writing the refused profile anyway", file=sys.stderr)
     profile = with_honesty(profile, checks)
     profile.save(args.out)
     _summary(profile)

@@ -160,17 +160,24 @@ def local_processes(scenario: Any) -> int:
     return plan.world_size + servers
 
 
+def busy_ranks(scenario: Any) -> int:
+    """Processes of a run that compute at the same time, and so share the cores: every rank of
+    the plan (in a pipeline the stages overlap in steady state). Parameter servers are left out:
+    they update while their workers wait for the new parameters, and wait while they compute."""
+    return scenario.plan.world_size
+
+
 def profile_for(scenario: Any, profile: CalibrationProfile | None) -> CalibrationProfile | None:
     """The profile as ``scenario``'s ranks see it: time-shared when a CPU profile's machine
-    runs more processes than it has cores (:meth:`CalibrationProfile.time_shared`)."""
+    runs more busy ranks than it has cores (:meth:`CalibrationProfile.time_shared`)."""
     if profile is None or profile.cores <= 0:
         return profile
-    return profile.time_shared(local_processes(scenario))
+    return profile.time_shared(busy_ranks(scenario))
 
 
 def time_share_note(scenario: Any, profile: CalibrationProfile) -> str:
     """The assumption a time-shared prediction states."""
-    n = local_processes(scenario)
+    n = busy_ranks(scenario)
     return (f"{n} processes time-share the profiled machine's {profile.cores} cores: each rank's compute, "
             f"collectives and sync waits {profile.time_share(n):.2g}x slower than at calibration "
             f"({max(1, profile.ranks)} ranks)")
