@@ -79,6 +79,7 @@ DEFAULTS: dict[str, Any] = {
     "rdzv_endpoint": None,
     "run_dir": None,
     "trace": None,
+    "quiet": False,  # no summary on stdout (simdist calibrate runs many)
 }
 
 
@@ -290,7 +291,8 @@ def _launch(file: str, world: int, o: dict[str, Any]) -> RunOutcome:
         measurement = Measurement.from_dict({**result, **extra})
         if o["out"]:
             measurement.save(Path(o["out"]))
-        print(summary(measurement, o["out"]))
+        if not o.get("quiet"):
+            print(summary(measurement, o["out"]))
         shutil.rmtree(run_dir, ignore_errors=True)
         return RunOutcome(0, measurement)
     _remove_partial_checkpoints(o)

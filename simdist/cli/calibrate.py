@@ -63,7 +63,7 @@ def run_executor(file: str, steps: int, db: str | None, device: str = "auto") ->
     from simdist.spec.scenario import load_scenario
 
     nproc = load_scenario(file).plan.world_size
-    outcome = execute(file=file, nproc=nproc, steps=steps, device=device)
+    outcome = execute(file=file, nproc=nproc, steps=steps, device=device, quiet=True)
     if outcome.measurement is None:
         raise RuntimeError(f"simdist run {file} failed (exit {outcome.code})")
     store_measurement(outcome.measurement, file, db)
