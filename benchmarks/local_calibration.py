@@ -8,10 +8,10 @@ Fit (``simdist calibrate --nproc 2``, every run repeated until its median is sta
 microbenchmarks, then one plan per software layer of the executor (simdist.spec.profile.
 profile_layers), each of another shape than the bundled plans it predicts: local-dp and a tiny
 DDP plan (per-op overhead: large ops and small ones), local-tp-fit (DTensor TP),
-local-zero3-fit (FSDP2 resharding), and variants of the tiny plans with twice the global batch
-written under ``--out/fit``: ZeRO-1, ZeRO-2, HSDP (4 ranks), a 1F1B pipeline, an interleaved
-pipeline (several chunks per rank), fp16 compression and the synchronous parameter server. A refused fit (a noisy machine) stops here with the
-reasons.
+local-zero3-fit (FSDP2 resharding), and variants of tiny plans written under ``--out/fit`` (as
+many micro-batches, each twice as large): ZeRO-1, ZeRO-2, HSDP (4 ranks), a 1F1B pipeline, an
+interleaved pipeline (several chunks per rank), fp16 compression and the synchronous parameter
+server. A refused fit (a noisy machine) stops here with the reasons.
 
 Held out: every bundled ``scenarios/local-*.yaml`` and ``scenarios/tiny-*.yaml`` the fit did not
 use, 2 to 8 ranks on this machine's cores (more ranks than cores are priced as time-sharing
@@ -38,8 +38,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 FIT_BUNDLED = ["local-dp", "local-tp-fit", "local-zero3-fit"]
-# (bundled plan, what its variant fits): the variant doubles the global batch (twice the micro-batches);
-# the plain DDP variant pins the per-op overhead with small ops, local-dp the compute of large ones
+# (bundled plan, what its variant fits): the variant doubles the micro-batch (same micro-batches and ops,
+# twice the tokens in each); the plain DDP variant pins the per-op overhead with small ops, local-dp with large
 FIT_VARIANTS = {"tiny-ddp": "per-op overhead", "tiny-zero1": "zero1", "tiny-fsdp2": "zero2", "tiny-hsdp": "hsdp", "tiny-pp-1f1b": "pipeline",
                 "tiny-pp-interleaved": "multichunk", "tiny-compress-fp16": "compression", "tiny-ps": "ps"}
 
@@ -53,7 +53,8 @@ def simdist(*args: str) -> subprocess.CompletedProcess:
 def variant(name: str, out: Path) -> Path:
     d = yaml.safe_load((REPO / "scenarios" / f"{name}.yaml").read_text())
     d["name"] = f"fit-{name.removeprefix('tiny-')}"
-    d["plan"]["global_batch_size"] *= 2
+    d["plan"]["global_batch_size"] *= 2  # as many micro-batches as the bundled plan, each twice as large
+    d["plan"]["micro_batch_size"] = 2 * d["plan"].get("micro_batch_size", 1)
     path = out / f"{d['name']}.yaml"
     path.write_text(yaml.safe_dump(d, sort_keys=False))
     return path
