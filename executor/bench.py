@@ -50,6 +50,9 @@ GPU_MESSAGE_SIZES = [2**p for p in range(12, 31, 2)]  # 4 KiB .. 1 GiB
 
 
 _SYNC = None  # torch.cuda.synchronize on a GPU
+# torch 2.13's names (the *_tensor ones warn that they are deprecated), the old ones before
+_ALL_GATHER = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 
 def _time(fn, reps: int, warmup: int = 2) -> float:
@@ -127,10 +130,10 @@ def bench_collectives(quick: bool, progress, device: str = "cpu") -> list[dict[s
                     if kind == "allreduce":
                         dist.all_reduce(buf, group=group)
                     elif kind == "allgather":
-                        dist.all_gather_into_tensor(buf, shard, group=group)
+                        _ALL_GATHER(buf, shard, group=group)
                     elif kind == "reducescatter":
                         try:
-                            dist.reduce_scatter_tensor(shard, buf, group=group)
+                            _REDUCE_SCATTER(shard, buf, group=group)
                         except (RuntimeError, NotImplementedError, ValueError):
                             dist.all_reduce(buf, group=group)  # gloo: a full-size all-reduce
                     elif rank in (0, 1):  # sendrecv between ranks 0 and 1
