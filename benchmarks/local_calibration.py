@@ -7,9 +7,9 @@ and tiny plan, and set each error beside the run-to-run spread of its measuremen
 Fit (``simdist calibrate --nproc 2``, every run repeated until its median is stable): the
 microbenchmarks, then one plan per software layer of the executor (simdist.spec.profile.
 profile_layers), each of another shape than the bundled plans it predicts: local-dp and a tiny
-DDP plan (per-op overhead: large ops and small ones), local-tp-fit (DTensor TP),
-local-zero3-fit (FSDP2 resharding), and variants of tiny plans written under ``--out/fit`` (as
-many micro-batches, each twice as large): ZeRO-1, ZeRO-2, HSDP (4 ranks), a 1F1B pipeline, an
+DDP plan (per-op overhead: large ops and small ones), local-tp-fit and a tiny TP plan (DTensor
+TP), local-zero3-fit and a tiny FSDP plan (FSDP2 resharding), and variants of tiny plans written
+under ``--out/fit`` (as many micro-batches, each twice as large): ZeRO-1, ZeRO-2, HSDP (4 ranks), a 1F1B pipeline, an
 interleaved pipeline (several chunks per rank), fp16 compression and the synchronous parameter
 server. A refused fit (a noisy machine) stops here with the reasons.
 
@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 FIT_BUNDLED = ["local-dp", "local-tp-fit", "local-zero3-fit"]
 # (bundled plan, what its variant fits): the variant doubles the micro-batch (same micro-batches and ops,
 # twice the tokens in each); the plain DDP variant pins the per-op overhead with small ops, local-dp with large
-FIT_VARIANTS = {"tiny-ddp": "per-op overhead", "tiny-zero1": "zero1", "tiny-fsdp2": "zero2", "tiny-hsdp": "hsdp", "tiny-pp-1f1b": "pipeline",
+FIT_VARIANTS = {"tiny-ddp": "per-op overhead", "tiny-llama-tp": "tp", "tiny-fsdp3": "zero3", "tiny-zero1": "zero1", "tiny-fsdp2": "zero2", "tiny-hsdp": "hsdp", "tiny-pp-1f1b": "pipeline",
                 "tiny-pp-interleaved": "multichunk", "tiny-compress-fp16": "compression", "tiny-ps": "ps"}
 
 
