@@ -3,12 +3,16 @@ dashboard, the search and calibration all use."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Literal
 
+from simdist.analytic.allocation_trace import LazyStageGaps
 from simdist.analytic.collectives import Network, busbw_cap
 from simdist.analytic.compression import compression_ratio, keeps_residual
 from simdist.analytic.cost import CostModel
 from simdist.analytic.flops import model_flops_per_step, recompute_flops_per_step
+from simdist.analytic.memory import StageMemory
+from simdist.analytic.memory_report import memory_assumption
 from simdist.analytic.param_server import async_staleness_steps
 from simdist.analytic.result import StepResult
 from simdist.analytic.stage import StepDescription, describe
@@ -64,14 +68,8 @@ def predict(
     flops = model_flops_per_step(model, plan)
     world = cluster.world_size
     peak = cost.peak
-    stages = tuple(
-        StageMemoryReport(
-            stage=s.stage, params_gib=to_gib(s.params), grads_gib=to_gib(s.grads),
-            optimizer_gib=to_gib(s.optimizer), activations_gib=to_gib(s.activations),
-            other_gib=to_gib(s.other), peak_gib=to_gib(s.peak), host_gib=to_gib(s.host),
-        )
-        for s in described.memory
-    )
+    stages = _memory_reports(scenario, described.memory)
+    assumptions.append(memory_assumption(scenario, described.memory))
     host_capacity = None
     if cluster.host is not None:
         host_capacity = to_gib(cluster.host.cpu_memory_bytes) / cluster.gpus_per_node
@@ -107,6 +105,21 @@ def predict(
         scenario_hash=scenario.hash(),
         host_capacity_gib=host_capacity,
         extras=extras,
+    )
+
+
+def _memory_reports(sc: Scenario, memory: tuple[StageMemory, ...]) -> tuple[StageMemoryReport, ...]:
+    """Each stage's memory for the report; the caching allocator's gap is replayed on first use."""
+    gaps = LazyStageGaps(sc.model, sc.plan, sc.cluster)
+    return tuple(
+        StageMemoryReport(
+            stage=s.stage, params_gib=to_gib(s.params), grads_gib=to_gib(s.grads),
+            optimizer_gib=to_gib(s.optimizer), activations_gib=to_gib(s.activations),
+            other_gib=to_gib(s.other), peak_gib=to_gib(s.peak), host_gib=to_gib(s.host),
+            other_parts_gib=tuple((name, to_gib(v)) for name, v in s.other_parts),
+            allocator_gap_gib=partial(gaps.gib, s.stage),
+        )
+        for s in memory
     )
 
 

@@ -3,6 +3,7 @@ data; an engine's own result is :class:`simdist.analytic.result.StepResult`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +15,13 @@ __all__ = ["BREAKDOWN_KEYS", "Prediction", "Span", "StageMemoryReport", "to_gib"
 
 @dataclass(frozen=True, slots=True)
 class StageMemoryReport:
+    """One stage's memory per GPU at its peak. ``peak_gib`` is what the job holds (PyTorch's
+    allocated tensors plus the runtime's context and NCCL buffers); ``reserved_gib`` adds what
+    the caching allocator keeps reserved beyond it (``allocator_gap_gib``: a number, or a function
+    that works it out on first use: the allocator replay is the costliest part of a prediction
+    and searches never read it); ``other_parts_gib`` says what ``other_gib`` holds (working
+    buffers, CUDA context, NCCL buffers, cuBLAS workspaces)."""
+
     stage: int
     params_gib: float
     grads_gib: float
@@ -22,6 +30,26 @@ class StageMemoryReport:
     other_gib: float
     peak_gib: float
     host_gib: float = 0.0
+    other_parts_gib: tuple[tuple[str, float], ...] = ()
+    allocator_gap_gib: float | Callable[[], float] = field(default=0.0, compare=False, repr=False)
+
+    @property
+    def reserved_gib(self) -> float:
+        gap = self.allocator_gap_gib
+        return self.peak_gib + max(0.0, gap() if callable(gap) else gap)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "stage": self.stage, "params_gib": self.params_gib, "grads_gib": self.grads_gib,
+            "optimizer_gib": self.optimizer_gib, "activations_gib": self.activations_gib,
+            "other_gib": self.other_gib, "peak_gib": self.peak_gib,
+            "reserved_gib": self.reserved_gib,
+        }
+        if self.other_parts_gib:
+            out["other_parts_gib"] = dict(self.other_parts_gib)
+        if self.host_gib:
+            out["host_gib"] = self.host_gib
+        return out
 
 
 @dataclass(frozen=True)
@@ -51,6 +79,10 @@ class Prediction:
         return max(s.peak_gib for s in self.per_stage)
 
     @property
+    def reserved_gib(self) -> float:
+        return max(s.reserved_gib for s in self.per_stage)
+
+    @property
     def host_peak_gib(self) -> float:
         return max(s.host_gib for s in self.per_stage)
 
@@ -76,15 +108,10 @@ class Prediction:
             "breakdown_s": dict(self.breakdown_s),
             "memory": {
                 "peak_gib": self.peak_gib,
+                "reserved_gib": self.reserved_gib,
                 "capacity_gib": self.capacity_gib,
                 "fits": self.fits,
-                "per_stage": [
-                    {"stage": s.stage, "params_gib": s.params_gib, "grads_gib": s.grads_gib,
-                     "optimizer_gib": s.optimizer_gib, "activations_gib": s.activations_gib,
-                     "other_gib": s.other_gib, "peak_gib": s.peak_gib,
-                     **({"host_gib": s.host_gib} if s.host_gib else {})}
-                    for s in self.per_stage
-                ],
+                "per_stage": [s.to_dict() for s in self.per_stage],
             },
             "engine": self.engine,
             "recompute_flops_per_step": self.recompute_flops_per_step,

@@ -49,12 +49,14 @@ def prediction_report(p: Prediction) -> str:
     out.append("")
     rows = [[s.stage, f"{s.params_gib:.2f}", f"{s.grads_gib:.2f}", f"{s.optimizer_gib:.2f}",
              f"{s.activations_gib:.2f}", f"{s.other_gib:.2f}", f"{s.peak_gib:.2f}",
+             f"{s.reserved_gib:.2f}",
              "ok" if s.peak_gib <= p.capacity_gib else "OOM"] for s in p.per_stage]
-    out.append(table(["stage", "params", "grads", "optim", "activ", "other", "peak GiB", ""], rows,
-                     align="rrrrrrrl"))
+    out.append(table(["stage", "params", "grads", "optim", "activ", "other", "peak GiB", "reserved", ""], rows,
+                     align="rrrrrrrrl"))
     gpu_fits = p.peak_gib <= p.capacity_gib
     verdict = "fits" if p.fits else ("DOES NOT FIT (host memory)" if gpu_fits else "DOES NOT FIT")
-    out.append(f"\nmemory: peak {p.peak_gib:.1f} GiB of {p.capacity_gib:.0f} GiB per GPU -> {verdict}")
+    out.append(f"\nmemory: peak {p.peak_gib:.1f} GiB (caching allocator reserves {p.reserved_gib:.1f}) of "
+               f"{p.capacity_gib:.0f} GiB per GPU -> {verdict}")
     if p.host_capacity_gib is not None and p.host_peak_gib > 0:
         host_ok = p.host_peak_gib <= p.host_capacity_gib
         out.append(f"host memory (offloaded / server states): {p.host_peak_gib:.1f} GiB per GPU of "

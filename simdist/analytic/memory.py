@@ -1,35 +1,49 @@
-"""Memory per GPU: model states (ZeRO paper accounting), activations (Korthikanti et al. 2022),
-the micro-batches each pipeline schedule keeps in flight, and transient buffers.
+"""Memory per GPU: model states (ZeRO paper accounting, or the framework's own layout), saved
+activations (simdist.analytic.activations), working buffers (simdist.analytic.transients) and
+what the process holds beyond tensors (simdist.analytic.runtime_memory). The caching allocator's
+reserved-over-allocated gap is simdist.analytic.allocation_trace.
 
 Sources
 - Rajbhandari et al., "ZeRO" (SC'20, arXiv:1910.02054) sec 3 and Fig. 1: mixed-precision Adam
   holds 2 B (16-bit params) + 2 B (16-bit grads) + K=12 B (fp32 master, momentum, variance)
   per parameter; ZeRO-1/2/3 shard the optimizer states / + gradients / + parameters over N_d.
-- Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models"
-  (arXiv:2205.05198) Table 2: per-layer activations sbh(34 + 5as/h) bytes, with tensor
-  parallelism sbh(10 + 24/t + 5as/(ht)), with sequence parallelism sbh(34/t + 5as/(ht)),
-  selective recompute drops the 5as/h term, full recompute keeps 2sbh; sec 4.2.3 for the
-  micro-batches in flight under 1F1B and the interleaved schedule.
+- Megatron-Core shards its distributed optimizer and reduces gradients over the data-parallel
+  group *with* context parallelism (parallel_state.get_data_parallel_group(
+  with_context_parallel=True)); torchtitan applies FSDP over the flattened ``dp_shard_cp`` mesh.
+  So ZeRO shards over dp_shard x cp.
+- Framework layouts (FSDP2's fp32 shards, DeepSpeed's buffers, DDP's bucket copy, pipelines
+  with FSDP): simdist.analytic.memory_conventions. FP8 weight copies: simdist.analytic.fp8_memory.
+  ZeRO++ hpZ's secondary partition: simdist.analytic.hpz.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from simdist.analytic.collectives import node_gpus
-from simdist.analytic.compression import error_feedback_bytes
-from simdist.analytic.param_server import ps_server_count
-from simdist.analytic.params import (
-    layer_params,
-    matrix_shapes,
-    params_per_rank,
-    total_params,
+from simdist.analytic.activations import (  # noqa: F401 (re-exported: the memory API in one place)
+    activation_bytes,
+    head_activation_bytes,
+    in_flight,
+    layer_activation_bytes,
+    layers_held,
 )
+from simdist.analytic.collectives import node_gpus
+from simdist.analytic.fp8_memory import (
+    gathered_weight_bytes,
+    linear_weight_params,
+    scaling_state_bytes,
+    weight_cache_bytes_per_param,
+)
+from simdist.analytic.hpz import secondary_partition_bytes
+from simdist.analytic.memory_conventions import conventions
+from simdist.analytic.param_server import ps_server_count
+from simdist.analytic.params import matrix_shapes, params_per_rank, stage_num_layers, total_params
+from simdist.analytic.runtime_memory import RuntimeMemory, runtime_memory
+from simdist.analytic.transients import transient_bytes, transient_parts  # noqa: F401
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
-from simdist.spec.stages import stage_layer_ranges
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +77,36 @@ def optimizer_state_bytes_per_param(m: ModelSpec, optimizer: str) -> float:
 def state_bytes(m: ModelSpec, plan: ParallelPlan) -> StateBytes:
     """The working weights (fp32, or 16-bit: FP8 weights are transient casts of 16-bit
     parameters), the gradient buffer, and the optimizer states with the fp32 master copy that
-    mixed-precision training keeps (none in fp32 training)."""
+    mixed-precision training keeps (none in fp32 training). What the optimizer step reads and
+    writes; where the bytes sit per framework is :func:`resident_state_bytes`."""
     master = 4.0 if plan.mixed_precision else 0.0
     return StateBytes(float(plan.element_bytes), float(plan.grad_buffer_bytes),
                       master + optimizer_state_bytes_per_param(m, plan.optimizer))
 
 
+def resident_state_bytes(m: ModelSpec, plan: ParallelPlan) -> StateBytes:
+    """Bytes per parameter each state takes in the plan's framework (memory_conventions):
+    FSDP2/DDP mixed precision keeps fp32 parameters (the master weights) and fp32 gradients,
+    DeepSpeed its estimator's 18 B under ZeRO-3; otherwise :func:`state_bytes`."""
+    b = state_bytes(m, plan)
+    conv = conventions(plan)
+    if conv.fsdp2_fp32_shards:
+        return StateBytes(4.0, 4.0, b.optimizer - 4.0)
+    if conv.deepspeed_buffers and plan.zero_stage == 3 and plan.mixed_precision:
+        return StateBytes(b.params, 4.0, b.optimizer)
+    return b
+
+
+def shard_group(plan: ParallelPlan) -> int:
+    """Ranks ZeRO/FSDP shards over: the shard group (all of dp without hybrid sharding) times
+    the context-parallel ranks, which hold the same weights."""
+    return plan.dp_shard * plan.cp
+
+
 def optimizer_shard_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """Parameters whose optimizer states one GPU of ``stage`` owns (its ZeRO partition)."""
     n = params_per_rank(m, plan, stage)
-    return n / plan.dp_shard if plan.shards_optimizer else n
+    return n / shard_group(plan) if plan.shards_optimizer else n
 
 
 def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
@@ -81,10 +115,13 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
     keeps off the GPU: ``host_params`` / ``host_optimizer`` (host memory, per GPU) and
     ``nvme`` (NVMe, per GPU).
 
-    ZeRO stage z shards, over the shard group (``dp_shard``, all of dp by default; FSDP
-    HYBRID_SHARD / HSDP replicate across dp/dp_shard groups, Zhao et al. VLDB 2023 sec 3.2.2):
-    z>=1 the optimizer states, z>=2 the gradients, z=3 the parameters, so the model states of
-    mixed-precision Adam take 16P/dp_shard per GPU under ZeRO-3.
+    ZeRO stage z shards, over the shard group (:func:`shard_group`; FSDP HYBRID_SHARD / HSDP
+    replicate across dp/dp_shard groups, Zhao et al. VLDB 2023 sec 3.2.2): z>=1 the optimizer
+    states, z>=2 the gradients, z=3 the parameters, so the model states of mixed-precision Adam
+    take 16P/dp_shard per GPU under ZeRO-3. ``params`` also holds the working copies a framework
+    keeps beside the sharded ones: FP8 weight caches, hpZ's secondary partition, the gathered
+    layers a pipeline keeps under FSDP2; ``grads`` the extra gradient copies (DDP buckets,
+    DeepSpeed's fp32 partition, FSDP2's unsharded accumulation under a pipeline).
     Offload (plan.offload):
     - optimizer on cpu (ZeRO-Offload, Ren et al. USENIX ATC'21 sec 4.1): the fp32 master weights
       and optimizer states of the GPU's partition move to host memory with an fp32 gradient
@@ -93,14 +130,14 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
       gradients, only the buckets in flight to the host;
     - optimizer on nvme (ZeRO-Infinity, Rajbhandari et al. SC'21): the same states on NVMe;
     - params on cpu/nvme (ZeRO-Infinity; FSDP CPUOffload): the 16-bit parameter shard leaves the
-      GPU; the gathered layers in use stay in ``transient_bytes``.
+      GPU; the gathered layers in use stay in the transient buffers.
     Parameter servers (plan.gradient_sync) keep the fp32 parameters, the optimizer states and an
     fp32 gradient sum on the servers' hosts (Li et al. OSDI'14); the workers hold no optimizer
     states. Their host share is reported per GPU when ``cluster`` is given.
     """
     n = params_per_rank(m, plan, stage)
-    b = state_bytes(m, plan)
-    shard = plan.dp_shard
+    b = resident_state_bytes(m, plan)
+    shard = shard_group(plan)
     out = {
         "params": n * b.params / (shard if plan.shards_params else 1),
         "grads": n * b.grads / (shard if plan.shards_gradients else 1),
@@ -109,6 +146,7 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
         "host_optimizer": 0.0,
         "nvme": 0.0,
     }
+    _framework_copies(m, plan, stage, n, out)
     if plan.offload.optimizer != "none":
         offloaded = out["optimizer"] + 4.0 * optimizer_shard_params(m, plan, stage)  # + fp32 gradients
         out["host_optimizer" if plan.offload.optimizer == "cpu" else "nvme"] = offloaded
@@ -122,76 +160,36 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
         if cluster is not None:
             servers = ps_server_count(plan, cluster)
             per_node = math.ceil(servers / cluster.num_nodes)
-            per_server = total_params(m) * (b.optimizer + 4.0) / servers
+            per_server = total_params(m) * (state_bytes(m, plan).optimizer + 4.0) / servers
             out["host_optimizer"] = per_server * per_node / node_gpus(cluster)
     return out
 
 
-# --- activations ----------------------------------------------------------------------------
-
-
-def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, recompute: str | None = None) -> float:
-    """Activations one layer saves for backward, per micro-batch, on one GPU.
-
-    Korthikanti Table 2 term by term, generalised to GQA, SwiGLU, no dropout and fused
-    (Flash) attention: with ``e`` bytes per activation (2 in 16-bit training),
-      norms' inputs 2·e·sbh, QKV and MLP GEMM inputs 2·e·sbh, dropout masks 2·sbh  (replicated
-      across TP unless sequence parallel), Q/K/V e·sb(h+2kv), attention output e·sbh,
-      MLP hidden 2·e·sbf (GELU: its input and output) or 4·e·sbf (SwiGLU: gate, up, silu(gate),
-      product), and the attention core: 5as²b (softmax output, dropout mask and output) for
-      explicit attention, or only the log-sum-exp (4·asb) for FlashAttention.
-    """
-    recompute = plan.recompute if recompute is None else recompute
-    t, cp = plan.tp, plan.cp
-    e = plan.element_bytes
-    s, b = m.seq_length // cp, plan.micro_batch_size
-    h, kv, a = m.hidden_size, m.kv_dim, m.num_attention_heads
-    f = m.ffn_hidden_size * m.experts_per_token
-    sbh = s * b * h
-    split_replicated = t if (plan.sequence_parallel and t > 1) else 1
-    if recompute == "full":
-        return e * sbh / split_replicated  # only the layer's input is kept
-    drop = 2 * sbh if m.dropout else 0
-    replicated = 2 * e * sbh + 2 * e * sbh + drop
-    mlp_hidden = (4 if m.mlp == "swiglu" else 2) * e * s * b * f
-    sharded = e * s * b * (h + 2 * kv) + e * sbh + mlp_hidden
-    if plan.flash_attention:
-        core = 4 * a * s * b  # fp32 log-sum-exp per row
-    elif recompute == "selective":
-        core = 0  # the s^2 attention core is recomputed in backward
-    else:
-        # softmax output e·as²b; with dropout also its 1-byte mask and its output
-        core = (e + (1 + e if m.dropout else 0)) * a * s * s * b
-    return replicated / split_replicated + (sharded + core) / t
-
-
-def head_activation_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
-    """Last stage: final-norm input, LM-head input and fp32 logits 4·sbV/t (Korthikanti sec 4.3)."""
-    e, t = plan.element_bytes, plan.tp
-    s, b = m.seq_length // plan.cp, plan.micro_batch_size
-    split = t if (plan.sequence_parallel and t > 1) else 1
-    return 2 * e * s * b * m.hidden_size / split + 4 * s * b * m.vocab_size / t
-
-
-def in_flight(plan: ParallelPlan, stage: int) -> int:
-    """Micro-batch x chunk forwards whose activations a stage holds at its peak.
-
-    GPipe keeps all m; 1F1B and ZB-H1 keep p - stage (Narayanan et al. 2021 sec 2.2;
-    Qi et al. 2024); Megatron's interleaved schedule warms up (p - stage - 1)*2 + (v-1)*p
-    chunk forwards and holds one more before its first backward.
-    """
-    p, m, v = plan.pp, plan.num_microbatches, plan.virtual_pipeline_stages
-    if p == 1:
-        return 1
-    if plan.schedule == "gpipe":
-        return m
-    if plan.interleaved:
-        return min(m * v, (p - stage - 1) * 2 + (v - 1) * p + 1)
-    return min(p - stage, m)
+def _framework_copies(m: ModelSpec, plan: ParallelPlan, stage: int, n: int, out: dict[str, float]) -> None:
+    """Weight and gradient copies beyond the ZeRO partition (see :func:`model_state_bytes`)."""
+    conv = conventions(plan)
+    layers = stage_num_layers(m, plan, stage)
+    out["params"] += layers * (linear_weight_params(m, plan) * weight_cache_bytes_per_param(plan)
+                               + scaling_state_bytes(1, plan))
+    out["params"] += secondary_partition_bytes(n, plan)
+    if plan.shards_params and plan.pp > 1 and conv.pp_fsdp_unsharded and conv.fsdp2_fp32_shards:
+        out["params"] += n * gathered_weight_bytes(plan)  # reshard_after_forward=False
+        out["grads"] += n * 4.0  # unsharded gradients accumulated in reduce_dtype (fp32)
+    if conv.fsdp2_fp32_shards and plan.zero_stage == 2:
+        out["params"] += n * plan.element_bytes  # SHARD_GRAD_OP keeps the gathered weights
+    if conv.ddp_bucket_copy and plan.zero_stage in (0, 1) and plan.dp > 1 and not plan.uses_parameter_servers:
+        out["grads"] += n * resident_state_bytes(m, plan).grads  # gradient_as_bucket_view=False
+    if conv.deepspeed_buffers and plan.zero_stage in (1, 2) and plan.mixed_precision:
+        out["grads"] = n * plan.element_bytes + 4.0 * n / shard_group(plan)  # full 16-bit + fp32 partition
 
 
 @dataclass(frozen=True, slots=True)
 class StageMemory:
+    """One GPU of one pipeline stage at its peak. ``other`` holds the working buffers
+    (``other_parts``: gathered weights, logit buffers, buckets, ...) and the runtime's context,
+    NCCL buffers and cuBLAS workspaces; ``runtime`` says how much of it lives outside PyTorch's
+    caching allocator (context and NCCL)."""
+
     stage: int
     params: float
     grads: float
@@ -200,60 +198,41 @@ class StageMemory:
     other: float
     host: float = 0.0  # offloaded states on the host (per GPU)
     nvme: float = 0.0  # offloaded states on NVMe (per GPU)
+    runtime: RuntimeMemory = field(default_factory=RuntimeMemory)
+    other_parts: tuple[tuple[str, float], ...] = ()
+    step_peak: bool = False  # the peak is the optimizer step's (activations freed)
 
     @property
     def peak(self) -> float:
         return self.params + self.grads + self.optimizer + self.activations + self.other
 
-
-def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    ranges = stage_layer_ranges(m.num_layers, plan.pp, plan.virtual_pipeline_stages)[stage]
-    layers_per_chunk = max(len(r) for r in ranges)
-    per_layer = layer_activation_bytes(m, plan)
-    chunks_in_flight = in_flight(plan, stage)
-    if plan.virtual_pipeline_stages == 1:
-        total = chunks_in_flight * sum(len(r) for r in ranges) * per_layer
-    else:
-        total = chunks_in_flight * layers_per_chunk * per_layer
-    if plan.recompute == "full":
-        # backward re-runs one layer's forward: its full activations live for that layer
-        total += layer_activation_bytes(m, plan, recompute="none")
-    if stage == plan.pp - 1:
-        # the LM head's inputs and logits stay alive for every micro-batch the last stage holds
-        # (one under 1F1B, where each forward is followed by its backward; all m under GPipe)
-        held = in_flight(plan, stage) if plan.virtual_pipeline_stages == 1 else 1
-        total += held * head_activation_bytes(m, plan)
-    return total
-
-
-def transient_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    """Working buffers beyond saved activations and states, and the gradient compressor's
-    error-feedback residuals and factors (compression.error_feedback_bytes)."""
-    b = state_bytes(m, plan)
-    out = error_feedback_bytes(m, plan, stage) if plan.dp > 1 or plan.uses_parameter_servers else 0.0
-    if plan.shards_params:
-        # the current and the prefetched layer's gathered parameters, and one layer's
-        # unsharded gradients before their reduce-scatter
-        layer = layer_params(m).per_tp_rank(plan.tp)
-        out += layer * (2 * b.params + b.grads)
-    if stage == plan.pp - 1:
-        # gradient of the fp32 logits during the LM head's backward
-        s, mb = m.seq_length // plan.cp, plan.micro_batch_size
-        out += 4 * s * mb * m.vocab_size / plan.tp
-    return out
+    @property
+    def allocator_peak(self) -> float:
+        """What PyTorch's caching allocator has allocated at the peak (the peak without the
+        context and NCCL buffers)."""
+        return self.peak - self.runtime.outside_allocator
 
 
 def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: int, cluster: ClusterSpec | None = None) -> StageMemory:
+    """The peak of one GPU of ``stage``; with ``cluster``, its runtime overheads too (none for
+    host processes, none without a cluster)."""
     states = model_state_bytes(m, plan, stage, cluster)
+    act = activation_bytes(m, plan, stage)
+    parts, step_peak = transient_parts(m, plan, stage, act)
+    rt = runtime_memory(plan, cluster)
+    parts = parts + [(name, v) for name, v in rt.parts().items() if v]
     return StageMemory(
         stage=stage,
         params=states["params"],
         grads=states["grads"],
         optimizer=states["optimizer"],
-        activations=activation_bytes(m, plan, stage),
-        other=transient_bytes(m, plan, stage),
+        activations=0.0 if step_peak else act,
+        other=sum(v for _, v in parts),
         host=states["host_params"] + states["host_optimizer"],
         nvme=states["nvme"],
+        runtime=rt,
+        other_parts=tuple(parts),
+        step_peak=step_peak,
     )
 
 

@@ -47,9 +47,10 @@ NOT_SIMULATED_YET: tuple[NotSimulated, ...] = (
     NotSimulated("plan.moe_dispatcher", "no token dispatch traffic"),
     NotSimulated("plan.cp_method", "ring attention"),
     NotSimulated("plan.schedule", "dualpipe and dualpipev have no schedule in the engines yet", blocking=True),
-    NotSimulated("plan.fp8_recipe", "one FP8 GEMM efficiency, no recipe"),
-    NotSimulated("plan.framework", "simdist's own defaults"),
-    NotSimulated("plan.zero_hpz_partition_size", "plain ZeRO-3 (no secondary weight partition)"),
+    NotSimulated("plan.fp8_recipe", "time: one FP8 GEMM efficiency, no recipe (memory follows the recipe)"),
+    NotSimulated("plan.framework", "time: simdist's own defaults (memory follows the framework's layout)"),
+    NotSimulated("plan.zero_hpz_partition_size",
+                 "time: the backward all-gather spans the whole shard group (memory holds the secondary partition)"),
 )
 _BY_FIELD = {n.field: n for n in NOT_SIMULATED_YET}
 

@@ -1,0 +1,151 @@
+"""A replay of PyTorch's CUDA caching allocator: how much device memory it reserves for a
+sequence of tensor allocations and frees, and so the gap between reserved and allocated.
+
+The rules are those of c10/cuda/CUDACachingAllocator.cpp (and the "Memory management" section
+of PyTorch's CUDA semantics notes):
+- every request is rounded up to a multiple of 512 B (kMinBlockSize);
+- requests of at most 1 MiB come from the small pool, in 2 MiB segments (kSmallBuffer); larger
+  ones from the large pool: a 20 MiB segment (kLargeBuffer) for requests under 10 MiB
+  (kMinLargeAlloc), else a segment of the request rounded up to 2 MiB (kRoundLarge);
+- a request takes the smallest cached free block that fits, of its own pool and stream (blocks
+  never move between streams); the remainder is split off when it is more than 1 MiB (large
+  pool) or at least 512 B (small pool);
+- a freed block merges with free neighbours of its segment and stays cached (reserved);
+- when a new segment would not fit on the device, the allocator releases its cached segments
+  that are entirely free and tries again (``release_cached_blocks``).
+So memory is reserved beyond what is allocated when cached blocks are too small for the
+requests of a later phase (the logits after a forward pass of layer-sized temporaries), when
+long-lived tensors land inside segments of short-lived ones, and in the pools of other streams.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+MIN_BLOCK = 512
+SMALL_SIZE = 1 << 20
+SMALL_BUFFER = 2 << 20
+LARGE_BUFFER = 20 << 20
+MIN_LARGE_ALLOC = 10 << 20
+ROUND_LARGE = 2 << 20
+
+
+def round_size(n: float) -> int:
+    return max(MIN_BLOCK, -(-int(n) // MIN_BLOCK) * MIN_BLOCK)
+
+
+def segment_size(size: int) -> int:
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return -(-size // ROUND_LARGE) * ROUND_LARGE
+
+
+def _drop(free: list[tuple[int, int]], size: int, bid: int) -> None:
+    """Remove (size, bid) from a sorted free list."""
+    del free[bisect.bisect_left(free, (size, bid))]
+
+
+@dataclass(slots=True)
+class _Block:
+    size: int
+    pool: tuple[str, bool]
+    prev: int | None = None
+    next: int | None = None
+    free: bool = True
+
+
+@dataclass
+class CachingAllocator:
+    """Replays allocations (``malloc(key, nbytes, stream)``) and frees (``free(key)``) and keeps
+    the peaks of allocated and reserved bytes. ``limit``: device bytes the allocator may reserve."""
+
+    limit: float = float("inf")
+    allocated: int = 0
+    reserved: int = 0
+    peak_allocated: int = 0
+    peak_reserved: int = 0
+    _blocks: dict[int, _Block] = field(default_factory=dict)
+    _free: dict[tuple[str, bool], list[tuple[int, int]]] = field(default_factory=dict)
+    _live: dict[object, int] = field(default_factory=dict)
+    _next_id: int = 0
+
+    def malloc(self, key: object, nbytes: float, stream: str = "compute") -> None:
+        size = round_size(nbytes)
+        small = size <= SMALL_SIZE
+        pool = (stream, small)
+        free = self._free.setdefault(pool, [])
+        i = bisect.bisect_left(free, (size, -1))
+        if i < len(free):
+            _, bid = free.pop(i)
+        else:
+            bid = self._new_segment(pool, segment_size(size))
+            _drop(free, self._blocks[bid].size, bid)
+        block = self._blocks[bid]
+        rest = block.size - size
+        if (rest >= MIN_BLOCK) if small else (rest > SMALL_SIZE):
+            nid = self._new_id()
+            self._blocks[nid] = _Block(rest, pool, prev=bid, next=block.next)
+            if block.next is not None:
+                self._blocks[block.next].prev = nid
+            block.next, block.size = nid, size
+            bisect.insort(free, (rest, nid))
+        block.free = False
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self._live[key] = bid
+
+    def free(self, key: object) -> None:
+        bid = self._live.pop(key)
+        block = self._blocks[bid]
+        block.free = True
+        self.allocated -= block.size
+        free = self._free[block.pool]
+        for side in ("prev", "next"):
+            other_id = getattr(block, side)
+            if other_id is None or not self._blocks[other_id].free:
+                continue
+            other = self._blocks[other_id]
+            _drop(free, other.size, other_id)
+            first_id, first, second = (other_id, other, block) if side == "prev" else (bid, block, other)
+            first.size += second.size
+            first.next = second.next
+            if second.next is not None:
+                self._blocks[second.next].prev = first_id
+            del self._blocks[other_id if side == "next" else bid]
+            bid, block = first_id, first
+        bisect.insort(free, (block.size, bid))
+
+    def live(self, key: object) -> bool:
+        return key in self._live
+
+    def live_keys(self) -> list[object]:
+        return list(self._live)
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def _new_segment(self, pool: tuple[str, bool], size: int) -> int:
+        if self.reserved + size > self.limit:
+            self._release_free_segments()
+        bid = self._new_id()
+        self._blocks[bid] = _Block(size, pool)
+        bisect.insort(self._free[pool], (size, bid))
+        self.reserved += size
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        return bid
+
+    def _release_free_segments(self) -> None:
+        for free in self._free.values():
+            keep = []
+            for size, bid in free:
+                b = self._blocks[bid]
+                if b.prev is None and b.next is None:  # a whole segment, unused
+                    self.reserved -= size
+                    del self._blocks[bid]
+                else:
+                    keep.append((size, bid))
+            free[:] = keep  # in place: callers hold the list
