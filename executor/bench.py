@@ -55,17 +55,25 @@ _ALL_GATHER = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
 
-def _time(fn, reps: int, warmup: int = 2) -> float:
+def _time(fn, reps: int, warmup: int = 2, cpu_clock: bool = False) -> float:
+    """Median seconds of ``fn``: wall time, or with ``cpu_clock`` the calling thread's CPU time.
+
+    Compute on the CPU is timed by CPU time (each rank computes on its one thread): a wall clock
+    also counts the time another process held the core, which grows with the op (measured on a
+    shared 2-core host: GEMMs of 0.2 GFLOP and more fell to 40% of the small ones' rate by the
+    wall clock, while their CPU-time rate stayed within 5% from 64^3 to 1024^3). Collectives
+    keep the wall clock: waiting for the peer is part of them."""
     sync = _SYNC or (lambda: None)
+    clock = time.thread_time if cpu_clock and _SYNC is None else time.perf_counter
     for _ in range(warmup):
         fn()
     sync()
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
         sync()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return statistics.median(times)
 
 
@@ -78,8 +86,8 @@ def bench_gemm(dtype: torch.dtype, quick: bool, device: str = "cpu") -> list[dic
     shapes = GPU_GEMM_SHAPES if device == "cuda" else GEMM_SHAPES
     for m, n, k in shapes[: 6 if quick else None]:
         a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
-        once = _time(lambda a=a, b=b: a @ b, 1, 1)
-        t = _time(lambda a=a, b=b: a @ b, _reps(once, 0.3))
+        once = _time(lambda a=a, b=b: a @ b, 1, 1, cpu_clock=True)
+        t = _time(lambda a=a, b=b: a @ b, _reps(once, 0.3), cpu_clock=True)
         out.append({"m": m, "n": n, "k": k, "flops": 2.0 * m * n * k, "seconds": t})
     return out
 
@@ -92,8 +100,8 @@ def bench_attention(dtype: torch.dtype, quick: bool, device: str = "cpu") -> lis
         def fwd_bwd(q=q, k=k, v=v):
             F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
 
-        once = _time(fwd_bwd, 1, 1)
-        t = _time(fwd_bwd, _reps(once, 0.3))
+        once = _time(fwd_bwd, 1, 1, cpu_clock=True)
+        t = _time(fwd_bwd, _reps(once, 0.3), cpu_clock=True)
         # full-square FLOPs, forward 4*b*s*s*h*d, backward 2x (simdist's attention convention)
         flops = 3 * 4.0 * b * s * s * h * d
         out.append({"b": b, "heads": h, "s": s, "d": d, "flops": flops, "seconds": t})
@@ -105,8 +113,8 @@ def bench_memory(dtype: torch.dtype, quick: bool, device: str = "cpu") -> list[d
     esize = torch.tensor([], dtype=dtype).element_size()
     for nbytes in MEMORY_SIZES[: 6 if quick else None]:
         x, y = (torch.randn(nbytes // esize, dtype=dtype, device=device) for _ in range(2))
-        once = _time(lambda x=x, y=y: x.add_(y), 1, 1)
-        t = _time(lambda x=x, y=y: x.add_(y), _reps(once, 0.2))
+        once = _time(lambda x=x, y=y: x.add_(y), 1, 1, cpu_clock=True)
+        t = _time(lambda x=x, y=y: x.add_(y), _reps(once, 0.2), cpu_clock=True)
         out.append({"bytes": 3.0 * nbytes, "seconds": t})  # read x, read y, write x
     return out
 
