@@ -3,6 +3,7 @@ and tiny plan, and set each error beside the run-to-run spread of its measuremen
 
     python benchmarks/local_calibration.py [--out out/calibration] [--steps 5] [--min-runs 3]
         [--max-runs 5] [--only NAME ...] [--profile PROFILE]   (reuse a profile: no fit)
+        [--repredict]   (no runs: predict --out's report.json again, after a model change)
 
 Fit (``simdist calibrate --nproc 2``, every run repeated until its median is stable): the
 microbenchmarks, then one plan per software layer of the executor (simdist.spec.profile.
@@ -114,10 +115,14 @@ def main() -> int:
     ap.add_argument("--profile", help="reuse this profile instead of fitting one")
     ap.add_argument("--only", nargs="*", help="held-out plans to run (default: all)")
     ap.add_argument("--force", action="store_true", help="keep going with a refused fit (simdist calibrate --force)")
+    ap.add_argument("--repredict", action="store_true",
+                    help="no runs: predict the plans of --out's report.json again with its profile (after a model change)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     (out / "fit").mkdir(parents=True, exist_ok=True)
     db, profile = str(out / "runs.db"), args.profile or str(out / "profile.json")
+    if args.repredict:
+        return repredict(out, profile)
     load0 = os.getloadavg()
     print(f"load average at the start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on {os.cpu_count()} CPUs",
           flush=True)
@@ -159,6 +164,19 @@ def main() -> int:
     load1 = os.getloadavg()
     print(f"\n{len(within)} of {len(rows)} held-out plans within 15% of their measured median; load average at "
           f"the end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
+    return 0
+
+
+def repredict(out: Path, profile: str) -> int:
+    rows = json.loads((out / "report.json").read_text())
+    for row in rows:
+        row["predicted_s"], row["kind"] = predict(REPO / "scenarios" / f"{row['scenario']}.yaml", profile)
+        row["error"] = row["predicted_s"] / row["median_s"] - 1
+        print(f"{row['scenario']:<24} {row['kind']:<26} {row['ranks']:>2} ranks  {row['median_s']:8.4f} s  spread "
+              f"{row['spread']:6.1%}  predicted {row['predicted_s']:8.4f} s  error {row['error']:+7.1%}  others "
+              f"{row['others_cores']:.2f} cores")
+    within = [r for r in rows if abs(r["error"]) <= 0.15]
+    print(f"\n{len(within)} of {len(rows)} held-out plans within 15% of their measured median")
     return 0
 
 

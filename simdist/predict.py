@@ -17,9 +17,10 @@ from simdist.analytic.param_server import async_staleness_steps
 from simdist.analytic.result import StepResult
 from simdist.analytic.stage import StepDescription, describe
 from simdist.analytic.steptime import reduce_step
+from simdist.analytic.timeshare import time_shared
 from simdist.errors import Problem, ScenarioError
 from simdist.results import Prediction, StageMemoryReport, to_gib
-from simdist.spec.profile import CalibrationProfile, profile_for, time_share_note
+from simdist.spec.profile import CalibrationProfile, time_share_note
 from simdist.spec.scenario import Scenario
 from simdist.spec.unsimulated import not_simulated
 
@@ -47,12 +48,12 @@ def predict(
     if blocking:
         raise ScenarioError(blocking)
     plan, model, cluster = scenario.plan, scenario.model, scenario.cluster
-    shared = profile_for(scenario, profile)  # ranks beyond a CPU profile's cores time-share them
+    shared, slowed = time_shared(scenario, profile)  # ranks beyond a CPU profile's cores share them
     cost = CostModel(cluster.gpu, plan.precision, shared)
     described = describe(scenario, cost, Network.of(cluster, shared))
     assumptions = _assumptions(scenario, profile)
-    if shared is not profile and profile is not None:
-        assumptions.append(time_share_note(scenario, profile))
+    if slowed != 1.0 and profile is not None:
+        assumptions.append(time_share_note(scenario, profile, slowed))
     assumptions += [f"not simulated yet: {n.field} ({n.instead})" for n in unsimulated]
 
     result: StepResult

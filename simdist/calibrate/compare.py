@@ -43,11 +43,13 @@ def predicted_quantities(scenario, profile: CalibrationProfile | None) -> dict[s
     from simdist.analytic.memory import activation_bytes, model_state_bytes
     from simdist.analytic.stage import describe
     from simdist.analytic.steptime import stage_time
+    from simdist.analytic.timeshare import time_shared
     from simdist.predict import predict
 
     pred = predict(scenario, profile=profile, engine="analytic", keep_spans=False)
     plan, model = scenario.plan, scenario.model
-    d = describe(scenario, CostModel(scenario.cluster.gpu, plan.precision, profile), Network.of(scenario.cluster, profile))
+    shared, _ = time_shared(scenario, profile)  # as predict() prices ranks beyond the cores
+    d = describe(scenario, CostModel(scenario.cluster.gpu, plan.precision, shared), Network.of(scenario.cluster, shared))
     st = [stage_time(d, s) for s in d.stages]
     busiest = max(range(plan.pp), key=lambda s: st[s].total)
     m = plan.num_microbatches

@@ -21,6 +21,7 @@ from simdist.analytic.cost import CostModel
 from simdist.analytic.flops import model_flops_per_step
 from simdist.analytic.memory import stage_memory
 from simdist.analytic.steptime import analytic_step
+from simdist.analytic.timeshare import time_shared
 from simdist.errors import Problem
 from simdist.results import Prediction
 from simdist.search.results import PlanResult
@@ -28,7 +29,7 @@ from simdist.search.space import Candidate, Constraints, Enumeration, candidate_
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
-from simdist.spec.profile import CalibrationProfile, profile_for
+from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import Scenario, check_consistency
 from simdist.spec.stages import stage_layer_ranges
 from simdist.units import GiB
@@ -64,7 +65,7 @@ class Evaluator:
 
     def __init__(self, scenario: Scenario, profile: CalibrationProfile | None = None):
         self.scenario, self.profile = scenario, profile
-        profile = profile_for(scenario, profile)  # ranks beyond a CPU profile's cores time-share them
+        profile, _ = time_shared(scenario, profile)  # ranks beyond a CPU profile's cores share them
         self.model, self.cluster = scenario.model, scenario.cluster
         self.base_plan = scenario.plan
         self.cost = CostModel(self.cluster.gpu, self.base_plan.precision, profile)

@@ -9,9 +9,8 @@ Version 2 adds what makes a profile honest about itself and about the machine it
 
 - ``cores`` and ``ranks``: the CPU cores the ranks could run on (``os.sched_getaffinity``) and
   how many ranks the microbenchmarks ran at once. Ranks beyond the cores time-share them
-  (:meth:`CalibrationProfile.time_share`): a run of more processes than cores is priced from a
-  profile fitted with fewer by slowing every rank's compute, collectives and sync waits by the
-  ratio of the shares (:func:`profile_for`);
+  (:meth:`CalibrationProfile.time_share`): a run of more ranks than cores is priced from a
+  profile fitted with fewer (:mod:`simdist.analytic.timeshare`);
 - ``spreads`` and ``core_waits`` of the executor runs it was fitted on (run-to-run spread of
   the step medians, and the fraction of each step the ranks waited for a core), and
   ``error_band``: the relative error band ``simdist predict --profile`` prints;
@@ -106,13 +105,14 @@ class CalibrationProfile:
         then = max(1.0, max(1, self.ranks) / self.cores)
         return now / then
 
-    def time_shared(self, processes: int) -> CalibrationProfile:
-        """This profile as ``processes`` ranks on the profiled machine see it (:meth:`time_share`):
-        compute rates divided, per-op and latency terms multiplied by the share. The sync-point
-        waits are a fraction of compute, so they stretch with it."""
-        s = self.time_share(processes)
-        if s == 1.0:
+    def slowed(self, factor: float) -> CalibrationProfile:
+        """This profile ``factor`` times slower: compute rates divided, per-op and latency terms
+        multiplied, link bandwidths divided (how ranks that time-share the cores see it,
+        :mod:`simdist.analytic.timeshare`). The sync-point waits are a fraction of compute, so
+        they stretch with it."""
+        if factor == 1.0:
             return self
+        s = factor
         return replace(
             self,
             peak_flops=self.peak_flops / s,
@@ -167,20 +167,12 @@ def busy_ranks(scenario: Any) -> int:
     return scenario.plan.world_size
 
 
-def profile_for(scenario: Any, profile: CalibrationProfile | None) -> CalibrationProfile | None:
-    """The profile as ``scenario``'s ranks see it: time-shared when a CPU profile's machine
-    runs more busy ranks than it has cores (:meth:`CalibrationProfile.time_shared`)."""
-    if profile is None or profile.cores <= 0:
-        return profile
-    return profile.time_shared(busy_ranks(scenario))
-
-
-def time_share_note(scenario: Any, profile: CalibrationProfile) -> str:
-    """The assumption a time-shared prediction states."""
+def time_share_note(scenario: Any, profile: CalibrationProfile, factor: float) -> str:
+    """The assumption a time-shared prediction states (simdist.analytic.timeshare)."""
     n = busy_ranks(scenario)
-    return (f"{n} processes time-share the profiled machine's {profile.cores} cores: each rank's compute, "
-            f"collectives and sync waits {profile.time_share(n):.2g}x slower than at calibration "
-            f"({max(1, profile.ranks)} ranks)")
+    return (f"{n} ranks time-share the profiled machine's {profile.cores} cores ({profile.time_share(n):.2g}x its "
+            f"share at calibration, {max(1, profile.ranks)} ranks): the step is priced {factor:.2g}x the "
+            "full-speed one (the ranks' busy time stretched; bubbles and sync waits fill with other ranks' work)")
 
 
 def profile_layers(plan: Any) -> tuple[str, ...]:
