@@ -136,7 +136,9 @@ def fit_sync_wait(profile: CalibrationProfile, key: str,
 
 
 OVERHEAD_RANGE = (1e-7, 5e-3)  # seconds per op the overhead searches span (0.1 us .. 5 ms)
-SYNC_WAIT_MAX = 1.0  # sync-point waits beyond the compute itself are noise, not synchronisation
+# sync-point waits of more than three times the compute are not ranks waiting for each other's jitter
+# (on tiny models the latency of many small collectives the alpha-beta links underprice lands here too)
+SYNC_WAIT_MAX = 3.0
 
 
 def fit_overhead(profile: CalibrationProfile, error_of: Callable[[CalibrationProfile], float],
