@@ -1,56 +1,184 @@
-"""The calibration check on this machine: fit on microbenchmarks, the DP run and
-one TP and one ZeRO-3 run of another shape (micro-batch 2: the framework overheads of DTensor
-and FSDP2), then predict plans that were NOT used for fitting (TP, PP 1F1B, PP GPipe, ZeRO-3,
-all at micro-batch 4) at 2 ranks.
+"""The calibration check on this machine: fit on a few plans, predict every other bundled local
+and tiny plan, and set each error beside the run-to-run spread of its measurement.
 
-    python benchmarks/local_calibration.py [--out out/calibration] [--repeats 3] [--steps 5]
+    python benchmarks/local_calibration.py [--out out/calibration] [--steps 5] [--min-runs 3]
+        [--max-runs 5] [--only NAME ...] [--profile PROFILE]   (reuse a profile: no fit)
+        [--repredict]   (no runs: predict --out's report.json again, after a model change)
 
-Writes the profile, the run store and an HTML comparison under --out, and prints the executor's
-run-to-run spread next to the prediction errors. Run it on a quiet machine: other processes on
-the two cores slow the executor but not the fitted profile.
+Fit (``simdist calibrate --nproc 2``, every run repeated until its median is stable): the
+microbenchmarks, then one plan per software layer of the executor (simdist.spec.profile.
+profile_layers), each of another shape than the bundled plans it predicts: local-dp and a tiny
+DDP plan (per-op overhead: large ops and small ones), local-tp-fit and a tiny TP plan (DTensor
+TP), local-zero3-fit and a tiny FSDP plan (FSDP2 resharding), and variants of tiny plans written
+under ``--out/fit`` (as many micro-batches, each twice as large): ZeRO-1, ZeRO-2, HSDP (4 ranks), a 1F1B pipeline, an
+interleaved pipeline (several chunks per rank), fp16 compression and the synchronous parameter
+server. A refused fit (a noisy machine) stops here with the reasons.
+
+Held out: every bundled ``scenarios/local-*.yaml`` and ``scenarios/tiny-*.yaml`` the fit did not
+use, 2 to 8 ranks on this machine's cores (more ranks than cores are priced as time-sharing
+them), each run repeated like the fitted ones. The table gives the measured median, the
+run-to-run spread, the prediction and the error, and the machine's load during the runs
+(``others`` = CPU other processes used, in cores). Results go to ``--out`` (profile, run store,
+``report.json``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-FIT = ["scenarios/local-dp.yaml", "scenarios/local-tp-fit.yaml", "scenarios/local-zero3-fit.yaml"]
-HELD_OUT = ["scenarios/local-tp.yaml", "scenarios/local-pp-1f1b.yaml", "scenarios/local-pp-gpipe.yaml",
-            "scenarios/local-zero3.yaml"]
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+FIT_BUNDLED = ["local-dp", "local-tp-fit", "local-zero3-fit"]
+# (bundled plan, what its variant fits): the variant doubles the micro-batch (same micro-batches and ops,
+# twice the tokens in each); the plain DDP variant pins the per-op overhead with small ops, local-dp with large
+FIT_VARIANTS = {"tiny-ddp": "per-op overhead", "tiny-llama-tp": "tp", "tiny-fsdp3": "zero3", "tiny-zero1": "zero1", "tiny-fsdp2": "zero2", "tiny-hsdp": "hsdp", "tiny-pp-1f1b": "pipeline",
+                "tiny-pp-interleaved": "multichunk", "tiny-compress-fp16": "compression", "tiny-ps": "ps"}
 
 
 def simdist(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "simdist.cli", *args], check=True, text=True, capture_output=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "simdist.cli", *args], text=True, capture_output=True, env=env,
+                          cwd=REPO)
 
 
-def main() -> None:
+def variant(name: str, out: Path) -> Path:
+    d = yaml.safe_load((REPO / "scenarios" / f"{name}.yaml").read_text())
+    d["name"] = f"fit-{name.removeprefix('tiny-')}"
+    d["plan"]["global_batch_size"] *= 2  # as many micro-batches as the bundled plan, each twice as large
+    d["plan"]["micro_batch_size"] = 2 * d["plan"].get("micro_batch_size", 1)
+    path = out / f"{d['name']}.yaml"
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
+    return path
+
+
+def processes(path: Path) -> int:
+    from executor.launch import total_processes
+    from simdist.spec.scenario import load_scenario
+
+    return total_processes(load_scenario(path))
+
+
+def measure(path: Path, db: str, steps: int, min_runs: int, max_runs: int) -> tuple[list[float], list[dict]]:
+    """Run a held-out plan until its median is stable (simdist.calibrate.repeat's rule)."""
+    from simdist.calibrate.repeat import repeat_until_stable
+    from simdist.spec.measurement import load_measurement
+
+    tmp = Path(db).parent / "measurements"
+    tmp.mkdir(exist_ok=True)
+    count = [0]
+
+    def once():
+        count[0] += 1
+        out = tmp / f"{path.stem}-{count[0]}.json"
+        r = simdist("run", str(path), "--nproc", str(_workers(path)), "--steps", str(steps), "--out", str(out),
+                    "--db", db)
+        if r.returncode != 0:
+            raise RuntimeError(f"{path.stem}: simdist run exited {r.returncode}: {r.stderr[-800:]}")
+        return load_measurement(out)
+
+    rep = repeat_until_stable(path.stem, once, min_runs=min_runs, max_runs=max_runs)
+    return rep.medians, [dict(m.extras.get("host") or {}) for m in rep.runs]
+
+
+def _workers(path: Path) -> int:
+    from simdist.spec.scenario import load_scenario
+
+    return load_scenario(path).plan.world_size
+
+
+def predict(path: Path, profile: str) -> tuple[float, str]:
+    from simdist.predict import predict as run_predict
+    from simdist.spec.profile import load_profile, profile_layers
+    from simdist.spec.scenario import load_scenario
+
+    sc = load_scenario(path)
+    kind = "+".join(profile_layers(sc.plan)) or "ddp"
+    return run_predict(sc, profile=load_profile(profile), engine="des", keep_spans=False).step_time_s, kind
+
+
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="out/calibration")
-    ap.add_argument("--repeats", type=int, default=3, help="runs of the DP plan to measure the spread")
     ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--min-runs", type=int, default=3)
+    ap.add_argument("--max-runs", type=int, default=5)
+    ap.add_argument("--profile", help="reuse this profile instead of fitting one")
+    ap.add_argument("--only", nargs="*", help="held-out plans to run (default: all)")
+    ap.add_argument("--force", action="store_true", help="keep going with a refused fit (simdist calibrate --force)")
+    ap.add_argument("--repredict", action="store_true",
+                    help="no runs: predict the plans of --out's report.json again with its profile (after a model change)")
     args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    db, profile = str(out / "runs.db"), str(out / "profile.json")
+    out = Path(args.out).resolve()
+    (out / "fit").mkdir(parents=True, exist_ok=True)
+    db, profile = str(out / "runs.db"), args.profile or str(out / "profile.json")
+    if args.repredict:
+        return repredict(out, profile)
+    load0 = os.getloadavg()
+    print(f"load average at the start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on {os.cpu_count()} CPUs",
+          flush=True)
+    fit = [REPO / "scenarios" / f"{n}.yaml" for n in FIT_BUNDLED] + [variant(n, out / "fit") for n in FIT_VARIANTS]
+    if not args.profile:
+        t0 = time.time()
+        r = simdist("calibrate", "--nproc", "2", "--out", profile, "--steps", str(args.steps), "--db", db,
+                    "--min-runs", str(args.min_runs), "--max-runs", str(args.max_runs), *map(str, fit),
+                    *(["--force"] if args.force else []))
+        print(r.stdout, flush=True)
+        print("\n".join(line for line in r.stderr.splitlines() if not line.startswith(("[rank", "running "))
+                         and "Warning" not in line and "return func" not in line)[-6000:], flush=True)
+        if r.returncode != 0:
+            return r.returncode
+        print(f"fitted in {time.time() - t0:.0f} s", flush=True)
+    held = sorted(p for p in (REPO / "scenarios").glob("*.yaml")
+                  if p.stem.startswith(("local-", "tiny-")) and p.stem not in FIT_BUNDLED)
+    if args.only:
+        held = [p for p in held if p.stem in args.only]
+    rows = []
+    for path in held:
+        try:
+            medians, hosts = measure(path, db, args.steps, args.min_runs, args.max_runs)
+        except RuntimeError as exc:
+            print(f"{path.stem}: not measured ({exc})", flush=True)
+            continue
+        median = statistics.median(medians)
+        spread = (max(medians) - min(medians)) / median if len(medians) > 1 else 0.0
+        predicted, kind = predict(path, profile)
+        others = max(float(h.get("others_cores") or 0) for h in hosts)
+        row = {"scenario": path.stem, "kind": kind, "ranks": processes(path), "runs": len(medians),
+               "median_s": median, "spread": spread, "predicted_s": predicted, "error": predicted / median - 1,
+               "others_cores": others, "loadavg": max(h.get("loadavg") or [0.0] for h in hosts)}
+        rows.append(row)
+        print(f"{row['scenario']:<24} {kind:<26} {row['ranks']:>2} ranks  {median:8.4f} s  spread {spread:6.1%}  "
+              f"predicted {predicted:8.4f} s  error {row['error']:+7.1%}  others {others:.2f} cores", flush=True)
+        (out / "report.json").write_text(json.dumps(rows, indent=2))
+    within = [r for r in rows if abs(r["error"]) <= 0.15]
+    load1 = os.getloadavg()
+    print(f"\n{len(within)} of {len(rows)} held-out plans within 15% of their measured median; load average at "
+          f"the end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
+    return 0
 
-    print(simdist("calibrate", "--nproc", "2", "--out", profile, "--steps", str(args.steps), "--db", db, *FIT).stdout)
-    medians = []
-    for i in range(args.repeats):
-        m = out / f"spread-{i}.json"
-        simdist("run", FIT[0], "--nproc", "2", "--steps", str(args.steps), "--out", str(m), "--no-store")
-        medians.append(json.loads(m.read_text())["step_time_s"])
-    mid = statistics.median(medians)
-    print(f"executor run-to-run spread (local-dp, {args.repeats} runs of {args.steps} steps): "
-          f"medians {', '.join(f'{t:.4f}' for t in medians)} s -> (max-min)/median = {(max(medians) - min(medians)) / mid:.1%}")
-    for f in HELD_OUT:
-        simdist("run", f, "--nproc", "2", "--steps", str(args.steps), "--out", str(out / (Path(f).stem + ".json")), "--db", db)
-    print(simdist("compare", "--profile", profile, "--db", db, "--html", str(out / "compare.html")).stdout)
+
+def repredict(out: Path, profile: str) -> int:
+    rows = json.loads((out / "report.json").read_text())
+    for row in rows:
+        row["predicted_s"], row["kind"] = predict(REPO / "scenarios" / f"{row['scenario']}.yaml", profile)
+        row["error"] = row["predicted_s"] / row["median_s"] - 1
+        print(f"{row['scenario']:<24} {row['kind']:<26} {row['ranks']:>2} ranks  {row['median_s']:8.4f} s  spread "
+              f"{row['spread']:6.1%}  predicted {row['predicted_s']:8.4f} s  error {row['error']:+7.1%}  others "
+              f"{row['others_cores']:.2f} cores")
+    within = [r for r in rows if abs(r["error"]) <= 0.15]
+    print(f"\n{len(within)} of {len(rows)} held-out plans within 15% of their measured median")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

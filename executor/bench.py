@@ -6,6 +6,13 @@ timings as JSON (atomically); simdist.calibrate.fit turns them into a profile. S
 imports torch.
 
     torchrun --standalone --nproc-per-node N -m executor.bench --run-dir DIR --out FILE [--quick]
+
+The device is chosen as for a run (:mod:`executor.devices`): on a node with a GPU per rank the
+GEMMs run in bf16 on CUDA over LLM-shaped (m, n, k) (:data:`GPU_GEMM_SHAPES`; the fit keeps the
+efficiency of each shape) and the collectives on NCCL up to 1 GiB, timed between
+``torch.cuda.synchronize`` calls (nccl-tests' method: the bus bandwidth of each size follows);
+on the CPU, fp32 GEMMs and gloo. The JSON also records the cores the ranks could use
+(``os.sched_getaffinity``) and how many ranks ran at once, which the profile keeps.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from executor.devices import choose
 from executor.faults import pid_path
 from simdist.spec.files import write_json_atomic
 
@@ -33,16 +41,39 @@ ATTENTION = [(b, h, s, d) for b, h, s, d in [(1, 4, 64, 16), (2, 4, 128, 32), (4
                                               (4, 8, 256, 64), (8, 8, 512, 64)]]
 MEMORY_SIZES = [2**p for p in range(12, 28, 2)]  # 4 KiB .. 64 MiB per tensor
 MESSAGE_SIZES = [2**p for p in range(12, 29, 2)]  # 4 KiB .. 256 MiB
+# GPU: the projections of 7B-70B decoders per micro-batch of 1-8 x 4096 tokens (tokens x hidden
+# -> hidden, 3x hidden for fused QKV, the MLP's 3.5x), and square sizes for the peak
+GPU_GEMM_SHAPES = [(m, n, k) for m in (1024, 4096, 16384) for n, k in
+                   ((4096, 4096), (12288, 4096), (14336, 4096), (4096, 14336), (8192, 8192), (28672, 8192))]
+GPU_GEMM_SHAPES += [(s, s, s) for s in (512, 1024, 2048, 8192)]
+GPU_MESSAGE_SIZES = [2**p for p in range(12, 31, 2)]  # 4 KiB .. 1 GiB
 
 
-def _time(fn, reps: int, warmup: int = 2) -> float:
+_SYNC = None  # torch.cuda.synchronize on a GPU
+# torch 2.13's names (the *_tensor ones warn that they are deprecated), the old ones before
+_ALL_GATHER = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
+
+def _time(fn, reps: int, warmup: int = 2, cpu_clock: bool = False) -> float:
+    """Median seconds of ``fn``: wall time, or with ``cpu_clock`` the calling thread's CPU time.
+
+    Compute on the CPU is timed by CPU time (each rank computes on its one thread): a wall clock
+    also counts the time another process held the core, which grows with the op (measured on a
+    shared 2-core host: GEMMs of 0.2 GFLOP and more fell to 40% of the small ones' rate by the
+    wall clock, while their CPU-time rate stayed within 5% from 64^3 to 1024^3). Collectives
+    keep the wall clock: waiting for the peer is part of them."""
+    sync = _SYNC or (lambda: None)
+    clock = time.thread_time if cpu_clock and _SYNC is None else time.perf_counter
     for _ in range(warmup):
         fn()
+    sync()
     times = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        sync()
+        times.append(clock() - t0)
     return statistics.median(times)
 
 
@@ -50,47 +81,48 @@ def _reps(seconds_each: float, budget: float) -> int:
     return max(3, min(20, int(budget / max(seconds_each, 1e-6))))
 
 
-def bench_gemm(dtype: torch.dtype, quick: bool) -> list[dict[str, Any]]:
+def bench_gemm(dtype: torch.dtype, quick: bool, device: str = "cpu") -> list[dict[str, Any]]:
     out = []
-    for m, n, k in GEMM_SHAPES[: 6 if quick else None]:
-        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
-        once = _time(lambda a=a, b=b: a @ b, 1, 1)
-        t = _time(lambda a=a, b=b: a @ b, _reps(once, 0.3))
+    shapes = GPU_GEMM_SHAPES if device == "cuda" else GEMM_SHAPES
+    for m, n, k in shapes[: 6 if quick else None]:
+        a, b = torch.randn(m, k, dtype=dtype, device=device), torch.randn(k, n, dtype=dtype, device=device)
+        once = _time(lambda a=a, b=b: a @ b, 1, 1, cpu_clock=True)
+        t = _time(lambda a=a, b=b: a @ b, _reps(once, 0.3), cpu_clock=True)
         out.append({"m": m, "n": n, "k": k, "flops": 2.0 * m * n * k, "seconds": t})
     return out
 
 
-def bench_attention(dtype: torch.dtype, quick: bool) -> list[dict[str, Any]]:
+def bench_attention(dtype: torch.dtype, quick: bool, device: str = "cpu") -> list[dict[str, Any]]:
     out = []
     for b, h, s, d in ATTENTION[: 3 if quick else None]:
-        q, k, v = (torch.randn(b, h, s, d, dtype=dtype, requires_grad=True) for _ in range(3))
+        q, k, v = (torch.randn(b, h, s, d, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
 
         def fwd_bwd(q=q, k=k, v=v):
             F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
 
-        once = _time(fwd_bwd, 1, 1)
-        t = _time(fwd_bwd, _reps(once, 0.3))
+        once = _time(fwd_bwd, 1, 1, cpu_clock=True)
+        t = _time(fwd_bwd, _reps(once, 0.3), cpu_clock=True)
         # full-square FLOPs, forward 4*b*s*s*h*d, backward 2x (simdist's attention convention)
         flops = 3 * 4.0 * b * s * s * h * d
         out.append({"b": b, "heads": h, "s": s, "d": d, "flops": flops, "seconds": t})
     return out
 
 
-def bench_memory(dtype: torch.dtype, quick: bool) -> list[dict[str, Any]]:
+def bench_memory(dtype: torch.dtype, quick: bool, device: str = "cpu") -> list[dict[str, Any]]:
     out = []
     esize = torch.tensor([], dtype=dtype).element_size()
     for nbytes in MEMORY_SIZES[: 6 if quick else None]:
-        x, y = torch.randn(nbytes // esize, dtype=dtype), torch.randn(nbytes // esize, dtype=dtype)
-        once = _time(lambda x=x, y=y: x.add_(y), 1, 1)
-        t = _time(lambda x=x, y=y: x.add_(y), _reps(once, 0.2))
+        x, y = (torch.randn(nbytes // esize, dtype=dtype, device=device) for _ in range(2))
+        once = _time(lambda x=x, y=y: x.add_(y), 1, 1, cpu_clock=True)
+        t = _time(lambda x=x, y=y: x.add_(y), _reps(once, 0.2), cpu_clock=True)
         out.append({"bytes": 3.0 * nbytes, "seconds": t})  # read x, read y, write x
     return out
 
 
-def bench_collectives(quick: bool, progress) -> list[dict[str, Any]]:
+def bench_collectives(quick: bool, progress, device: str = "cpu") -> list[dict[str, Any]]:
     world, rank = dist.get_world_size(), dist.get_rank()
     out: list[dict[str, Any]] = []
-    sizes = MESSAGE_SIZES[: 6 if quick else None]
+    sizes = (GPU_MESSAGE_SIZES if device == "cuda" else MESSAGE_SIZES)[: 6 if quick else None]
     for n in range(2, world + 1):
         group = dist.new_group(list(range(n)))
         if rank >= n:
@@ -99,17 +131,17 @@ def bench_collectives(quick: bool, progress) -> list[dict[str, Any]]:
         for kind in ("allreduce", "allgather", "reducescatter", "sendrecv"):
             for nbytes in sizes:
                 numel = max(n, nbytes // 4 // n * n)
-                buf = torch.ones(numel)
-                shard = torch.ones(numel // n)
+                buf = torch.ones(numel, device=device)
+                shard = torch.ones(numel // n, device=device)
 
                 def op(kind=kind, buf=buf, shard=shard, group=group):
                     if kind == "allreduce":
                         dist.all_reduce(buf, group=group)
                     elif kind == "allgather":
-                        dist.all_gather_into_tensor(buf, shard, group=group)
+                        _ALL_GATHER(buf, shard, group=group)
                     elif kind == "reducescatter":
                         try:
-                            dist.reduce_scatter_tensor(shard, buf, group=group)
+                            _REDUCE_SCATTER(shard, buf, group=group)
                         except (RuntimeError, NotImplementedError, ValueError):
                             dist.all_reduce(buf, group=group)  # gloo: a full-size all-reduce
                     elif rank in (0, 1):  # sendrecv between ranks 0 and 1
@@ -127,7 +159,7 @@ def bench_collectives(quick: bool, progress) -> list[dict[str, Any]]:
                 t = _time(op, reps, 1)
                 if kind == "sendrecv":
                     t /= 2  # a round trip is two transfers
-                t_all = torch.tensor([t])
+                t_all = torch.tensor([t], device=device)
                 dist.all_reduce(t_all, op=dist.ReduceOp.MAX, group=group)
                 out.append({"kind": kind, "ranks": n, "bytes": float(numel * 4), "seconds": float(t_all)})
                 if progress is not None:
@@ -137,30 +169,45 @@ def bench_collectives(quick: bool, progress) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _SYNC
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--run-dir", help="the launcher's run directory: each rank records its pid there")
     ap.add_argument("--quick", action="store_true", help="fewer, smaller sizes (tests)")
-    ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--dtype", default=None, choices=("fp32", "bf16"), help="default: bf16 on a GPU, fp32 on the CPU")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     args = ap.parse_args(argv)
+    rank = int(os.environ["RANK"])
     if args.run_dir:  # the launcher kills a worker left behind by its pid
-        pid_path(args.run_dir, int(os.environ["RANK"])).write_text(str(os.getpid()))
-    dist.init_process_group("gloo", timeout=timedelta(seconds=120))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+        pid_path(args.run_dir, rank).write_text(str(os.getpid()))
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device, backend = choose(args.device, gpus, local_rank, local_world)
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        _SYNC = torch.cuda.synchronize
+        dist.init_process_group(backend, timeout=timedelta(seconds=120), device_id=torch.device("cuda", local_rank))
+    else:
+        dist.init_process_group(backend, timeout=timedelta(seconds=120))
+    world = dist.get_world_size()
+    dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
+    dtype = torch.float32 if dtype_name == "fp32" else torch.bfloat16
     progress = None
     if rank == 0:
         from tqdm import tqdm
 
-        n_coll = sum(4 if n == 2 else 3 for n in range(2, world + 1)) * len(MESSAGE_SIZES[: 6 if args.quick else None])
+        sizes = len((GPU_MESSAGE_SIZES if device == "cuda" else MESSAGE_SIZES)[: 6 if args.quick else None])
+        n_coll = sum(4 if n == 2 else 3 for n in range(2, world + 1)) * sizes
         progress = tqdm(total=3 + n_coll, desc="microbenchmarks", file=sys.stderr, leave=False)
-    result: dict[str, Any] = {"world_size": world, "threads": torch.get_num_threads(), "dtype": args.dtype,
-                              "torch_version": torch.__version__, "device": "cpu"}
+    result: dict[str, Any] = {"world_size": world, "threads": torch.get_num_threads(), "dtype": dtype_name,
+                              "torch_version": torch.__version__, "device": device, "backend": backend,
+                              "cores": _cores(), "local_ranks": local_world,
+                              "gpu": torch.cuda.get_device_name(local_rank) if device == "cuda" else None}
     for name, fn in (("gemm", bench_gemm), ("attention", bench_attention), ("memory", bench_memory)):
-        result[name] = fn(dtype, args.quick)
+        result[name] = fn(dtype, args.quick, device)
         if progress is not None:
             progress.update(1)
-    result["collectives"] = bench_collectives(args.quick, progress)
+    result["collectives"] = bench_collectives(args.quick, progress, device)
     if rank == 0:
         progress.close()
         write_json_atomic(args.out, result)
@@ -169,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 if __name__ == "__main__":

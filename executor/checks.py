@@ -8,6 +8,8 @@ cannot run on ``--nproc`` processes, each problem naming its field in the contra
 
 from __future__ import annotations
 
+from typing import Any
+
 from executor.layouts import v12_problems
 from simdist.errors import Problem
 from simdist.spec.scenario import Scenario
@@ -76,6 +78,17 @@ def run_problems(scenario: Scenario, nproc: int) -> list[Problem]:
                 "zero_stage 0 and a schedule with one backward per step (not interleaved or zero-bubble)")
     if plan.zero_quantized_weights:
         add("plan.zero_quantized_weights", "quantized weight gathers are not implemented by the executor")
+    if plan.zero_hpz_partition_size:
+        add("plan.zero_hpz_partition_size", "ZeRO++ hierarchical partitioning (hpZ) is not implemented by the executor")
+    if plan.tp_comm_overlap and plan.tp > 1:
+        add("plan.tp_comm_overlap", "overlapping TP collectives with GEMMs is not implemented by the executor "
+            "(PyTorch's async tensor parallel needs CUDA symmetric memory and torch.compile); set it to false")
+    if plan.ep > 1 or plan.etp > 1:
+        field = "plan.ep" if plan.ep > 1 else "plan.etp"
+        add(field, "expert parallelism is not implemented by the executor (its model has no expert layers)")
+    if plan.schedule in ("dualpipe", "dualpipev") and plan.pp > 1:
+        add("plan.schedule", f"{plan.schedule} is not implemented by the executor (gpipe, 1f1b, interleaved-1f1b, "
+            "zero-bubble)")
     if plan.tp > 1 and m.vocab_size % plan.tp:
         add("plan.tp", f"{plan.tp} does not divide model.vocab_size ({m.vocab_size}), which the "
             "vocabulary-parallel embedding and LM head split (pad the vocabulary as Megatron-LM does)")
@@ -118,4 +131,45 @@ def _parameter_server_problems(scenario: Scenario) -> list[Problem]:
         out.append(Problem("plan.optimizer", f"{plan.optimizer} needs whole-tensor norms, which "
                            f"{servers} asynchronous servers (each updating on its own) cannot agree on; "
                            "use one server or another optimizer"))
+    return out
+
+
+# --- fields run another way (executor.fields) ---------------------------------------------
+
+
+def _data_parallel(plan: Any) -> str:
+    if plan.uses_parameter_servers or plan.dp == 1:
+        return "none"
+    if plan.shards_gradients:
+        return "fsdp"
+    if plan.zero_stage == 0 and split_backward_pipeline(plan.pp, plan.virtual_pipeline_stages, plan.schedule):
+        return "replicate"
+    return "ddp"
+
+
+def as_run(scenario: Any, device: str = "cpu") -> dict[str, Any]:
+    """Plan fields the executor runs another way than the scenario says: key -> value run."""
+    plan = scenario.plan
+    out: dict[str, Any] = {}
+    if plan.precision == "bf16" and not plan.fp32_grad_accumulation:
+        out["plan.fp32_grad_accumulation"] = True
+    dp = _data_parallel(plan)
+    if not plan.overlap_grad_reduce and (dp in ("fsdp", "replicate") or (dp == "ddp" and plan.grad_compression.enabled)):
+        out["plan.overlap_grad_reduce"] = True
+    return out
+
+
+_WHY = {
+    "plan.fp32_grad_accumulation": "bf16 autocast keeps fp32 parameters, so gradients accumulate in fp32",
+    "plan.overlap_grad_reduce": "FSDP2 (and DDP with a compression hook) reduces each unit's gradients as its "
+                                "backward ends",
+}
+
+
+def field_warnings(scenario: Any, device: str = "cpu") -> list[Problem]:
+    """One line per plan field the executor runs another way (see :func:`as_run`)."""
+    out = []
+    for key, value in as_run(scenario, device).items():
+        out.append(Problem(key, f"runs as {str(value).lower()} in the executor ({_WHY[key]}); the measurement "
+                           "records it, and simdist compare predicts what ran"))
     return out

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from executor.checks import run_problems
+from executor.devices import device_problems
 from executor.faults import (
     diagnose,
     parse_fault,
@@ -53,7 +54,7 @@ from executor.faults import (
     remove_partial_checkpoints,
     result_path,
 )
-from executor.multinode import launch_problems, launch_text, worker_args
+from executor.multinode import copy_scenario, launch_problems, launch_text, worker_args
 from executor.torchrun import launch
 from simdist.errors import ScenarioError
 from simdist.spec.measurement import Measurement
@@ -77,6 +78,8 @@ DEFAULTS: dict[str, Any] = {
     "nnodes": 1,
     "rdzv_endpoint": None,
     "run_dir": None,
+    "trace": None,
+    "quiet": False,  # no summary on stdout (simdist calibrate runs many)
 }
 
 
@@ -111,7 +114,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--nnodes", type=int, default=1, help="nodes for --print-launch (default 1)")
     p.add_argument("--rdzv-endpoint", default=None,
                    help="HOST:PORT of the c10d rendezvous for --print-launch (default: this host, port 29500)")
-    p.add_argument("--run-dir", default=None, help=argparse.SUPPRESS)  # --print-launch: the nodes' run directory
+    p.add_argument("--run-dir", default=None,
+                   help="the run directory (heartbeats, events, the measurement); with --print-launch put it on "
+                        "storage every node mounts: the scenario is copied there and the commands name that copy")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="record the measured steps with torch.profiler: one Chrome trace per rank in DIR, beside "
+                        "the phase spans every measurement keeps (the profiler slows the steps a little)")
     return p
 
 
@@ -154,11 +162,32 @@ def execute(args: argparse.Namespace | Mapping[str, Any] | None = None, /, **kwa
         return RunOutcome(2)
     problems = [str(p) for p in run_problems(scenario, int(o["nproc"]))]
     problems += option_problems(scenario, o, total_processes(scenario))
+    if not problems:
+        problems += [str(p) for p in device_problems(str(o["device"]), int(o["nproc"]))]
     if problems:
         for line in problems:
             _err(line)
         return RunOutcome(2)
+    for line in run_warnings(scenario, o):
+        _err(f"warning: {line}")
+    if o.get("trace"):
+        o = {**o, "trace": str(Path(o["trace"]).resolve())}
     return _launch(scenario.source_path or o["file"], total_processes(scenario), o)
+
+
+def run_warnings(scenario: Any, o: Mapping[str, Any]) -> list[str]:
+    """What the user should know before the run starts: plan fields the executor runs another
+    way than the scenario says (executor.fields), and more processes than this machine's cores."""
+    from executor.checks import field_warnings
+    from executor.hostload import cores
+
+    out = [str(p) for p in field_warnings(scenario, str(o.get("device") or "auto"))]
+    n, c = total_processes(scenario), cores()
+    if n > c and str(o.get("device")) != "cuda":
+        out.append(f"{n} processes on {c} CPU core(s): the ranks time-share the cores, so the step time "
+                   f"measures that sharing too (about {n / c:.2g}x each rank's compute); a profile fitted with at "
+                   f"most {c} ranks predicts it (`simdist predict FILE --profile P`), or run with fewer ranks")
+    return out
 
 
 def _fault_list(fault: Any) -> list[str]:
@@ -223,7 +252,14 @@ def _print_launch(scenario: Any, o: dict[str, Any]) -> int:
         for line in problems:
             _err(line)
         return 2
-    print(launch_text(scenario, scenario.source_path or o["file"], nnodes, o))
+    file = str(scenario.source_path or o["file"])
+    if o.get("run_dir"):
+        try:
+            file = str(copy_scenario(file, o["run_dir"]))
+        except OSError as exc:
+            _err(f"--run-dir: cannot copy the scenario into {o['run_dir']}: {exc}")
+            return 2
+    print(launch_text(scenario, file, nnodes, o))
     return 0
 
 
@@ -251,10 +287,12 @@ def _launch(file: str, world: int, o: dict[str, Any]) -> RunOutcome:
         return RunOutcome(130)
     result = read_json(result_path(run_dir))
     if done.ok and result is not None:
-        measurement = Measurement.from_dict(result)
+        extra = {"host": done.host, **({"trace_dir": o["trace"]} if o.get("trace") else {})}
+        measurement = Measurement.from_dict({**result, **extra})
         if o["out"]:
             measurement.save(Path(o["out"]))
-        print(summary(measurement, o["out"]))
+        if not o.get("quiet"):
+            print(summary(measurement, o["out"]))
         shutil.rmtree(run_dir, ignore_errors=True)
         return RunOutcome(0, measurement)
     _remove_partial_checkpoints(o)
@@ -292,7 +330,7 @@ def summary(m: Measurement, out: str | None) -> str:
         f"{m.steps} measured steps",
         f"  step time     {m.step_time_s:.4f} s (median)",
         "  phases        " + "  ".join(f"{k} {fmt(m.phase(k))}" for k in ("forward", "backward", "optimizer", "comm"))
-        + " s",
+        + " s" + ("" if m.phase("core_wait") is None else f"  (waiting for a CPU core {fmt(m.phase('core_wait'))} s)"),
         f"  losses        {', '.join(f'{x:.4f}' for x in m.losses)}",
         f"  memory peak   {m.peak_gib * 1024:.2f} MiB",
     ]
@@ -308,6 +346,10 @@ def summary(m: Measurement, out: str | None) -> str:
     if x.get("restarts"):
         shown = "-" if x.get("restart_s") is None else f"{x['restart_s']:.2f} s"
         lines.append(f"  restarts      {x['restarts']} (restart time {shown}, {x.get('lost_steps', 0)} steps redone)")
+    host = x.get("host") or {}
+    if host.get("others_cores") is not None:
+        lines.append(f"  machine       {host['cores']} cores; other processes used {host['others_cores']:.2f} of them "
+                     f"during the run (load average {', '.join(f'{v:.2f}' for v in host.get('loadavg') or [])})")
     if out:
         lines.append(f"  measurement   {out}")
     return "\n".join(lines)
@@ -316,12 +358,13 @@ def summary(m: Measurement, out: str | None) -> str:
 # --- calibration microbenchmarks ---------------------------------------------------------------
 
 
-def microbenchmarks(nproc: int, quick: bool = False, timeout: float = 1800.0) -> dict[str, Any]:
+def microbenchmarks(nproc: int, quick: bool = False, timeout: float = 1800.0, device: str = "auto") -> dict[str, Any]:
     """Run :mod:`executor.bench` on ``nproc`` ranks (at least 2, for the collectives) through the
     launcher and return rank 0's raw timings; RuntimeError (with the log's path) if it fails."""
     run_dir = Path(tempfile.mkdtemp(prefix="simdist-bench-"))
     out = run_dir / "bench.json"
-    worker = ["-m", "executor.bench", "--run-dir", str(run_dir), "--out", str(out), *(["--quick"] if quick else [])]
+    worker = ["-m", "executor.bench", "--run-dir", str(run_dir), "--out", str(out), "--device", device,
+              *(["--quick"] if quick else [])]
     done = launch(worker, max(2, nproc), run_dir, verbose=True, timeout=timeout)
     if not done.ok or not out.exists():
         why = "interrupted" if done.interrupted else "timed out" if done.timed_out else f"exit code {done.returncode}"

@@ -31,7 +31,9 @@ Phase times of the measured steps use ``time.perf_counter`` (wall) and ``time.th
 (torchrun sets OMP_NUM_THREADS=1), so while it is not on a core it is waiting: ``comm`` =
 wall - CPU time of the step is the exposed communication (collective and pipeline waits, and
 on an oversubscribed host also the wait for a core), and forward / backward / optimizer are the
-CPU times of those phases. Forward is timed with hooks on each model chunk (so a pipeline's
+CPU times of those phases. Where Linux reports it (:func:`executor.timeline.run_delay_s`), the
+wait for a core is measured apart (``core_wait``) and ``comm`` is only the wait for peers.
+Forward is timed with hooks on each model chunk (so a pipeline's
 interleaved forwards are caught); in a pipeline, backward is the schedule's CPU time minus
 forward. On CUDA, phases are wall times with a synchronize at each boundary and ``comm`` is not
 measured (None).
@@ -53,6 +55,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from executor.parallelize import ParallelModel
+from executor.timeline import Spans, Tracer, run_delay_s
 from executor.train import Probe
 
 # --- model states ---------------------------------------------------------------------------
@@ -271,6 +274,7 @@ class CollectiveCensus(TorchDispatchMode):
 class StepTimes:
     wall: float = 0.0
     cpu: float = 0.0
+    core_wait: float | None = None  # runnable but not running (schedstat run_delay)
     phases_wall: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     phases_cpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
@@ -278,10 +282,12 @@ class StepTimes:
 class StepProbe(Probe):
     """Phase timers (and, on the instrumented step, the memory counters) for train_step."""
 
-    def __init__(self, pm: ParallelModel, cuda: bool):
+    def __init__(self, pm: ParallelModel, cuda: bool, tracer: Tracer | None = None):
         self.pm = pm
         self.cuda = cuda
+        self.tracer = tracer or Tracer(None, 0, cuda)
         self.times = StepTimes()
+        self.spans = Spans()
         self.saved: SavedActivations | None = None
         self.gathered: GatheredParams | None = None
         self.model_state: dict[str, int] | None = None
@@ -304,6 +310,7 @@ class StepProbe(Probe):
     def _post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         wall0, cpu0 = self._forward_start.pop()
         wall1, cpu1 = self._now()
+        self.spans.add("forward", wall0, wall1)
         self.times.phases_wall["forward"] += wall1 - wall0
         self.times.phases_cpu["forward"] += cpu1 - cpu0
         if self.gathered is not None:
@@ -315,8 +322,10 @@ class StepProbe(Probe):
             yield
             return
         wall0, cpu0 = self._now()
-        yield
+        with self.tracer.span(name):
+            yield
         wall1, cpu1 = self._now()
+        self.spans.add(name, wall0, wall1)
         self.times.phases_wall[name] += wall1 - wall0
         self.times.phases_cpu[name] += cpu1 - cpu0
 
@@ -339,13 +348,18 @@ class StepProbe(Probe):
         self.saved = SavedActivations() if instrument else None
         self.gathered = GatheredParams(self.pm) if instrument else None
         wall0, cpu0 = self._now()
+        self.spans.begin(wall0)
+        delay0 = run_delay_s()
         yield self.times
         wall1, cpu1 = self._now()
+        delay1 = run_delay_s()
         self.times.wall = wall1 - wall0
         self.times.cpu = cpu1 - cpu0
+        if delay0 is not None and delay1 is not None:
+            self.times.core_wait = max(0.0, delay1 - delay0)
 
     def phases(self) -> dict[str, float | None]:
-        """forward, backward, optimizer, comm and other (seconds) of the last timed step."""
+        """forward, backward, optimizer, comm, core_wait and other (seconds) of the last timed step."""
         t = self.times
         src = t.phases_wall if self.cuda else t.phases_cpu
         forward = src.get("forward", 0.0)
@@ -355,6 +369,8 @@ class StepProbe(Probe):
         if self.cuda:
             return {"forward": forward, "backward": backward, "optimizer": optimizer, "comm": None,
                     "other": max(0.0, t.wall - forward - backward - optimizer)}
-        comm = max(0.0, t.wall - t.cpu)
-        return {"forward": forward, "backward": backward, "optimizer": optimizer, "comm": comm,
+        waited = max(0.0, t.wall - t.cpu)
+        core = None if t.core_wait is None else min(waited, t.core_wait)
+        return {"forward": forward, "backward": backward, "optimizer": optimizer,
+                "comm": waited - (core or 0.0), "core_wait": core,
                 "other": max(0.0, t.cpu - forward - backward - optimizer)}

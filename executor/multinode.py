@@ -11,8 +11,11 @@ parameter-server modes, the servers placed on each node (``parameter_servers / M
 
 Every node's command is the same; only the comment differs. Rank 0 writes the measurement to
 ``--out`` (on its own node) and the run directory holds heartbeats, pids and the events of each
-node's ranks. Checkpoints (``--checkpoint-dir``) must be on a file system every node sees.
-No torch import here.
+node's ranks. Other nodes do not see this machine's files: with ``--run-dir DIR`` on storage
+every node mounts, the scenario is copied into DIR and the commands name that copy (and the
+measurement goes to DIR too); without it the commands say that the scenario path and the
+default run directory (this machine's temp folder) must exist on every node. Checkpoints
+(``--checkpoint-dir``) must be on a file system every node sees. No torch import here.
 """
 
 from __future__ import annotations
@@ -55,6 +58,18 @@ def launch_problems(scenario: Scenario, nnodes: int) -> list[Problem]:
     return out
 
 
+def copy_scenario(file: str, run_dir: str) -> Path:
+    """Copy the scenario into the shared run directory (created if needed); returns the copy."""
+    import shutil
+
+    target = Path(run_dir).resolve()
+    target.mkdir(parents=True, exist_ok=True)
+    copy = target / Path(file).name
+    if Path(file).resolve() != copy:
+        shutil.copyfile(file, copy)
+    return copy
+
+
 def rdzv_id(scenario: Scenario) -> str:
     return f"simdist-{scenario.hash()[:12]}"
 
@@ -69,6 +84,8 @@ def worker_args(file: str, run_dir: str, o: Mapping[str, Any]) -> list[str]:
     if o.get("checkpoint_dir"):
         args += ["--checkpoint-dir", str(Path(o["checkpoint_dir"]).resolve()),
                  "--checkpoint-every", str(o.get("checkpoint_every") or 0)]
+    if o.get("trace"):
+        args += ["--trace", str(o["trace"])]
     return args
 
 
@@ -86,14 +103,22 @@ def launch_text(scenario: Scenario, file: str, nnodes: int, o: Mapping[str, Any]
     nproc = processes_per_node(scenario, nnodes)
     run_id = rdzv_id(scenario)
     endpoint = o.get("rdzv_endpoint") or default_endpoint()
-    run_dir = o.get("run_dir") or f"/tmp/{run_id}"
+    shared = bool(o.get("run_dir"))
+    run_dir = str(Path(o["run_dir"]).resolve()) if shared else f"/tmp/{run_id}"
     out = o.get("out") or f"{run_dir}/measurement.json"
     work = [*worker_args(file, run_dir, o), "--out", str(out)]
     restarts = int(o.get("max_restarts") or 0)
     env = f"{ENV} PYTHONPATH={shlex.quote(str(REPO_ROOT))}"
     command = shlex.join(["torchrun", *torchrun_args(nnodes, nproc, endpoint, run_id, restarts), *work])
-    lines = [f"# {scenario.name}: {scenario.plan.world_size} ranks on {nnodes} node(s), {nproc} process(es) per node",
-             f"# run on every node (c10d rendezvous at {endpoint}; rank 0 writes {out}):"]
+    lines = [f"# {scenario.name}: {scenario.plan.world_size} ranks on {nnodes} node(s), {nproc} process(es) per node"]
+    if shared:
+        lines.append(f"# the scenario was copied to {file} in the run directory {run_dir}: it must be on storage "
+                     "every node mounts (heartbeats, events and the measurement go there too)")
+    else:
+        lines.append(f"# the scenario {Path(file).resolve()} and the run directory {run_dir} are paths on this "
+                     "machine: each node needs them at the same path (give --run-dir DIR on shared storage and "
+                     "the scenario is copied there)")
+    lines.append(f"# run on every node (c10d rendezvous at {endpoint}; rank 0 writes {out}):")
     for node in range(nnodes):
         lines += [f"# node {node}", f"{env} {command}"]
     port = endpoint.rpartition(":")[2]

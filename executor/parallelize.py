@@ -17,7 +17,8 @@ zero_stage 3  FSDP2 ``fully_shard(reshard_after_forward=True)``
 
 With ``dp_shard`` < dp (hybrid sharding) FSDP2 runs on the 2-D (dp_replicate, dp_shard) mesh
 (HSDP) and ZeRO-1 partitions over dp_shard; gradient compression registers a DDP communication
-hook (:mod:`executor.compression`); the optimizer comes from :mod:`executor.optim`.
+hook (:mod:`executor.compression`); the optimizer comes from :mod:`executor.optim`; the plan's
+overlap and gather-unit knobs are :mod:`executor.knobs`.
 
 torch.distributed.tensor (DTensor, ~0.5 s to import), FSDP2 and pipelining are imported only by
 the plans that use them: every torchrun start pays its imports on every rank.
@@ -45,6 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from executor import expert_context, optim
 from executor.checks import split_backward_pipeline
+from executor.knobs import apply_grad_reduce_overlap, apply_param_gather_overlap, shard_submodules
 from executor.model import Transformer, build_model, lm_loss, stage_module
 from executor.optim import NormSync, sharded_groups
 from simdist.spec.model import ModelSpec
@@ -98,10 +100,7 @@ HSDP_DIMS = ("dp_replicate", "dp_shard", "pp", "tp")
 
 
 def _group_options(backend: str, timeout: timedelta) -> tuple[str, Any]:
-    if backend == "nccl":
-        opts = dist.ProcessGroupNCCL.Options()
-    else:
-        opts = dist.ProcessGroupGloo._Options()
+    opts = dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
     return backend, opts
 
@@ -335,14 +334,18 @@ def build_parallel_model(m: ModelSpec, plan: ParallelPlan, rank: int, mesh: Devi
             # (train.loss_context); pipeline schedules compute it on gathered logits
             apply_tensor_parallel(chunk, mesh["tp"], plan.sequence_parallel, vocab_parallel_loss=plan.pp == 1)
         if kind == "fsdp":
+            if plan.zero3_fetch == "module" and plan.shards_params:  # executor.knobs
+                shard_submodules(chunk, shard_mesh(plan, mesh), reshard_after_forward=True)
             chunks.append(apply_fsdp(chunk, shard_mesh(plan, mesh), reshard_after_forward=plan.shards_params))
+            apply_param_gather_overlap(chunks[-1], plan)
         elif kind == "replicate":
             chunks.append(apply_replicate(chunk, mesh["dp"]))
         elif kind in ("ddp", "zero1"):
             if plan.tp > 1:
                 local_shards.update(localize_tensor_parallel_params(chunk))
-            chunks.append(apply_ddp(chunk, expert_context.data_group(extras, mesh["dp"].get_group()),
-                                    plan.ddp_bucket_size_bytes, device))
+            data_group = expert_context.data_group(extras, mesh["dp"].get_group())
+            chunks.append(apply_ddp(chunk, data_group, plan.ddp_bucket_size_bytes, device))
+            apply_grad_reduce_overlap(chunks[-1], plan, data_group)
         else:
             chunks.append(chunk)
     compression = None

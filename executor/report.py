@@ -34,7 +34,9 @@ from typing import Any
 
 import torch
 
+from executor.checks import as_run
 from executor.faults import read_events
+from executor.timeline import timeline_of
 from simdist.spec.measurement import Measurement
 from simdist.spec.scenario import Scenario
 
@@ -87,8 +89,8 @@ def assemble(scenario: Scenario, ranks: list[dict[str, Any]], servers: list[dict
     losses = [sum(r["losses"][i] for r in replicas) / len(replicas) for i in range(steps)]
     mid = _median_index(step_times)
     phases: dict[str, float | None] = {}
-    for key in ("forward", "backward", "optimizer", "comm", "other"):
-        vals = [r["phases"][mid][key] for r in ranks]
+    for key in ("forward", "backward", "optimizer", "comm", "core_wait", "other"):
+        vals = [r["phases"][mid].get(key) for r in ranks]
         phases[key] = None if any(v is None for v in vals) else sum(vals) / len(vals)
     per_rank = []
     for r in ranks:
@@ -137,7 +139,11 @@ def assemble(scenario: Scenario, ranks: list[dict[str, Any]], servers: list[dict
         "phases_per_rank_s": [{"rank": r["rank"], **r["phases"][mid]} for r in ranks],
         "max_rss_gib_per_rank": [r["max_rss_bytes"] / GIB for r in ranks],
         "environment": environment(device),
+        "timeline": timeline_of(ranks, mid, step_times),
+        "as_run": as_run(scenario, device.type),  # plan fields run another way (executor.fields)
     }
+    if getattr(args, "trace", None):
+        out["traced"] = True  # the profiler ran during the measured steps: they are slower
     wire = [r["dp_wire_bytes"] for r in ranks if r.get("dp_wire_bytes") is not None]
     if wire:
         kinds = sorted({k for w in wire for k in w})

@@ -12,7 +12,8 @@ which no rank starts a new step for ``stall_timeout`` seconds (at least STARTUP_
 every rank has reported once) is killed; ``timeout`` bounds the whole run. On a stall, a timeout
 or Ctrl-C the launcher SIGTERMs torchrun's process group, then SIGKILLs it and every worker pid
 recorded in the run directory (workers outlive a SIGKILLed torchrun in their own sessions).
-No torch import here.
+While it watches, it samples how much CPU the rest of the machine used (:mod:`executor.hostload`),
+which the measurement keeps. No torch import here.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from executor.faults import heartbeat_path, pid_path, read_json
+from executor.hostload import HostUsage, read_pids
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STARTUP_GRACE_S = 120.0  # before every rank has reported once (imports, rendezvous)
@@ -44,6 +46,7 @@ class Launched:
     timed_out: bool = False  # killed: the whole run took longer than the timeout
     interrupted: bool = False  # killed: Ctrl-C
     leftovers: list[int] = field(default_factory=list)  # worker pids killed after torchrun ended
+    host: dict[str, Any] = field(default_factory=dict)  # executor.hostload.HostUsage.result()
 
     @property
     def ok(self) -> bool:
@@ -77,9 +80,11 @@ def launch(worker: list[str], nproc: int, run_dir: Path, *, max_restarts: int = 
     pump.start()
     out = Launched(returncode=None, log_path=log_path)
     ranks = max(heartbeats, nproc)
+    usage = HostUsage()
     try:
         while proc.poll() is None:
             time.sleep(0.2)
+            usage.sample([proc.pid, *read_pids(run_dir, ranks)])
             if heartbeats:
                 idle, floor = _stalled_for(run_dir, heartbeats, started)
                 if idle > max(floor, stall_timeout):
@@ -93,6 +98,7 @@ def launch(worker: list[str], nproc: int, run_dir: Path, *, max_restarts: int = 
         _kill_everything(proc, run_dir, ranks)
     pump.join(timeout=5)
     out.returncode = proc.returncode
+    out.host = usage.result()
     out.leftovers = _reap_workers(run_dir, ranks)
     return out
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from executor.context import shard
 from executor.data import replica_batch
+from executor.knobs import attention_kernels
 from executor.model import build_model, lm_loss
 from executor.parallelize import ParallelModel, make_optimizer, set_gradient_sync
 from simdist.spec.model import ModelSpec
@@ -73,7 +74,7 @@ def train_step(pm: ParallelModel, m: ModelSpec, plan: ParallelPlan, step: int, s
                                     m.seq_length, m.vocab_size)
     inputs, targets = shard(plan, pm.coord.cp, inputs, targets)  # context parallelism's part
     inputs, targets = inputs.to(device), targets.to(device)
-    with autocast(plan, device), probe.activations():
+    with autocast(plan, device), attention_kernels(plan), probe.activations():
         if pm.schedule is not None:
             loss = _pipeline_step(pm, inputs, targets, probe)
         else:

@@ -19,8 +19,12 @@ number is ``TORCHELASTIC_RESTART_COUNT``. The i-th ``--fault`` fires on attempt 
 appends its start, resume, failure and hang to ``events.jsonl`` in the run directory, from which
 rank 0 measures the restart time (:func:`executor.report.restart_history`).
 
-Process life (torch 2.13 on CPU/gloo, measured): the process group gets a small timeout (its
-sub-groups too, see :func:`executor.parallelize.build_mesh`), and every worker ends with
+Timeouts: the process groups (the mesh's sub-groups too, see
+:func:`executor.parallelize.build_mesh`) are created with a generous timeout
+(:data:`SETUP_TIMEOUT_S`, or ``--pg-timeout`` if longer) for start-up, resume and checkpoint
+saves, whose length depends on how busy the machine is; while training steps run they hold
+``--pg-timeout``, so that a hung peer is detected quickly (torchtitan shortens its timeouts after
+the first step the same way). Process life (torch 2.13 on CPU/gloo, measured): every worker ends with
 flush + ``destroy_process_group`` + ``os._exit`` (a plain interpreter exit sometimes aborts
 after destroy_process_group on gloo, and torchrun then reports the job failed).
 """
@@ -41,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from executor.checkpoint import Checkpointer, TrainState
+from executor.devices import choose
 from executor.faults import (
     Fault,
     append_event,
@@ -53,10 +58,22 @@ from executor.faults import (
 )
 from executor.measure import CollectiveCensus, StepProbe
 from executor.report import assemble
+from executor.timeline import Tracer
 from executor.train import DEFAULT_SEED, train_step
 from simdist.spec.files import write_json_atomic
 from simdist.spec.plan import rank_coord
 from simdist.spec.scenario import Scenario, load_scenario
+
+SETUP_TIMEOUT_S = 120.0  # process-group timeout outside training steps (module docstring)
+
+
+def set_timeouts(seconds: float) -> None:
+    """Every process group of this rank waits at most ``seconds`` for a collective from now on."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout, _world
+
+    for group in list(_world.pg_map):
+        if group is not dist.GroupMember.NON_GROUP_MEMBER:
+            _set_pg_timeout(timedelta(seconds=seconds), group)
 
 
 class Worker:
@@ -100,12 +117,12 @@ class Worker:
     # --- setup ----------------------------------------------------------------------------
 
     def device_and_backend(self, cpu_only: bool = False) -> tuple[torch.device, str]:
-        want = self.args.device
-        if not cpu_only and (want == "cuda" or (want == "auto" and torch.cuda.is_available()
-                                                and torch.cuda.device_count() > self.local_rank)):
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        kind, backend = choose(self.args.device, gpus, self.local_rank, self.local_world, cpu_only)
+        if kind == "cuda":
             torch.cuda.set_device(self.local_rank)
-            return torch.device("cuda", self.local_rank), "nccl"
-        return torch.device("cpu"), "gloo"
+            return torch.device("cuda", self.local_rank), backend
+        return torch.device("cpu"), backend
 
     def run(self) -> None:
         scenario = load_scenario(self.args.scenario)
@@ -113,7 +130,7 @@ class Worker:
         ps_mode = plan.uses_parameter_servers
         # parameter servers talk point-to-point on gloo (CPU processes, as servers usually are)
         device, backend = self.device_and_backend(cpu_only=ps_mode)
-        timeout = timedelta(seconds=self.args.pg_timeout)
+        timeout = timedelta(seconds=max(self.args.pg_timeout, SETUP_TIMEOUT_S))  # steps: set_timeouts
         self.beat("init_process_group")
         if device.type == "cuda":
             dist.init_process_group(backend, timeout=timeout, device_id=device)
@@ -177,7 +194,8 @@ class Worker:
               group: dist.ProcessGroup | None, servers: int) -> None:
         m, plan = scenario.model, scenario.plan
         self.reports_progress = plan_rank == plan.world_size - 1
-        probe = StepProbe(pm, cuda=device.type == "cuda")
+        tracer = Tracer(self.args.trace, self.rank, cuda=device.type == "cuda")
+        probe = StepProbe(pm, cuda=device.type == "cuda", tracer=tracer)
         warmup, steps, total = self.args.warmup, self.args.steps, self.total_steps()
         ckpt = self.checkpointer()
         if servers:
@@ -191,6 +209,7 @@ class Worker:
             pm.optimizer.pull_initial()
         self.step = start
         self.event("resumed")
+        set_timeouts(self.args.pg_timeout)
         census = CollectiveCensus()
         wire: dict[str, int] | None = None
         for step in range(start, total):
@@ -200,6 +219,9 @@ class Worker:
             self.maybe_inject_fault(step)
             if measured:
                 self.barrier(device, group)  # every rank starts a measured step together
+                tracer.start()
+            elif instrumented:
+                tracer.stop()
             before = pm.compression.counter.snapshot() if pm.compression is not None else None
             with probe.step(instrument=instrumented):
                 if instrumented:
@@ -211,12 +233,15 @@ class Worker:
                 after = pm.compression.counter.snapshot()
                 wire = {k: after[k] - before.get(k, 0) for k in after}
             if measured:
-                records[str(step)] = {"loss": loss, "wall": probe.times.wall, "phases": probe.phases()}
+                records[str(step)] = {"loss": loss, "wall": probe.times.wall, "phases": probe.phases(),
+                                      "spans": probe.spans.record()}
             self.progress(step, warmup, steps, loss, probe.times.wall)
             if ckpt is not None and ckpt.due(step + 1, total):
                 self.beat("checkpoint", step)
+                set_timeouts(max(self.args.pg_timeout, SETUP_TIMEOUT_S))
                 ckpt.save(step + 1, state, {"records": records, "saves": ckpt.saves + 1,
                                             "save_s": ckpt.save_s})
+                set_timeouts(self.args.pg_timeout)
         self.beat("report")
         saved = probe.saved.peak if probe.saved else 0
         gathered = probe.gathered.peak if probe.gathered else 0
@@ -229,6 +254,7 @@ class Worker:
             "losses": [records[s]["loss"] for s in measured_steps] if pm.holds_loss else None,
             "step_walls": [records[s]["wall"] for s in measured_steps],
             "phases": [records[s]["phases"] for s in measured_steps],
+            "spans": [records[s].get("spans") or {"epoch": None, "spans": []} for s in measured_steps],
             "model_state": {**(probe.model_state or {}), "params_gathered": gathered},
             "activation_bytes": saved,
             "collectives": census.result(),
@@ -252,6 +278,7 @@ class Worker:
         server.send_initial()
         self.step = start
         self.event("resumed")
+        set_timeouts(self.args.pg_timeout)
         if server.asynchronous:
             self.beat("serve", start)
             self.maybe_inject_fault(start)
@@ -263,11 +290,14 @@ class Worker:
                 server.serve_step()
                 if ckpt is not None and ckpt.due(step + 1, total):
                     self.beat("checkpoint", step)
+                    set_timeouts(max(self.args.pg_timeout, SETUP_TIMEOUT_S))
                     ckpt.save(step + 1, state, {})
+                    set_timeouts(self.args.pg_timeout)
         self.beat("report")
         self.finish(scenario, {"role": "server", "global_rank": self.rank, **server.report()}, device, backend)
 
     def finish(self, scenario: Scenario, mine: dict[str, Any], device: torch.device, backend: str) -> None:
+        set_timeouts(max(self.args.pg_timeout, SETUP_TIMEOUT_S))  # rank 0 assembles the report
         everyone: list[Any] = [None] * self.world if self.rank == 0 else []
         dist.gather_object(mine, everyone if self.rank == 0 else None, dst=0)
         if self.rank == 0:
@@ -335,6 +365,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--out", default=None, help="rank 0 also writes the measurement here")
+    p.add_argument("--trace", default=None, help="write each rank's torch.profiler trace of the measured steps here")
     return p.parse_args(argv)
 
 

@@ -18,9 +18,10 @@ from simdist.analytic.param_server import async_staleness_steps
 from simdist.analytic.result import StepResult
 from simdist.analytic.stage import StepDescription, describe
 from simdist.analytic.steptime import reduce_step
+from simdist.analytic.timeshare import time_shared
 from simdist.errors import Problem, ScenarioError
 from simdist.results import Prediction, StageMemoryReport, to_gib
-from simdist.spec.profile import CalibrationProfile
+from simdist.spec.profile import CalibrationProfile, time_share_note
 from simdist.spec.scenario import Scenario
 from simdist.spec.unsimulated import not_simulated
 
@@ -48,9 +49,12 @@ def predict(
     if blocking:
         raise ScenarioError(blocking)
     plan, model, cluster = scenario.plan, scenario.model, scenario.cluster
-    cost = CostModel(cluster.gpu, plan.precision, profile)
-    described = describe(scenario, cost, Network.of(cluster, profile))
+    shared, slowed = time_shared(scenario, profile)  # ranks beyond a CPU profile's cores share them
+    cost = CostModel(cluster.gpu, plan.precision, shared)
+    described = describe(scenario, cost, Network.of(cluster, shared))
     assumptions = _assumptions(scenario, profile) + step_lines(described)
+    if slowed != 1.0 and profile is not None:
+        assumptions.append(time_share_note(scenario, profile, slowed))
     assumptions += [f"not simulated yet: {n.field} ({n.instead})" for n in unsimulated]
 
     result: StepResult

@@ -49,3 +49,18 @@ def run_cli(*args: str):
 
     return subprocess.run([sys.executable, "-m", "simdist.cli", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=300)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The executor's tests marked ``slow`` (most torchrun launches: every plan kind, faults and
+    restarts, the optimizer sweep, multi-node) run when asked for, as CI does: with any ``-m``
+    expression (``-m slow``, ``-m distributed``, ...) or ``SIMDIST_SLOW=1``; the plain ``pytest``
+    run keeps a quick representative set of them, so that it stays under ten minutes on a
+    2-core machine."""
+    if os.environ.get("SIMDIST_SLOW") or config.getoption("markexpr"):
+        return
+    executor_tests = Path(__file__).resolve().parent / "executor"
+    slow = [item for item in items if "slow" in item.keywords and executor_tests in Path(str(item.fspath)).parents]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item not in slow]

@@ -24,6 +24,7 @@ from simdist.analytic.cost import CostModel
 from simdist.analytic.moe import wire_factor
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.spec.plan import ParallelPlan
+from simdist.spec.profile import profile_layers
 from simdist.spec.scenario import Scenario
 
 
@@ -155,9 +156,9 @@ def _next_compute(ops: tuple[Op, ...], i: int) -> Compute | None:
 
 
 def software_layers(sc: Scenario) -> tuple[str, ...]:
-    """The software layers a calibration profile fits separately that this plan runs through:
-    "tp" (DTensor tensor parallelism) and "zero3" (FSDP2 sharded parameters)."""
-    return (("tp",) if sc.plan.tp > 1 else ()) + (("zero3",) if sc.plan.shards_params else ())
+    """The software layers a calibration profile fits separately that this plan runs through
+    ("tp", "zero3", ...: :func:`simdist.spec.profile.profile_layers`)."""
+    return profile_layers(sc.plan)
 
 
 def framework_overhead(sc: Scenario, cost: CostModel) -> float:

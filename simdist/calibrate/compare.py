@@ -43,11 +43,13 @@ def predicted_quantities(scenario, profile: CalibrationProfile | None) -> dict[s
     from simdist.analytic.memory import activation_bytes, model_state_bytes
     from simdist.analytic.stage import describe
     from simdist.analytic.steptime import stage_time
+    from simdist.analytic.timeshare import time_shared
     from simdist.predict import predict
 
     pred = predict(scenario, profile=profile, engine="analytic", keep_spans=False)
     plan, model = scenario.plan, scenario.model
-    d = describe(scenario, CostModel(scenario.cluster.gpu, plan.precision, profile), Network.of(scenario.cluster, profile))
+    shared, _ = time_shared(scenario, profile)  # as predict() prices ranks beyond the cores
+    d = describe(scenario, CostModel(scenario.cluster.gpu, plan.precision, shared), Network.of(scenario.cluster, shared))
     st = [stage_time(d, s) for s in d.stages]
     busiest = max(range(plan.pp), key=lambda s: st[s].total)
     m = plan.num_microbatches
@@ -58,7 +60,8 @@ def predicted_quantities(scenario, profile: CalibrationProfile | None) -> dict[s
         "forward_s": m * st[busiest].fwd.compute,
         "backward_s": m * (st[busiest].bwd.compute + st[busiest].recompute.compute),
         "optimizer_s": b["optimizer"],
-        "comm_s": b["tp_comm"] + b["pp_comm"] + b["dp_comm"],
+        # the executor sees only waiting: for peers' collectives, and in a pipeline the bubble too
+        "comm_s": b["tp_comm"] + b["pp_comm"] + b["dp_comm"] + b.get("bubble", 0.0),
         "model_state_gib": max(s["params"] + s["grads"] + s["optimizer"] for s in states) / GiB,
         "activations_gib": max(activation_bytes(model, plan, s) for s in range(plan.pp)) / GiB,
         **predicted_traffic(scenario),
@@ -109,8 +112,22 @@ def compare_one(meas: Measurement | Mapping[str, Any], scenario_yaml: str, profi
     from simdist.spec.scenario import scenario_from_dict
 
     m = meas if isinstance(meas, Measurement) else Measurement.from_dict(meas)
-    sc = scenario_from_dict(yaml.safe_load(scenario_yaml), base_dir)
+    sc = scenario_from_dict(as_run_dict(yaml.safe_load(scenario_yaml), m.extras.get("as_run") or {}), base_dir)
     return Comparison(m.name, m.scenario_hash, measured_quantities(m), predicted_quantities(sc, profile), m.spread)
+
+
+def as_run_dict(scenario: dict[str, Any], as_run: Mapping[str, Any]) -> dict[str, Any]:
+    """The scenario dict with the plan fields the executor ran another way set to what ran
+    (the measurement's ``as_run``, ``plan.overlap_grad_reduce`` -> True), so that the
+    comparison predicts the plan that actually ran."""
+    if not as_run or not isinstance(scenario, dict):
+        return scenario
+    plan = dict(scenario.get("plan") or {})
+    for key, value in as_run.items():
+        section, _, name = str(key).partition(".")
+        if section == "plan" and name and "." not in name:
+            plan[name] = value
+    return {**scenario, "plan": plan}
 
 
 def compare_stored(store: RunStore, profile: CalibrationProfile | None, scenario_hash: str | None = None

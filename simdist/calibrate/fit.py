@@ -50,6 +50,18 @@ def fit_alpha_beta(rows: list[dict[str, Any]]) -> tuple[float, float, float]:
     return float(alpha), float(1.0 / inv_beta), rms
 
 
+def bus_bandwidth(rows: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Bus bandwidth by message size per collective kind, at the largest group measured:
+    busbw = (bytes over the busiest link) / time, nccl-tests' figure (PERFORMANCE.md)."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for kind in sorted({r["kind"] for r in rows}):
+        mine = [r for r in rows if r["kind"] == kind]
+        n = max(r["ranks"] for r in mine)
+        out[kind] = sorted((float(r["bytes"]), ring_terms(kind, n, r["bytes"])[1] / r["seconds"])
+                           for r in mine if r["ranks"] == n)
+    return out
+
+
 def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> CalibrationProfile:
     gemm = bench["gemm"]
     peak = max(r["flops"] / r["seconds"] for r in gemm)
@@ -75,10 +87,16 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
     for kind in ("gemm", "attention", "memory"):
         residuals[f"{kind} curve points"] = float(len(curves[kind]))
     threads = bench.get("threads", 1)
+    device = bench.get("device", "cpu")
+    cuda = device == "cuda"
+    if cuda:
+        name = f"{bench.get('gpu') or 'cuda'} ({bench.get('dtype', 'bf16')}, {bench.get('world_size', 1)} GPUs)"
+    else:
+        name = (f"cpu ({platform.processor() or platform.machine()}, {threads} thread(s) per rank, "
+                f"{bench.get('world_size', 1)} ranks, {bench.get('cores') or '?'} cores)")
     return CalibrationProfile(
-        device=f"{bench.get('device', 'cpu')} ({platform.processor() or platform.machine()}, "
-               f"{threads} thread(s) per rank, {bench.get('world_size', 1)} ranks)",
-        backend="gloo" if bench.get("device", "cpu") == "cpu" else "nccl",
+        device=name,
+        backend=bench.get("backend") or ("nccl" if cuda else "gloo"),
         peak_flops=peak,
         memory_bandwidth_bytes_per_s=mem_bw,
         compute_curves=curves,
@@ -87,6 +105,11 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
         residuals=residuals,
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         torch_version=str(bench.get("torch_version", "")),
+        cores=0 if cuda else int(bench.get("cores") or 0),
+        ranks=int(bench.get("local_ranks") or bench.get("world_size") or 0),
+        gemm_shapes=[(int(r["m"]), int(r["n"]), int(r["k"]), min(1.0, r["flops"] / r["seconds"] / peak))
+                     for r in gemm if "m" in r],
+        bus_bandwidth=bus_bandwidth(bench.get("collectives", [])) if cuda else {},
     )
 
 
@@ -112,12 +135,18 @@ def fit_sync_wait(profile: CalibrationProfile, key: str,
                    residuals=residuals)
 
 
+OVERHEAD_RANGE = (1e-7, 5e-3)  # seconds per op the overhead searches span (0.1 us .. 5 ms)
+# sync-point waits of more than three times the compute are not ranks waiting for each other's jitter
+# (on tiny models the latency of many small collectives the alpha-beta links underprice lands here too)
+SYNC_WAIT_MAX = 3.0
+
+
 def fit_overhead(profile: CalibrationProfile, error_of: Callable[[CalibrationProfile], float],
                  key: str | None = None) -> CalibrationProfile:
     """Choose the per-op overhead that minimises the mean |log error| of step time over the
-    executor runs given for fitting (golden-section search on a log scale): the plain
-    per-kernel overhead (framework dispatch on CPU) when ``key`` is None, else the extra
-    overhead of one software layer (``framework_overheads_s[key]``)."""
+    executor runs given for fitting (golden-section search on a log scale over
+    :data:`OVERHEAD_RANGE`): the plain per-kernel overhead (framework dispatch on CPU) when
+    ``key`` is None, else the extra overhead of one software layer (``framework_overheads_s[key]``)."""
     from dataclasses import replace
 
     def with_value(v: float) -> CalibrationProfile:
@@ -125,7 +154,7 @@ def fit_overhead(profile: CalibrationProfile, error_of: Callable[[CalibrationPro
             return replace(profile, kernel_overhead_s=v)
         return replace(profile, framework_overheads_s={**profile.framework_overheads_s, key: v})
 
-    lo, hi = math.log(1e-7), math.log(5e-3)
+    lo, hi = math.log(OVERHEAD_RANGE[0]), math.log(OVERHEAD_RANGE[1])
     f = lambda x: error_of(with_value(math.exp(x)))  # noqa: E731
     g = (math.sqrt(5) - 1) / 2
     a, b = lo, hi

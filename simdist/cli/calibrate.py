@@ -1,21 +1,26 @@
-"""`simdist calibrate --nproc N --out PROFILE.json [FILE ...]`: fit this machine.
+"""`simdist calibrate --nproc N --out PROFILE.json [FILE ...]`: fit this machine, honestly.
 
 Microbenchmarks (executor.bench, started by the executor's launcher) give the compute curves
-and the alpha-beta links; executor runs of the given scenarios (each recorded in the run store)
-then fit the per-op overhead, and TP and ZeRO-3 runs the extra overhead and sync-point waits of
-DTensor and FSDP2 (simdist.calibrate.fit). The profile is written atomically.
+and the alpha-beta links, and the cores the ranks had. Each scenario given is then run with the
+executor, repeated until its median step is stable or a budget runs out
+(simdist.calibrate.repeat), each run recorded in the run store; the runs fit the per-op overhead
+and each software layer's terms (simdist.calibrate.terms). The fit is refused, with no profile
+written and exit code 1, when a parameter ends at a bound, when the profile misses one of its
+own runs by more than that run's spread, or when other processes were busy during a run
+(simdist.calibrate.honesty). The profile keeps the runs' spreads and the error band that
+``simdist predict --profile`` prints. It is written atomically.
+
+``--from-logs LOG ... --scenario FILE``: fit a GPU cluster's GEMM and network efficiencies
+from its training logs instead (simdist.calibrate.logs).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import yaml
 
 from simdist.cli.inputs import add_db_argument
 from simdist.errors import Problem, ScenarioError
@@ -25,21 +30,40 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("files", nargs="*", help="scenarios to run with the executor and fit the overhead to")
-    p.add_argument("--nproc", type=int, default=2, help="processes (ranks) on this machine")
+    p.add_argument("files", nargs="*", help="scenarios to run with the executor and fit the overheads to")
+    p.add_argument("--nproc", type=int, default=2, help="ranks of the microbenchmarks (at most the cores)")
     p.add_argument("--out", required=True, help="calibration profile to write (JSON)")
     p.add_argument("--steps", type=int, default=5, help="measured steps per executor run")
+    p.add_argument("--min-runs", type=int, default=3, help="runs of each scenario before its median counts as stable")
+    p.add_argument("--max-runs", type=int, default=6, help="at most this many runs of each scenario")
+    p.add_argument("--tolerance", type=float, default=0.03,
+                   help="stable: one more run moves the median of the run medians by at most this (relative)")
+    p.add_argument("--budget", type=float, default=600.0, help="seconds of runs per scenario at most")
     p.add_argument("--quick", action="store_true", help="fewer benchmark sizes (for tests)")
     p.add_argument("--bench", help="reuse a microbenchmark JSON instead of running them")
+    p.add_argument("--force", action="store_true",
+                   help="write the profile even when the fit is refused (the reasons are still printed, and the "
+                        "profile's error band covers the largest miss): for looking into a noisy machine, not for use")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="auto: the GPUs with NCCL when there is one per rank, else the CPU with gloo")
+    p.add_argument("--from-logs", nargs="+", metavar="LOG",
+                   help="fit from Megatron-LM, torchtitan or NeMo training logs instead (needs --scenario)")
+    p.add_argument("--scenario", action="append", default=None, metavar="FILE",
+                   help="with --from-logs: the cluster, model and plan of the logged jobs (once for all logs, "
+                        "or once per log in order)")
+    p.add_argument("--fit", type=int, default=None, metavar="K",
+                   help="with --from-logs: fit on the first K logs and hold the others out (default: all but one)")
     add_db_argument(p)
 
 
-def run_executor(file: str, nproc: int, steps: int, db: str | None) -> Measurement:
-    """`simdist run FILE` (the executor, then the run store); returns its measurement."""
+def run_executor(file: str, steps: int, db: str | None, device: str = "auto") -> Measurement:
+    """`simdist run FILE` on the plan's own ranks (the executor, then the run store)."""
     from executor.launch import execute
     from simdist.cli.run import store_measurement
+    from simdist.spec.scenario import load_scenario
 
-    outcome = execute(file=file, nproc=nproc, steps=steps)
+    nproc = load_scenario(file).plan.world_size
+    outcome = execute(file=file, nproc=nproc, steps=steps, device=device, quiet=True)
     if outcome.measurement is None:
         raise RuntimeError(f"simdist run {file} failed (exit {outcome.code})")
     store_measurement(outcome.measurement, file, db)
@@ -47,54 +71,84 @@ def run_executor(file: str, nproc: int, steps: int, db: str | None) -> Measureme
 
 
 def main(args: argparse.Namespace) -> int:
-    from simdist.calibrate.compare import compare_one
-    from simdist.calibrate.fit import fit_overhead, fit_profile, fit_sync_wait
-    from simdist.table import table
+    if args.from_logs:
+        from simdist.calibrate.from_logs import calibrate_from_logs
 
+        return calibrate_from_logs(args.from_logs, args.scenario or [], args.out, args.fit, args.db)
+    from executor.hostload import cores
+
+    problems = []
     if args.nproc < 1:
-        raise ScenarioError(Problem("--nproc", f"must be at least 1, got {args.nproc}"))
-    for f in args.files:
-        if not Path(f).is_file():
-            raise ScenarioError(Problem("file", f"{f} does not exist"))
+        problems.append(Problem("--nproc", f"must be at least 1, got {args.nproc}"))
+    elif args.nproc > cores() and args.device != "cuda" and not args.bench:
+        problems.append(Problem("--nproc", f"{args.nproc} ranks on {cores()} cores would time-share them during the "
+                                f"microbenchmarks; use at most {cores()} (plans of more ranks are priced from it)"))
+    for key in ("min_runs", "max_runs", "steps"):
+        if getattr(args, key) < 1:
+            problems.append(Problem(f"--{key.replace('_', '-')}", f"must be at least 1, got {getattr(args, key)}"))
+    problems += [Problem("file", f"{f} does not exist") for f in args.files if not Path(f).is_file()]
+    if problems:
+        raise ScenarioError(problems)
+    return fit_machine(args)
+
+
+def fit_machine(args: argparse.Namespace) -> int:
+    from simdist.calibrate.fit import fit_profile
+    from simdist.calibrate.honesty import refusal
+    from simdist.calibrate.repeat import repeat_until_stable
+    from simdist.calibrate.terms import FitRun, fit_checks, fit_terms, with_honesty
+
     if args.bench:
         bench = json.loads(Path(args.bench).read_text())
     else:
         from executor.launch import microbenchmarks
 
         print(f"running microbenchmarks on {max(2, args.nproc)} ranks ...", file=sys.stderr)
-        bench = microbenchmarks(args.nproc, quick=args.quick)
+        bench = microbenchmarks(args.nproc, quick=args.quick, device=args.device)
     runs = []
     for f in args.files:
-        print(f"running {f} with the executor ...", file=sys.stderr)
-        runs.append((Path(f).read_text(), run_executor(f, args.nproc, args.steps, args.db), str(Path(f).parent)))
-    profile = fit_profile(bench, ["microbenchmarks"] + [r[1].name for r in runs])
-    # plain runs fix the per-kernel overhead; TP and ZeRO-3 runs then fit the extra overhead
-    # of DTensor and FSDP2 on top (each from its own runs only)
-    groups: dict[str | None, list] = {}
-    for y, m, d in runs:
-        plan = yaml.safe_load(y).get("plan", {})
-        key = "tp" if plan.get("tp", 1) > 1 else "zero3" if plan.get("zero_stage", 0) == 3 else None
-        groups.setdefault(key, []).append((y, m, d))
-    for key in sorted(groups, key=lambda k: k is not None):
-        subset = groups[key]
-
-        def mean_log_error(p, subset=subset) -> float:
-            errs = [abs(math.log(compare_one(m, y, p, d).predicted["step_time_s"] / m.step_time_s))
-                    for y, m, d in subset]
-            return sum(errs) / len(errs)
-
-        if key is not None:  # the sync-point waits first: they come from the measured phases
-            pairs = [compare_one(m, y, profile, d) for y, m, d in subset]
-            profile = fit_sync_wait(profile, key, [(c.measured, c.predicted) for c in pairs])
-        profile = fit_overhead(profile, mean_log_error, key)
+        print(f"running {f} with the executor until its median step is stable ...", file=sys.stderr)
+        rep = repeat_until_stable(Path(f).stem, lambda f=f: run_executor(f, args.steps, args.db, args.device),
+                                  min_runs=args.min_runs, max_runs=args.max_runs, tolerance=args.tolerance,
+                                  budget_s=args.budget)
+        print(f"  {rep.name}: {len(rep.runs)} run(s), medians {', '.join(f'{t:.4f}' for t in rep.medians)} s "
+              f"({rep.stopped})", file=sys.stderr)
+        runs.append(FitRun(rep.name, Path(f).read_text(encoding="utf-8"), str(Path(f).parent), rep))
+    profile = fit_profile(bench, ["microbenchmarks"] + [r.name for r in runs])
+    profile, bounds, unusable = fit_terms(profile, runs)
+    checks = fit_checks(profile, runs)
+    lines = refusal(checks, bounds, profile.cores)
+    if unusable:
+        lines = (lines or ["calibration refused, no profile written:"]) + [f"  - {u}" for u in unusable]
+    print(_table(checks))
+    for line in lines:
+        print(line, file=sys.stderr)
+    if lines and not args.force:
+        return 1
+    if lines:
+        print("--force: writing the refused profile anyway", file=sys.stderr)
+    profile = with_honesty(profile, checks)
     profile.save(args.out)
-    rows = [[k, f"{v:.3g}"] for k, v in profile.residuals.items()]
-    print(table(["fit", "residual (RMS relative error / count)"], rows, align="lr"))
-    print(f"\npeak {profile.peak_flops / 1e9:.1f} GFLOP/s per rank, memory {profile.memory_bandwidth_bytes_per_s / 1e9:.1f} GB/s;"
-          f" kernel overhead {(profile.kernel_overhead_s or 0) * 1e6:.1f} us"
+    _summary(profile)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _table(checks) -> str:
+    from simdist.table import table
+
+    rows = [[c.name, c.runs, f"{c.measured:.4f}", f"{c.spread:.1%}", f"{c.predicted:.4f}", f"{c.error:+.1%}",
+             f"{c.core_wait:.0%}", f"{c.others_cores:.2f}"] for c in checks]
+    return table(["fitted run", "runs", "median s", "spread", "fitted s", "error", "core wait", "other CPU (cores)"],
+                 rows, align="lrrrrrrr") if rows else "(no executor runs: microbenchmarks only)"
+
+
+def _summary(profile) -> None:
+    print(f"\npeak {profile.peak_flops / 1e9:.1f} GFLOP/s per rank, memory {profile.memory_bandwidth_bytes_per_s / 1e9:.1f}"
+          f" GB/s, {profile.cores or '-'} cores, fitted at {profile.ranks} ranks; per-op overhead "
+          f"{(profile.kernel_overhead_s or 0) * 1e6:.1f} us"
           + "".join(f"; {k} +{v * 1e6:.1f} us/op" for k, v in profile.framework_overheads_s.items())
           + "".join(f"; {k} sync waits {v:.0%} of compute" for k, v in profile.sync_wait_fractions.items()))
     for k, link in profile.links.items():
         print(f"link {k}: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
-    print(f"wrote {args.out}")
-    return 0
+    print(f"error band of predictions: +/-{profile.error_band:.0%} (the largest spread or residual of the fitted runs)")

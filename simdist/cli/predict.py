@@ -32,6 +32,9 @@ def main(args: argparse.Namespace) -> int:
         from simdist.table import prediction_report
 
         print(prediction_report(pred))
+        band = profile.band_text(pred.step_time_s) if profile is not None else None
+        if band:
+            print(band)
     if not args.no_store:
         store_prediction(args.db, args.file, pred)
     return 0

@@ -20,6 +20,7 @@ from simdist.dashboard.diff import diff_fields, metric_deltas
 from simdist.dashboard.knobs import PLAN_KNOBS, knob_view
 from simdist.dashboard.sweep import SWEEPS, default_sweep_values, parse_values
 from simdist.dashboard.tables import calibration_rows, search_rows
+from simdist.dashboard.timelines import timelines_section
 from simdist.errors import ScenarioError
 from simdist.results import Prediction
 from simdist.search import Constraints, search
@@ -193,6 +194,7 @@ def calibration_tab(profile: CalibrationProfile | None) -> None:
         st.info("No stored measurement yet: `simdist run FILE --nproc N` stores one.")
     for line in skipped:
         st.caption(f"skipped {line}")
+    timelines_section(store, profile)  # predicted and measured timelines, simdist.dashboard.timelines
 
 
 # --- plan search --------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from simdist.analytic.cost import CostModel
 from simdist.analytic.flops import model_flops_per_step
 from simdist.analytic.memory import stage_memory
 from simdist.analytic.steptime import analytic_step
+from simdist.analytic.timeshare import time_shared
 from simdist.errors import Problem
 from simdist.results import Prediction
 from simdist.search.results import PlanResult
@@ -64,6 +65,7 @@ class Evaluator:
 
     def __init__(self, scenario: Scenario, profile: CalibrationProfile | None = None):
         self.scenario, self.profile = scenario, profile
+        profile, _ = time_shared(scenario, profile)  # ranks beyond a CPU profile's cores share them
         self.model, self.cluster = scenario.model, scenario.cluster
         self.base_plan = scenario.plan
         self.cost = CostModel(self.cluster.gpu, self.base_plan.precision, profile)

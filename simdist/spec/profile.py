@@ -4,20 +4,35 @@ A profile replaces the catalog's starting efficiencies for the hardware it was m
 Compute curves give efficiency (fraction of the device's peak FLOP/s or memory bandwidth) as a
 function of op size (FLOPs for GEMM/attention, bytes for memory-bound ops), interpolated in
 log-size; link entries give latency and achieved bandwidth per link kind.
+
+Version 2 adds what makes a profile honest about itself and about the machine it describes:
+
+- ``cores`` and ``ranks``: the CPU cores the ranks could run on (``os.sched_getaffinity``) and
+  how many ranks the microbenchmarks ran at once. Ranks beyond the cores time-share them
+  (:meth:`CalibrationProfile.time_share`): a run of more ranks than cores is priced from a
+  profile fitted with fewer (:mod:`simdist.analytic.timeshare`);
+- ``spreads`` and ``core_waits`` of the executor runs it was fitted on (run-to-run spread of
+  the step medians, and the fraction of each step the ranks waited for a core), and
+  ``error_band``: the relative error band ``simdist predict --profile`` prints;
+- ``gemm_shapes`` and ``bus_bandwidth``: a GPU's GEMM efficiency by (m, n, k) and the
+  collectives' bus bandwidth by message size (``executor.bench`` on CUDA).
+
+Version 1 files still load (the new fields take their defaults: no cores known, no band).
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from simdist.errors import Problem, ScenarioError
 from simdist.spec.files import read_json_object, write_json_atomic
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +66,16 @@ class CalibrationProfile:
     residuals: dict[str, float] = field(default_factory=dict)  # e.g. rms relative error per fit
     created: str = ""
     torch_version: str = ""
+    # v2: the machine and the honesty of the fit (module docstring)
+    cores: int = 0  # CPU cores the ranks could use at calibration time; 0 = not a CPU profile / unknown
+    ranks: int = 0  # ranks the microbenchmarks ran at once
+    spreads: dict[str, float] = field(default_factory=dict)  # fitted run -> (max - min) / median of its medians
+    core_waits: dict[str, float] = field(default_factory=dict)  # fitted run -> share of the step waiting for a core
+    error_band: float = 0.0  # relative: the largest fitted-run spread or residual
+    # program (plan kind) -> software-layer terms fitted from it, for the record ("tp": "local-tp-fit")
+    terms_from: dict[str, str] = field(default_factory=dict)
+    gemm_shapes: list[tuple[int, int, int, float]] = field(default_factory=list)  # (m, n, k, efficiency)
+    bus_bandwidth: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # kind -> [(bytes, busbw)]
 
     def efficiency(self, kind: str, size: float) -> float | None:
         """Interpolated efficiency for an op of ``kind`` and ``size``, or None if not fitted."""
@@ -67,22 +92,120 @@ class CalibrationProfile:
         w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
         return points[i - 1][1] * (1 - w) + points[i][1] * w
 
+    def time_share(self, processes: int) -> float:
+        """How much slower each rank runs with ``processes`` ranks on the profiled machine than
+        during calibration. Ranks beyond the cores share them: the scheduler gives each of R
+        runnable single-threaded ranks C/R of a core (Linux CFS, "completely fair" by design),
+        so a rank's CPU-bound work (compute, and on gloo its collectives' copies and reductions,
+        which the CPU does) stretches by max(1, R/C); the microbenchmarks already ran at
+        max(1, ranks/C). 1.0 when the profile does not know its cores (a GPU profile)."""
+        if self.cores <= 0 or processes <= 0:
+            return 1.0
+        now = max(1.0, processes / self.cores)
+        then = max(1.0, max(1, self.ranks) / self.cores)
+        return now / then
+
+    def slowed(self, factor: float) -> CalibrationProfile:
+        """This profile ``factor`` times slower: compute rates divided, per-op and latency terms
+        multiplied, link bandwidths divided (how ranks that time-share the cores see it,
+        :mod:`simdist.analytic.timeshare`). The sync-point waits are a fraction of compute, so
+        they stretch with it."""
+        if factor == 1.0:
+            return self
+        s = factor
+        return replace(
+            self,
+            peak_flops=self.peak_flops / s,
+            memory_bandwidth_bytes_per_s=self.memory_bandwidth_bytes_per_s / s,
+            kernel_overhead_s=None if self.kernel_overhead_s is None else self.kernel_overhead_s * s,
+            framework_overheads_s={k: v * s for k, v in self.framework_overheads_s.items()},
+            links={k: LinkFit(latency_s=v.latency_s * s, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s / s)
+                   for k, v in self.links.items()},
+        )
+
+    def band_text(self, step_time_s: float) -> str | None:
+        """The error band of a step time predicted with this profile, as ``predict`` prints it
+        (None when the profile has none: fitted before version 2, or from microbenchmarks only)."""
+        if self.error_band <= 0:
+            return None
+        lo, hi = step_time_s * (1 - self.error_band), step_time_s * (1 + self.error_band)
+        return (f"error band: step time {step_time_s:.4g} s +/-{self.error_band:.0%} ({lo:.4g} to {hi:.4g} s), the "
+                f"largest run-to-run spread or fit residual of the {len(self.spreads)} run(s) the profile was fitted on")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CalibrationProfile:
-        if d.get("version") != PROFILE_VERSION:
+        if d.get("version") not in READABLE_VERSIONS:
             raise ScenarioError(Problem("profile.version", f"{d.get('version')!r} is not supported "
-                                        f"(this simdist reads version {PROFILE_VERSION})"))
-        d = dict(d)
+                                        f"(this simdist reads versions {', '.join(map(str, READABLE_VERSIONS))})"))
+        d = {**d, "version": PROFILE_VERSION}
         d["links"] = {k: LinkFit(**v) for k, v in (d.get("links") or {}).items()}
         d["compute_curves"] = {k: [tuple(p) for p in v] for k, v in (d.get("compute_curves") or {}).items()}
+        d["gemm_shapes"] = [tuple(p) for p in d.get("gemm_shapes") or []]
+        d["bus_bandwidth"] = {k: [tuple(p) for p in v] for k, v in (d.get("bus_bandwidth") or {}).items()}
         return cls(**d)
 
     def save(self, path: str | Path) -> None:
         """Write atomically: whole or not at all."""
         write_json_atomic(path, self.to_dict())
+
+
+def local_processes(scenario: Any) -> int:
+    """Processes a run of ``scenario`` starts on one machine: every rank of a local cluster
+    (its "nodes" are torchrun agents on this host), plus the parameter servers."""
+    plan, cluster = scenario.plan, scenario.cluster
+    servers = (plan.parameter_servers or cluster.num_nodes) if plan.uses_parameter_servers else 0
+    return plan.world_size + servers
+
+
+def busy_ranks(scenario: Any) -> int:
+    """Processes of a run that compute at the same time, and so share the cores: every rank of
+    the plan (in a pipeline the stages overlap in steady state). Parameter servers are left out:
+    they update while their workers wait for the new parameters, and wait while they compute."""
+    return scenario.plan.world_size
+
+
+def time_share_note(scenario: Any, profile: CalibrationProfile, factor: float) -> str:
+    """The assumption a time-shared prediction states (simdist.analytic.timeshare)."""
+    n = busy_ranks(scenario)
+    return (f"{n} ranks time-share the profiled machine's {profile.cores} cores ({profile.time_share(n):.2g}x its "
+            f"share at calibration, {max(1, profile.ranks)} ranks): the step is priced {factor:.2g}x the "
+            "full-speed one (the ranks' busy time stretched; bubbles and sync waits fill with other ranks' work)")
+
+
+def profile_layers(plan: Any) -> tuple[str, ...]:
+    """The software layers of the executor's PyTorch that a plan runs through, each with its
+    own fitted terms in a profile (``framework_overheads_s`` per compute op and
+    ``sync_wait_fractions`` of compute): "tp" (DTensor tensor parallelism), "zero1"
+    (ZeroRedundancyOptimizer), "zero2" (FSDP2 keeping parameters gathered), "zero3" (FSDP2
+    resharding them), "hsdp" (FSDP2 on a 2-D mesh), "pipeline" (torch.distributed.pipelining),
+    "multichunk" (several chunks per rank or zero-bubble's split backward, under FSDP2's
+    replicate), "compression" (DDP communication hooks) and "ps" (the parameter server)."""
+    out: list[str] = []
+    if plan.tp > 1:
+        out.append("tp")
+    if plan.uses_parameter_servers:
+        return (*out, "ps", *(("zero3",) if plan.zero_stage == 3 else ()))
+    if plan.dp > 1:
+        if plan.zero_stage == 1:
+            out.append("zero1")
+        elif plan.zero_stage == 2:
+            out.append("zero2")
+        elif plan.zero_stage == 3:
+            out.append("zero3")
+        if plan.zero_stage >= 2 and plan.dp_shard < plan.dp:
+            out.append("hsdp")
+        if plan.grad_compression.enabled:
+            out.append("compression")
+    elif plan.zero_stage == 3:  # the simulator shards even at dp 1 (nothing to shard; kept for old profiles)
+        out.append("zero3")
+    if plan.pp > 1:
+        out.append("pipeline")
+        if plan.virtual_pipeline_stages > 1 or plan.schedule == "zero-bubble":
+            out.append("multichunk")
+    return tuple(out)
 
 
 def load_profile(path: str | Path) -> CalibrationProfile:

@@ -109,6 +109,7 @@ def test_a_hung_rank_times_out_its_peers(tmp_path, capsys):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_a_stalled_run_is_killed_by_the_watchdog(tmp_path, capsys):
     """Backstop for hangs the process-group timeout does not catch (here: a long one)."""
     path = scenario_file(tmp_path)

@@ -86,6 +86,7 @@ def test_simdist_run_keeps_the_measurement_in_the_run_store(tmp_path, monkeypatc
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_microbenchmarks_start_through_the_executors_launcher():
     pytest.importorskip("torch")
     from executor.launch import microbenchmarks

@@ -27,7 +27,9 @@ from simdist.spec.scenario import Scenario, load_scenario
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 WARMUP, STEPS = 1, 2
 
-# (scenario, processes): every plan kind once, then 2D and 3D combinations
+# (scenario, processes): every plan kind once, then 2D and 3D combinations; the default test run
+# launches only QUICK (one plain, one sharded, one pipelined 4-rank plan), the rest is `slow`
+QUICK = ("tiny-ddp", "tiny-fsdp3", "tiny-2d-pp-fsdp")
 RUNS = {
     "tiny-ddp": 2,  # DDP (zero_stage 0)
     "tiny-zero1": 2,  # DDP + ZeroRedundancyOptimizer
@@ -47,6 +49,12 @@ RUNS = {
 }
 
 _measured: dict[str, dict[str, Any]] = {}
+TRACED = "tiny-ddp"  # this run also records torch.profiler traces (test_a_traced_run_...)
+
+
+def each(names: list[str]) -> list[Any]:
+    """The scenario names as parameters, those outside QUICK marked slow."""
+    return [pytest.param(n, marks=() if n in QUICK else pytest.mark.slow) for n in names]
 
 
 @pytest.fixture(scope="session")
@@ -55,8 +63,9 @@ def measure(tmp_path_factory: pytest.TempPathFactory):
         scenario = load_scenario(SCENARIOS / f"{name}.yaml")
         if name not in _measured:
             out = tmp_path_factory.mktemp(name) / "measurement.json"
+            trace = {"trace": str(out.parent.parent / f"{name}-trace")} if name == TRACED else {}
             code = run_command(file=str(SCENARIOS / f"{name}.yaml"), nproc=RUNS[name], steps=STEPS,
-                               warmup=WARMUP, out=str(out), pg_timeout=60)
+                               warmup=WARMUP, out=str(out), pg_timeout=60, **trace)
             assert code == 0, f"simdist run {name} exited {code}"
             _measured[name] = json.loads(out.read_text())
             _measured[name]["_out"] = str(out)
@@ -66,7 +75,7 @@ def measure(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", each(list(RUNS)))
 def test_losses_match_one_process(measure, name):
     scenario, m = measure(name)
     ref = reference_losses(scenario.model, scenario.plan, STEPS, WARMUP, seed=m["seed"])
@@ -76,7 +85,7 @@ def test_losses_match_one_process(measure, name):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", each(list(RUNS)))
 def test_model_states_match_analytic_memory(measure, name):
     """Per rank: params, grads and Adam states equal simdist.analytic.memory.model_state_bytes.
 
@@ -112,7 +121,7 @@ def test_model_states_match_analytic_memory(measure, name):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", ["tiny-ddp", "tiny-3d"])
+@pytest.mark.parametrize("name", each(["tiny-ddp", "tiny-3d"]))
 def test_measurement_follows_the_contract(measure, name):
     scenario, m = measure(name)
     assert m["name"] == scenario.name
@@ -124,7 +133,7 @@ def test_measurement_follows_the_contract(measure, name):
     assert m["step_time_s"] == statistics.median(m["step_times_s"]) > 0
     assert set(m["phases_s"]) >= {"forward", "backward", "optimizer", "comm"}
     assert all(v >= 0 for v in m["phases_s"].values())
-    phases = sum(m["phases_s"][k] for k in ("forward", "backward", "optimizer", "comm", "other"))
+    phases = sum(m["phases_s"][k] or 0.0 for k in ("forward", "backward", "optimizer", "comm", "core_wait", "other"))
     assert phases == pytest.approx(sorted(m["step_times_s"])[(STEPS - 1) // 2], rel=0.5)
     per_rank = m["memory"]["per_rank"]
     assert [r["rank"] for r in per_rank] == list(range(RUNS[name]))
@@ -147,9 +156,54 @@ def test_collective_census(measure):
     _, fsdp = measure("tiny-fsdp3")
     assert fsdp["collectives"]["reduce_scatter"]["bytes"] == 2 * params  # once per step, synced last
     assert fsdp["collectives"]["all_gather"]["bytes"] >= 2 * 2 * params  # forward and backward
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_collective_census_of_pipelines_and_tensor_parallel(measure):
     pp_scenario, pp = measure("tiny-pp-1f1b")
     act = pp_scenario.plan.micro_batch_size * pp_scenario.model.seq_length * pp_scenario.model.hidden_size * 4
     n = pp_scenario.plan.num_microbatches
     assert pp["collectives"]["send"] == {"count": 2 * n, "bytes": 2 * n * act}  # activations + grads
     _, tp = measure("tiny-llama-tp")
     assert {"all_gather", "reduce_scatter"} <= set(tp["collectives"])  # sequence parallel
+
+
+@pytest.mark.distributed
+def test_a_measurement_keeps_its_timeline_core_waits_and_the_machines_load(measure):
+    """Every run keeps the median step's phase spans per rank (seconds from the step's start,
+    inside the step), splits what is not CPU time into the wait for a core and the wait for
+    peers, and says how busy the machine was."""
+    scenario, m = measure("tiny-fsdp3")
+    timeline = m["timeline"]
+    assert timeline["step_time_s"] == m["step_times_s"][timeline["step"]]
+    assert [r["rank"] for r in timeline["ranks"]] == [0, 1]
+    for r in timeline["ranks"]:
+        names = [name for name, _, _ in r["spans"]]
+        n = scenario.plan.num_microbatches
+        assert names.count("forward") == n and names.count("backward") == n and names.count("optimizer") == 1
+        assert all(0 <= a <= b <= timeline["step_time_s"] * 1.01 for _, a, b in r["spans"])
+        assert r["epoch"] > 1.6e9  # the step's start on the wall clock
+    assert m["phases_s"]["core_wait"] is not None and m["phases_s"]["core_wait"] >= 0
+    host = m["host"]
+    assert host["cores"] >= 1 and host["ours_cores"] > 0 and host["others_cores"] >= 0
+    assert m["as_run"] == {}  # fp32: every plan field ran as written
+
+
+@pytest.mark.distributed
+def test_a_traced_run_gives_both_timelines(measure, tmp_path):
+    """`simdist run --trace` writes one Kineto trace per rank; compare --trace sets the
+    collectives it saw (gloo's all-reduce of DDP's bucket) beside the predicted timeline."""
+    from simdist.calibrate.timelines import measured_spans, phase_totals, two_timelines
+    from simdist.spec.measurement import Measurement
+
+    _, m = measure(TRACED)
+    assert m["traced"] and sorted(p.name for p in Path(m["trace_dir"]).iterdir()) == [
+        "trace-rank0.json", "trace-rank1.json"]
+    spans = measured_spans(Measurement.from_dict(m), m["trace_dir"])
+    assert {s.rank for s in spans} == {0, 1}
+    totals = phase_totals(spans)
+    assert totals["allreduce"] > 0 and totals["forward"] > 0 and totals["backward"] > 0
+    trace = two_timelines([], spans)
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names == {"rank 0 measured", "rank 1 measured"}

@@ -67,6 +67,7 @@ def live_processes(needle: str) -> list[int]:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_every_optimizer_matches_one_process_on_every_plan_kind(tmp_path):
     """LAMB, LARS, SGD and AdamW on DDP, ZeRO-1, FSDP, HSDP, TP x DDP, TP x FSDP, PP x DDP and
     PP x TP equal the one-process run. The bound is 1e-6 (all measured <= 1.1e-7): a missed
@@ -94,6 +95,7 @@ def test_every_optimizer_matches_one_process_on_every_plan_kind(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_hsdp_with_lamb_resumes_after_a_crash(tmp_path):
     ckpt = tmp_path / "ckpt"
     scenario, m = run(tmp_path, "tiny-hsdp", 4, steps=4, warmup=1, checkpoint_every=2,
@@ -118,6 +120,7 @@ def test_hsdp_with_lamb_resumes_after_a_crash(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_synchronous_parameter_server_with_lars_resumes_after_a_hang(tmp_path):
     scenario, m = run(tmp_path, "tiny-ps", 2, steps=5, warmup=1, checkpoint_every=2, max_restarts=1,
                       fault="1:3:hang", pg_timeout=4)
@@ -135,6 +138,7 @@ def test_synchronous_parameter_server_with_lars_resumes_after_a_hang(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_asynchronous_parameter_server_reports_staleness(tmp_path):
     scenario, m = run(tmp_path, "tiny-ps-async", 2, steps=20, warmup=1)
     ps = m["ps"]
@@ -150,8 +154,9 @@ def test_asynchronous_parameter_server_reports_staleness(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fp16", "bf16", "topk", "powersgd"])
-def test_compressed_training_learns_and_sends_what_the_simulator_predicts(tmp_path, method, capsys):
+def test_compressed_training_learns_and_sends_what_the_simulator_predicts(tmp_path, method):
     scenario, m = run(tmp_path, f"tiny-compress-{method}", 2, steps=20, warmup=1)
     sent = m["compression"]["dp_bytes_per_step"]
     want = dp_traffic(scenario.model, scenario.plan, 0).step_bytes(scenario.plan.num_microbatches)
@@ -160,15 +165,14 @@ def test_compressed_training_learns_and_sends_what_the_simulator_predicts(tmp_pa
     assert losses[-1] < losses[0] - 0.2
     ref = reference_losses(scenario.model, scenario.plan, 20, 1, seed=m["seed"])
     gap = max(abs(a - b) / b for a, b in zip(losses, ref, strict=True))
-    with capsys.disabled():
-        print(f"\n{method}: {sent:.0f} B per rank and step (simulator {want:.0f}); loss gap to the "
-              f"uncompressed run: max {gap:.2e} relative, last step {losses[-1] - ref[-1]:+.4f}")
+    assert gap < 0.05, f"{method}: compressed training left the uncompressed run by {gap:.2e}"
 
 
 # --- restarts exhausted ------------------------------------------------------------------------
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_past_max_restarts_the_run_fails_cleanly(tmp_path, capsys):
     path = SCENARIOS / "tiny-ddp.yaml"
     ckpt, out = tmp_path / "ckpt", tmp_path / "m.json"
@@ -227,6 +231,7 @@ def test_print_launch_writes_torchrun_commands_and_a_slurm_script(capsys):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_two_torchrun_agents_on_loopback_act_as_two_nodes(tmp_path, capsys):
     import socket
 

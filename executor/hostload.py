@@ -1,0 +1,110 @@
+"""How busy this machine was while a run measured it (no torch here).
+
+A CPU run's step time is only as good as the cores its ranks got. Two numbers say how good:
+
+- ``cores``: the CPUs this process may run on (``os.sched_getaffinity``, which honours taskset
+  and cpusets; ``os.cpu_count`` where it is missing);
+- ``others_cores``: the CPU the *rest* of the machine used meanwhile, in cores: the busy time of
+  every CPU (``/proc/stat``: user + nice + system + irq + softirq + steal) minus the CPU time of
+  the run's own processes (``/proc/PID/stat`` utime + stime of torchrun and its workers), over
+  the run's wall time. 0 on a quiet machine; 1.0 means another process kept one core busy.
+
+The launcher samples both while it watches torchrun (:class:`HostUsage`), and the measurement
+keeps them (``host``), so that a calibration can say which run was noisy and why
+(simdist.calibrate.honesty). Linux only; elsewhere the figures are None.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def machine_cpus() -> int:
+    """CPUs /proc/stat sums over (the whole machine)."""
+    return os.cpu_count() or 1
+
+
+def busy_seconds() -> float | None:
+    """Busy CPU seconds of the whole machine since boot (all CPUs together)."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    # cpu user nice system idle iowait irq softirq steal guest guest_nice
+    values = [int(x) for x in fields[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = values
+    return (user + nice + system + irq + softirq + steal) / _TICK
+
+
+def process_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system, all threads) of a live process."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = text.rpartition(")")[2].split()  # after "pid (comm)": state is rest[0]
+    try:
+        return (int(rest[11]) + int(rest[12])) / _TICK  # fields 14 and 15: utime, stime
+    except (IndexError, ValueError):
+        return None
+
+
+class HostUsage:
+    """Samples the machine's and the run's CPU use while a run goes (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.busy0 = busy_seconds()
+        self.ours: dict[int, float] = {}  # pid -> last CPU seconds seen (kept after it exits)
+        self.t1, self.busy1 = self.t0, self.busy0
+
+    def sample(self, pids: list[int]) -> None:
+        for pid in pids:
+            seconds = process_seconds(pid)
+            if seconds is not None:
+                self.ours[pid] = max(seconds, self.ours.get(pid, 0.0))
+        self.t1, self.busy1 = time.monotonic(), busy_seconds()
+
+    def result(self) -> dict[str, Any]:
+        wall = self.t1 - self.t0
+        out: dict[str, Any] = {"cores": cores(), "machine_cpus": machine_cpus(), "seconds": wall,
+                               "ours_cores": None, "others_cores": None, "loadavg": _loadavg()}
+        if self.busy0 is None or self.busy1 is None or wall <= 0:
+            return out
+        ours = sum(self.ours.values())
+        out["ours_cores"] = ours / wall
+        out["others_cores"] = max(0.0, (self.busy1 - self.busy0 - ours) / wall)
+        return out
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except (OSError, ValueError):
+        return None
+
+
+def read_pids(run_dir: Path, ranks: int) -> list[int]:
+    """The worker pids recorded in the run directory (``pid-<rank>``)."""
+    from executor.faults import pid_path
+
+    out = []
+    for r in range(ranks):
+        try:
+            out.append(int(pid_path(run_dir, r).read_text()))
+        except (OSError, ValueError):
+            continue
+    return out

@@ -1,0 +1,112 @@
+"""When a calibration must not be trusted, and what to tell the user instead.
+
+A fit is refused, and no profile written, when
+
+- a fitted parameter ends at a bound of its search (:class:`Bound`): no value in the plausible
+  range explains the runs, so the value found describes the noise, not the machine;
+- the fitted profile misses one of the runs it was fitted on by more than that run's measured
+  run-to-run spread (never less than :data:`FLOOR`): the terms cannot reproduce even their own
+  data, so they will not predict anything else;
+- other processes used a sizeable part of the cores during a run (:data:`BUSY_SHARE` of them,
+  executor.hostload): the run measured that moment's sharing, not the machine.
+
+The message names the run that was noisiest (the CPU other processes used during it, the share
+of each step its ranks waited for a core, the spread of its medians, the load average) and what
+to do: calibrate again on a quiet machine, with fewer ranks, or with more repeats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FLOOR = 0.05  # the smallest error a fit is held to: two medians of a few steps rarely agree closer
+BUSY_SHARE = 0.2  # other processes using more than this share of the cores make a run noisy
+CORE_WAIT_SHARE = 0.10  # with no more ranks than cores, waiting this share of a step for a core is noise
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A fitted parameter and the range its search allowed."""
+
+    parameter: str
+    value: float
+    low: float
+    high: float
+    upper_only: bool = True  # the lower bound means "none needed", which is a fine answer
+
+    @property
+    def hit(self) -> str | None:
+        """"upper" or "lower" when the value sits on a bound (within 1% of the range in log terms)."""
+        import math
+
+        if self.value >= self.high * 0.99:
+            return "upper"
+        if not self.upper_only and self.value <= self.low * (1 + 0.01 * math.log(self.high / self.low)):
+            return "lower"
+        return None
+
+
+@dataclass(frozen=True)
+class FitCheck:
+    """One fitted run: its measured median against the fitted profile's prediction."""
+
+    name: str
+    measured: float
+    predicted: float
+    spread: float
+    runs: int
+    core_wait: float = 0.0  # largest share of a step waiting for a core
+    others_cores: float = 0.0  # most CPU other processes used during a run
+    processes: int = 2
+    cores: int = 0
+    loadavg: tuple[float, ...] | None = None
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1.0
+
+    @property
+    def allowed(self) -> float:
+        return max(self.spread, FLOOR)
+
+    @property
+    def busy(self) -> bool:
+        return self.cores > 0 and self.others_cores > BUSY_SHARE * self.cores
+
+    @property
+    def noise(self) -> float:
+        """A score to pick the noisiest run: other processes' CPU share, core waits beyond
+        what more ranks than cores explain, and the spread."""
+        share = self.others_cores / self.cores if self.cores else 0.0
+        wait = self.core_wait if self.processes <= max(1, self.cores) else 0.0
+        return share + wait + self.spread
+
+
+def refusal(checks: list[FitCheck], bounds: list[Bound], cores: int) -> list[str]:
+    """Every reason to refuse the fit, then the noisiest run and what to do; [] when it stands."""
+    reasons = []
+    for b in bounds:
+        where = b.hit
+        if where:
+            reasons.append(f"{b.parameter} came out at its {where} bound ({b.value:.3g}; the search allows "
+                           f"{b.low:.3g} to {b.high:.3g}): no plausible value explains the runs")
+    for c in checks:
+        if abs(c.error) > c.allowed:
+            reasons.append(f"{c.name}: the fitted profile predicts {c.predicted:.4f} s against a measured median of "
+                           f"{c.measured:.4f} s ({c.error:+.0%}), more than the run-to-run spread "
+                           f"{c.spread:.0%} of its {c.runs} run(s) (at least {FLOOR:.0%} is allowed)")
+        if c.busy:
+            reasons.append(f"{c.name}: other processes used {c.others_cores:.2g} of the {c.cores} cores while it ran, "
+                           "so it measured that moment's sharing, not the machine")
+    if not reasons:
+        return []
+    worst = max(checks, key=lambda c: c.noise) if checks else None
+    out = ["calibration refused, no profile written:"] + [f"  - {r}" for r in reasons]
+    if worst is not None:
+        load = f", load average {', '.join(f'{x:.2f}' for x in worst.loadavg)}" if worst.loadavg else ""
+        out.append(f"the noisiest run was {worst.name}: other processes used {worst.others_cores:.2g} of the "
+                   f"{worst.cores or '?'} cores during it{load}; its ranks waited {worst.core_wait:.0%} of a step "
+                   f"for a core; its medians spread {worst.spread:.0%} over {worst.runs} run(s)")
+    out.append(f"what to do: calibrate again when the machine is quiet (`uptime` load average well below its "
+               f"{cores or '?'} cores), with fewer ranks (--nproc), or with more repeats (--max-runs, --budget)")
+    return out

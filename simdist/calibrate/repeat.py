@@ -1,0 +1,104 @@
+"""Repeat an executor run until its median step is stable, or a budget runs out.
+
+One run of a few steps on a shared machine says little: another process can slow every step
+of it. So a calibration run is repeated: after each run, the median over the runs' medians is
+compared with the one before; the series is *stable* when at least ``min_runs`` runs agree so
+that adding the last one moved that median by at most ``tolerance`` (relative). It stops there,
+or after ``max_runs`` runs or ``budget_s`` seconds, and says which.
+
+What it keeps: every run's median step, their run-to-run spread ((max - min) / median, the
+figure the fits are held to), the run whose median is the median of medians (its phases stand
+for the series), and how noisy the machine was: the largest share of the step the ranks waited
+for a CPU core (``phases_s.core_wait``) and the most CPU other processes used during a run
+(``host.others_cores``, from executor.hostload).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from simdist.spec.measurement import Measurement
+
+
+@dataclass(frozen=True)
+class Repeated:
+    """A scenario measured several times."""
+
+    name: str
+    runs: tuple[Measurement, ...]
+    stable: bool  # the median settled within the tolerance
+    stopped: str  # "stable" | "max runs" | "budget"
+    seconds: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def medians(self) -> list[float]:
+        return [m.step_time_s for m in self.runs]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.medians)
+
+    @property
+    def spread(self) -> float:
+        """Run-to-run spread of the medians; one run: the spread of its own steps."""
+        if len(self.runs) < 2:
+            return self.runs[0].spread
+        return (max(self.medians) - min(self.medians)) / self.median
+
+    @property
+    def representative(self) -> Measurement:
+        """The run whose median is the median of medians (the lower middle for an even count)."""
+        order = sorted(self.runs, key=lambda m: m.step_time_s)
+        return order[(len(order) - 1) // 2]
+
+    @property
+    def core_wait(self) -> float:
+        """The largest share of a step the ranks waited for a CPU core, over the runs."""
+        return max((core_wait_share(m) for m in self.runs), default=0.0)
+
+    @property
+    def others_cores(self) -> float:
+        """The most CPU (in cores) other processes used during one of the runs."""
+        return max((others_cores(m) for m in self.runs), default=0.0)
+
+    @property
+    def loadavg(self) -> list[float] | None:
+        """The load averages seen at the end of the busiest run (highest 1-minute figure)."""
+        seen = [list((m.extras.get("host") or {}).get("loadavg") or []) for m in self.runs]
+        seen = [x for x in seen if x]
+        return max(seen, key=lambda x: x[0]) if seen else None
+
+
+def core_wait_share(m: Measurement) -> float:
+    wait = m.phase("core_wait")
+    return 0.0 if wait is None or m.step_time_s <= 0 else wait / m.step_time_s
+
+
+def others_cores(m: Measurement) -> float:
+    return float((m.extras.get("host") or {}).get("others_cores") or 0.0)
+
+
+def repeat_until_stable(name: str, run_once: Callable[[], Measurement], *, min_runs: int = 3, max_runs: int = 8,
+                        tolerance: float = 0.03, budget_s: float = 600.0,
+                        clock: Callable[[], float] = time.monotonic) -> Repeated:
+    """Run ``run_once`` until the median of the run medians is stable (module docstring)."""
+    start = clock()
+    runs: list[Measurement] = []
+    previous: float | None = None
+    stopped = "max runs"
+    stable = False
+    while len(runs) < max(1, max_runs):
+        runs.append(run_once())
+        current = statistics.median(m.step_time_s for m in runs)
+        if len(runs) >= min_runs and previous is not None and abs(current - previous) <= tolerance * current:
+            stable, stopped = True, "stable"
+            break
+        previous = current
+        if clock() - start >= budget_s:
+            stopped = "budget"
+            break
+    return Repeated(name, tuple(runs), stable, stopped, clock() - start)

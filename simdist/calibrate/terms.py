@@ -1,0 +1,131 @@
+"""Fit the executor-run terms of a profile, one software layer at a time, and check the fit.
+
+The microbenchmarks fix the compute curves and the links (simdist.calibrate.fit). What they
+cannot see is the framework around the kernels, so executor runs fit it, layer by layer
+(:func:`simdist.spec.profile.profile_layers`: "tp", "zero1", "zero2", "zero3", "hsdp",
+"pipeline", "multichunk", "compression", "ps"):
+
+1. runs of plans through no layer (plain DDP) fit the per-op overhead (``kernel_overhead_s``);
+2. then, repeatedly, the runs that add exactly one layer not fitted yet fit that layer: first
+   its sync-point waits (the exposed communication they measured beyond what the model prices,
+   per second of compute, :func:`simdist.calibrate.fit.fit_sync_wait`), then its extra per-op
+   overhead (``framework_overheads_s``), each from that layer's runs only;
+3. a run whose plan adds two unfitted layers at once cannot tell them apart: it is reported.
+
+Every fitted value is checked against its search range, and every fitted run against its own
+measured spread (:mod:`simdist.calibrate.honesty`). A run's measured step is the median of its
+repeated runs' medians (:mod:`simdist.calibrate.repeat`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import yaml
+
+from simdist.calibrate.fit import OVERHEAD_RANGE, SYNC_WAIT_MAX, fit_overhead, fit_sync_wait
+from simdist.calibrate.honesty import Bound, FitCheck
+from simdist.calibrate.repeat import Repeated
+from simdist.spec.profile import CalibrationProfile, local_processes, profile_layers
+
+
+@dataclass(frozen=True)
+class FitRun:
+    """A scenario measured for fitting: its YAML text, where relative paths start, its runs."""
+
+    name: str
+    scenario_yaml: str
+    base_dir: str
+    repeated: Repeated
+
+    @property
+    def scenario(self):
+        from simdist.spec.scenario import scenario_from_dict
+
+        return scenario_from_dict(yaml.safe_load(self.scenario_yaml), self.base_dir)
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        return profile_layers(self.scenario.plan)
+
+    def predicted(self, profile: CalibrationProfile) -> dict[str, float]:
+        from simdist.calibrate.compare import compare_one
+
+        return compare_one(self.repeated.representative, self.scenario_yaml, profile, self.base_dir).predicted
+
+    def measured(self) -> dict[str, float]:
+        from simdist.calibrate.compare import measured_quantities
+
+        return {**measured_quantities(self.repeated.representative), "step_time_s": self.repeated.median}
+
+
+def _mean_log_error(runs: list[FitRun]):
+    def error(profile: CalibrationProfile) -> float:
+        errs = [abs(math.log(r.predicted(profile)["step_time_s"] / r.repeated.median)) for r in runs]
+        return sum(errs) / len(errs)
+    return error
+
+
+def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[CalibrationProfile, list[Bound], list[str]]:
+    """The profile with every layer's terms fitted, the bounds to check, and the runs that could
+    not be used (one line each)."""
+    bounds: list[Bound] = []
+    problems: list[str] = []
+    terms_from = dict(profile.terms_from)
+    plain = [r for r in runs if not r.layers]
+    if plain:
+        profile = fit_overhead(profile, _mean_log_error(plain))
+        bounds.append(Bound("the per-op overhead (s)", profile.kernel_overhead_s or 0.0, *OVERHEAD_RANGE))
+        terms_from["per-op"] = ", ".join(r.name for r in plain)
+    elif runs:
+        problems.append("no run of a plain data-parallel plan (zero_stage 0, no tp, pp or compression) to fit "
+                        "the per-op overhead from: add one, e.g. scenarios/local-dp.yaml")
+    fitted: set[str] = set()
+    pending = [r for r in runs if r.layers]
+    while pending:
+        groups: dict[str, list[FitRun]] = {}
+        for r in pending:
+            new = [x for x in r.layers if x not in fitted]
+            if len(new) == 1:
+                groups.setdefault(new[0], []).append(r)
+        if not groups:
+            break
+        for layer, subset in groups.items():
+            pairs = [(r.measured(), r.predicted(profile)) for r in subset]
+            profile = fit_sync_wait(profile, layer, pairs)
+            wait = profile.sync_wait_fractions.get(layer, 0.0)
+            bounds.append(Bound(f"the {layer} sync-point waits (share of compute)", wait, 0.0, SYNC_WAIT_MAX))
+            profile = fit_overhead(profile, _mean_log_error(subset), layer)
+            bounds.append(Bound(f"the {layer} per-op overhead (s)", profile.framework_overheads_s[layer],
+                                *OVERHEAD_RANGE))
+            terms_from[layer] = ", ".join(r.name for r in subset)
+            fitted.add(layer)
+        pending = [r for r in pending if any(x not in fitted for x in r.layers)]
+    for r in pending:
+        new = [x for x in r.layers if x not in fitted]
+        problems.append(f"{r.name}: its plan runs through {' and '.join(new)} at once, which one run cannot tell "
+                        "apart: fit each from a run that adds only one of them")
+    return replace(profile, terms_from=terms_from), bounds, problems
+
+
+def fit_checks(profile: CalibrationProfile, runs: list[FitRun]) -> list[FitCheck]:
+    """Each fitted run against the fitted profile, with how noisy its runs were."""
+    out = []
+    for r in runs:
+        rep = r.repeated
+        out.append(FitCheck(name=r.name, measured=rep.median, predicted=r.predicted(profile)["step_time_s"],
+                            spread=rep.spread, runs=len(rep.runs), core_wait=rep.core_wait,
+                            others_cores=rep.others_cores, processes=local_processes(r.scenario),
+                            cores=profile.cores, loadavg=tuple(rep.loadavg) if rep.loadavg else None))
+    return out
+
+
+def with_honesty(profile: CalibrationProfile, checks: list[FitCheck]) -> CalibrationProfile:
+    """The profile with the spreads, core waits and error band of the runs it was fitted on."""
+    band = max([max(c.spread, abs(c.error)) for c in checks], default=0.0)
+    return replace(profile,
+                   spreads={**profile.spreads, **{c.name: c.spread for c in checks}},
+                   core_waits={**profile.core_waits, **{c.name: c.core_wait for c in checks}},
+                   residuals={**profile.residuals, **{f"fitted run {c.name} |error|": abs(c.error) for c in checks}},
+                   error_band=max(profile.error_band, band))

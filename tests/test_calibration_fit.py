@@ -1,0 +1,205 @@
+"""Honest fits: repeated runs, layer-by-layer terms, refusals, the machine's cores, the error
+band, and the profile's schema (no torch needed: executor runs are stood in for by measurements
+made from a known profile)."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import yaml
+from conftest import measurement, run_cli
+from test_calibration import local_scenario, synthetic_bench
+
+from simdist.calibrate.fit import fit_profile
+from simdist.calibrate.honesty import FLOOR, Bound, FitCheck, refusal
+from simdist.calibrate.repeat import Repeated, repeat_until_stable
+from simdist.calibrate.terms import FitRun, fit_checks, fit_terms, with_honesty
+from simdist.predict import predict
+from simdist.spec.measurement import Measurement
+from simdist.spec.profile import CalibrationProfile, load_profile, profile_layers
+from simdist.spec.scenario import scenario_from_dict
+
+
+def m(step: float, **extra) -> Measurement:
+    return Measurement.from_dict(measurement(step_time_s=step, step_times_s=[step], **extra))
+
+
+# --- repeating runs ----------------------------------------------------------------------------------
+
+
+def test_runs_repeat_until_the_median_settles():
+    medians = iter([1.0, 1.3, 1.02, 1.01, 1.5, 1.0])
+    rep = repeat_until_stable("x", lambda: m(next(medians)), min_runs=3, max_runs=6, tolerance=0.03)
+    assert rep.stable and rep.stopped == "stable" and rep.medians == [1.0, 1.3, 1.02, 1.01]
+    assert rep.median == pytest.approx(1.015) and rep.spread == pytest.approx(0.3 / 1.015)
+    assert rep.representative.step_time_s == 1.01  # the lower middle run stands for the series
+
+
+def test_noisy_runs_stop_at_the_run_limit_or_the_budget():
+    noisy = iter([1.0, 2.0, 1.0, 2.5, 1.0, 3.0])
+    rep = repeat_until_stable("x", lambda: m(next(noisy)), min_runs=3, max_runs=4, tolerance=0.03)
+    assert not rep.stable and rep.stopped == "max runs" and len(rep.runs) == 4
+    clock = iter(range(0, 1000, 100))
+    rep = repeat_until_stable("x", lambda: m(1.0 + len(str(next(clock)))), budget_s=250, clock=lambda: next(clock))
+    assert rep.stopped == "budget" and not rep.stable
+
+
+def test_a_run_says_how_busy_the_machine_was():
+    busy = m(1.0, host={"cores": 2, "others_cores": 0.9, "loadavg": [3.1, 2.0, 1.5]})
+    busy = Measurement.from_dict({**busy.to_dict(), "phases_s": {"forward": 0.2, "core_wait": 0.3}})
+    rep = Repeated("x", (busy, m(1.1)), True, "stable")
+    assert rep.others_cores == 0.9 and rep.core_wait == pytest.approx(0.3) and rep.loadavg == [3.1, 2.0, 1.5]
+
+
+# --- refusals ----------------------------------------------------------------------------------------
+
+
+def test_a_parameter_on_its_bound_refuses_the_fit():
+    assert Bound("overhead", 5e-3, 1e-7, 5e-3).hit == "upper"
+    assert Bound("overhead", 1e-7, 1e-7, 5e-3).hit is None  # "none needed" is an answer
+    assert Bound("factor", 0.3, 0.3, 1.6, upper_only=False).hit == "lower"
+    lines = refusal([], [Bound("the per-op overhead (s)", 5e-3, 1e-7, 5e-3)], cores=2)
+    assert lines[0] == "calibration refused, no profile written:"
+    assert "the per-op overhead (s) came out at its upper bound" in lines[1]
+    assert lines[-1].startswith("what to do: calibrate again when the machine is quiet")
+
+
+def test_a_fit_that_misses_its_own_runs_names_the_noisiest_run():
+    quiet = FitCheck("local-dp", measured=1.0, predicted=1.02, spread=0.03, runs=3, cores=2, others_cores=0.05)
+    noisy = FitCheck("local-tp-fit", measured=2.0, predicted=1.4, spread=0.12, runs=5, core_wait=0.38,
+                     others_cores=0.9, cores=2, loadavg=(3.6, 2.2, 1.9))
+    lines = refusal([quiet, noisy], [], cores=2)
+    text = "\n".join(lines)
+    assert "local-tp-fit: the fitted profile predicts 1.4000 s against a measured median of 2.0000 s (-30%)" in text
+    assert "local-tp-fit: other processes used 0.9 of the 2 cores" in text
+    assert "the noisiest run was local-tp-fit" in text and "load average 3.60, 2.20, 1.90" in text
+    assert "waited 38% of a step for a core" in text and "local-dp" not in text.split("noisiest")[0]
+    # a residual inside the run's spread (or the floor) stands
+    assert refusal([replace(quiet, predicted=1.0 + FLOOR * 0.9)], [], cores=2) == []
+
+
+# --- fitting each software layer from its own runs ----------------------------------------------------
+
+
+def fit_run(profile: CalibrationProfile, name: str, spread: float = 0.02, **plan) -> FitRun:
+    """A FitRun whose 'measured' steps are the known profile's prediction, within +-spread/2."""
+    d = {**local_scenario(**plan), "name": name}
+    sc = scenario_from_dict(d)
+    t = predict(sc, profile=profile, engine="analytic").step_time_s
+    runs = tuple(m(t * (1 + k * spread / 2), scenario_hash=sc.hash(), name=name) for k in (-1, 0, 1))
+    return FitRun(name, yaml.safe_dump(d), ".", Repeated(name, runs, True, "stable"))
+
+
+def test_each_layer_is_fitted_from_the_runs_that_add_it():
+    truth = replace(fit_profile(synthetic_bench()), kernel_overhead_s=3e-4,
+                    framework_overheads_s={"tp": 2e-4, "zero1": 5e-5})
+    runs = [fit_run(truth, "dp"), fit_run(truth, "tp", tp=2), fit_run(truth, "zero1", zero_stage=1)]
+    fitted, bounds, unusable = fit_terms(fit_profile(synthetic_bench()), runs)
+    assert unusable == [] and not [b for b in bounds if b.hit]
+    assert fitted.kernel_overhead_s == pytest.approx(3e-4, rel=0.05)
+    assert fitted.framework_overheads_s["tp"] == pytest.approx(2e-4, rel=0.1)
+    assert fitted.terms_from == {"per-op": "dp", "tp": "tp", "zero1": "zero1"}
+    checks = fit_checks(fitted, runs)
+    assert refusal(checks, bounds, cores=2) == []
+    honest = with_honesty(fitted, checks)
+    assert honest.spreads == {"dp": pytest.approx(0.02), "tp": pytest.approx(0.02), "zero1": pytest.approx(0.02)}
+    assert 0.02 <= honest.error_band < 0.05
+
+
+def test_a_run_adding_two_unfitted_layers_is_named():
+    truth = replace(fit_profile(synthetic_bench()), kernel_overhead_s=3e-4)
+    runs = [fit_run(truth, "dp"), fit_run(truth, "tp-zero3", tp=2, zero_stage=3)]
+    _, _, unusable = fit_terms(fit_profile(synthetic_bench()), runs)
+    assert unusable == ["tp-zero3: its plan runs through tp and zero3 at once, which one run cannot tell "
+                        "apart: fit each from a run that adds only one of them"]
+
+
+def test_every_plan_kind_has_its_layers():
+    sc = lambda **plan: scenario_from_dict(local_scenario(**plan)).plan  # noqa: E731
+    assert profile_layers(sc()) == ()
+    assert profile_layers(sc(zero_stage=1)) == ("zero1",)
+    assert profile_layers(sc(zero_stage=2)) == ("zero2",)
+    assert profile_layers(sc(pp=2, global_batch_size=8)) == ("pipeline",)
+    assert profile_layers(sc(pp=2, schedule="zero-bubble")) == ("pipeline", "multichunk")
+    assert profile_layers(sc(grad_compression={"method": "fp16"})) == ("compression",)
+    assert profile_layers(sc(gradient_sync="parameter-server")) == ("ps",)
+    hsdp = scenario_from_dict({**local_scenario(zero_stage=3, dp_shard=2),
+                               "cluster": {"preset": "local", "num_nodes": 1, "gpus_per_node": 4}}).plan
+    assert profile_layers(hsdp) == ("zero3", "hsdp")
+
+
+# --- the machine's cores -----------------------------------------------------------------------------
+
+
+def test_ranks_beyond_the_cores_time_share_them():
+    prof = replace(fit_profile(synthetic_bench()), cores=2, ranks=2, kernel_overhead_s=1e-4)
+    assert prof.time_share(2) == prof.time_share(1) == 1.0 and prof.time_share(8) == 4.0
+    assert replace(prof, ranks=4).time_share(8) == 2.0  # the microbenchmarks already shared 2:1
+    assert replace(prof, cores=0).time_share(8) == 1.0  # a GPU profile knows no cores
+    two = scenario_from_dict(local_scenario())
+    eight = scenario_from_dict({**local_scenario(global_batch_size=32),
+                                "cluster": {"preset": "local", "num_nodes": 1, "gpus_per_node": 8}})
+    shared, alone = predict(eight, profile=prof, engine="analytic"), predict(eight, profile=replace(prof, cores=0),
+                                                                             engine="analytic")
+    assert shared.breakdown_s["compute"] == pytest.approx(4 * alone.breakdown_s["compute"])
+    assert shared.breakdown_s["dp_comm"] > 3 * alone.breakdown_s["dp_comm"]  # gloo's copies share the cores too
+    assert any("8 ranks time-share the profiled machine's 2 cores (4x its share" in a for a in shared.assumptions)
+    assert predict(two, profile=prof, engine="des").step_time_s == pytest.approx(
+        predict(two, profile=replace(prof, cores=0), engine="des").step_time_s)
+
+
+def test_idle_time_of_time_shared_ranks_fills_with_other_ranks_work():
+    """A pipeline's bubble is not stretched: 8 ranks on 2 cores take 4x the busy time, not 4x the step."""
+    from simdist.analytic.timeshare import time_shared
+
+    prof = replace(fit_profile(synthetic_bench()), cores=2, ranks=2, kernel_overhead_s=1e-4)
+    pipe = scenario_from_dict({**local_scenario(pp=2, global_batch_size=8),
+                               "cluster": {"preset": "local", "num_nodes": 1, "gpus_per_node": 8}})
+    full = predict(pipe, profile=replace(prof, cores=0), engine="analytic")
+    _, factor = time_shared(pipe, prof)
+    busy = full.step_time_s - full.breakdown_s["bubble"]
+    assert full.breakdown_s["bubble"] > 0 and factor == pytest.approx(4 * busy / full.step_time_s)
+    assert predict(pipe, profile=prof, engine="analytic").step_time_s == pytest.approx(4 * busy, rel=1e-6)
+    waits = replace(prof, sync_wait_fractions={"pipeline": 0.5})  # waits at sync points are idle too
+    assert time_shared(pipe, waits)[1] < factor
+
+
+# --- the profile file --------------------------------------------------------------------------------
+
+
+def test_version_1_profiles_still_load_and_version_2_round_trips(tmp_path):
+    old = {"version": 1, "device": "cpu", "peak_flops": 1e10, "links": {}, "compute_curves": {}}
+    (tmp_path / "v1.json").write_text(json.dumps(old))
+    v1 = load_profile(tmp_path / "v1.json")
+    assert v1.version == 2 and v1.cores == 0 and v1.error_band == 0.0
+    v2 = replace(fit_profile({**synthetic_bench(), "cores": 2}), spreads={"dp": 0.05}, error_band=0.08)
+    v2.save(tmp_path / "v2.json")
+    assert load_profile(tmp_path / "v2.json") == v2 and v2.cores == 2 and v2.ranks == 2
+
+
+def test_a_gpu_benchmark_gives_a_gpu_profile():
+    """The schema of a profile fitted on CUDA/NCCL microbenchmarks (executor.bench on a GPU)."""
+    bench = {**synthetic_bench(), "device": "cuda", "backend": "nccl", "gpu": "NVIDIA H100 80GB HBM3",
+             "dtype": "bf16", "cores": 32, "world_size": 8, "local_ranks": 8}
+    for r in bench["collectives"]:
+        r["ranks"] = 8
+    prof = fit_profile(bench)
+    assert prof.device == "NVIDIA H100 80GB HBM3 (bf16, 8 GPUs)" and prof.backend == "nccl"
+    assert prof.cores == 0 and prof.time_share(64) == 1.0  # GPUs do not time-share cores
+    assert [s[:3] for s in prof.gemm_shapes] == [(64, 64, 64), (256, 256, 256), (1024, 1024, 1024)]
+    assert prof.gemm_shapes[-1][3] == pytest.approx(1.0) and prof.gemm_shapes[0][3] < 0.6
+    allreduce = prof.bus_bandwidth["allreduce"]
+    assert [b for b, _ in allreduce] == [4096.0, 2.0**20, 2.0**26]
+    assert allreduce[-1][1] > allreduce[0][1]  # bus bandwidth grows with the message size
+
+
+def test_predict_prints_the_profiles_error_band(tmp_path):
+    prof = replace(fit_profile(synthetic_bench()), error_band=0.12, spreads={"a": 0.05, "b": 0.12})
+    prof.save(tmp_path / "p.json")
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(local_scenario()))
+    r = run_cli("predict", str(tmp_path / "s.yaml"), "--profile", str(tmp_path / "p.json"), "--no-store")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("error band:"))
+    assert "+/-12%" in line and "of the 2 run(s) the profile was fitted on" in line
+    r = run_cli("predict", str(tmp_path / "s.yaml"), "--profile", str(tmp_path / "p.json"), "--no-store", "--json")
+    assert "error band" not in r.stdout  # the contract's JSON is unchanged
