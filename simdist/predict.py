@@ -1,8 +1,22 @@
 """predict(scenario, profile=None) -> Prediction: the one entry point that the CLI, the
-dashboard, the search and calibration all use."""
+dashboard, the search and calibration all use.
+
+Two guards stand around the engines (issue 20):
+
+- work: the closed form loops over the pipeline stages, so a plan with more than
+  :data:`MAX_VIRTUAL_STAGES` (pp x virtual stages) is refused; the event engine's work is
+  estimated before anything is simulated (:mod:`simdist.sim.engine.budget`) and, past its
+  limits, the closed form answers instead (said in the assumptions) or, with ``fallback=False``
+  (a trace needs the engine's timeline), the scenario is refused naming the input that drives it;
+- output: a prediction that is not finite and sane (step time > 0, MFU in (0, 1], finite
+  memory, breakdown and extras) is an error naming the input behind it
+  (:func:`check_prediction`), never an ``Infinity`` in the JSON.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import fields
 from typing import Any, Literal
 
 from simdist.analytic.collectives import Network, busbw_cap
@@ -17,11 +31,16 @@ from simdist.errors import Problem, ScenarioError
 from simdist.results import Prediction, StageMemoryReport, to_gib
 from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import Scenario
+from simdist.spec.suspects import suspect
 from simdist.spec.unsimulated import not_simulated
 
 Engine = Literal["des", "analytic"]
 Fidelity = Literal["symmetric", "full"]
 ENGINES = ("des", "analytic")
+# pipeline stages x virtual stages that the closed form sizes one by one (memory per stage):
+# about 40 us and 3 KB each, so the limit costs under a second; the largest pipelines trained
+# have about a hundred stages
+MAX_VIRTUAL_STAGES = 16_384
 
 
 def predict(
@@ -31,8 +50,23 @@ def predict(
     fidelity: Fidelity = "symmetric",
     keep_spans: bool = True,
     stragglers: dict[int, float] | None = None,
+    fallback: bool = True,
 ) -> Prediction:
-    """Predict one optimizer step of ``scenario``: time, breakdown, memory, MFU."""
+    """Predict one optimizer step of ``scenario``: time, breakdown, memory, MFU.
+
+    With ``engine="des"``, a scenario past the event engine's work limits is answered by the
+    closed form (``engine`` in the result says which ran, the assumptions say why), or refused
+    with ``fallback=False`` or stragglers (which only the event engine models)."""
+    try:
+        return _predict(scenario, profile, engine, fidelity, keep_spans, stragglers, fallback)
+    except (ZeroDivisionError, OverflowError) as exc:  # an input extreme enough to break the arithmetic
+        field = suspect(scenario, profile, "any", "any")
+        raise ScenarioError(Problem(field, f"makes the prediction impossible to compute "
+                                    f"({type(exc).__name__}: {exc}); is it a realistic value?")) from None
+
+
+def _predict(scenario: Scenario, profile: CalibrationProfile | None, engine: str, fidelity: str,
+             keep_spans: bool, stragglers: dict[int, float] | None, fallback: bool) -> Prediction:
     if scenario.requires_profile and profile is None:
         raise ScenarioError(Problem("cluster.preset", "the local cluster's speed comes from a "
                                     "calibration profile: run `simdist calibrate` and pass --profile"))
@@ -43,16 +77,33 @@ def predict(
     if blocking:
         raise ScenarioError(blocking)
     plan, model, cluster = scenario.plan, scenario.model, scenario.cluster
+    chunks = plan.pp * plan.virtual_pipeline_stages
+    if chunks > MAX_VIRTUAL_STAGES:
+        field = "plan.pp" if plan.pp > plan.virtual_pipeline_stages else "plan.virtual_pipeline_stages"
+        raise ScenarioError(Problem(field, f"{plan.pp:,} stages x {plan.virtual_pipeline_stages:,} virtual "
+                                    f"stages = {chunks:,} model chunks; simdist sizes at most "
+                                    f"{MAX_VIRTUAL_STAGES:,} (see the input limits)"))
     cost = CostModel(cluster.gpu, plan.precision, profile)
     described = describe(scenario, cost, Network.of(cluster, profile))
     assumptions = _assumptions(scenario, profile)
     assumptions += [f"not simulated yet: {n.field} ({n.instead})" for n in unsimulated]
 
     result: StepResult
+    if engine == "des":  # simpy is imported only for this engine
+        from simdist.sim.engine.budget import estimate_work
+
+        work = estimate_work(described, fidelity, keep_spans, bool(stragglers))
+        if not work.within_limits:
+            if stragglers or not fallback:
+                raise ScenarioError(Problem(work.driver, f"too large for the event engine: {work.message()}"
+                                            + ("" if stragglers else "; the closed form (`simdist predict --engine analytic`) answers it")))
+            engine = "analytic"
+            assumptions.append(f"closed form used instead of the event engine ({work.driver} too large: "
+                               f"{work.message()})")
     if engine == "analytic":
         result = reduce_step(described)
     else:
-        from simdist.sim.engine import simulate  # simpy is imported only for this engine
+        from simdist.sim.engine import simulate
 
         result = simulate(described, fidelity=fidelity, keep_spans=keep_spans, stragglers=stragglers or {})
     step_time = result.step_time
@@ -84,7 +135,7 @@ def predict(
 
         g = goodput(scenario, step_time, tokens_per_s)
         extras["goodput"] = g.to_dict()
-    return Prediction(
+    pred = Prediction(
         name=scenario.name,
         world_size=world,
         step_time_s=step_time,
@@ -105,6 +156,8 @@ def predict(
         host_capacity_gib=host_capacity,
         extras=extras,
     )
+    check_prediction(pred, scenario, profile)
+    return pred
 
 
 def _system_extras(d: StepDescription, stages: tuple[StageMemoryReport, ...], host_capacity: float | None,
@@ -209,3 +262,68 @@ def _system_assumptions(sc: Scenario) -> list[str]:
                    + (", error feedback buffers on the GPU" if keeps_residual(plan) else "")
                    + "; compression kernels timed as HBM-bound work")
     return out
+
+
+# --- the output checks --------------------------------------------------------------------
+
+_PARTS = {  # breakdown part -> the kind of inputs that time it
+    "compute": "compute", "recompute": "compute", "optimizer": "compute", "compression": "compute",
+    "tp_comm": "links", "pp_comm": "links", "dp_comm": "links", "cp_comm": "links", "ep_comm": "links",
+    "bubble": "any", "offload": "host",
+}
+
+
+def check_prediction(pred: Prediction, sc: Scenario, profile: CalibrationProfile | None = None) -> None:
+    """Raise ScenarioError naming the input behind the first absurd figure of ``pred``: a step
+    time that is not finite and positive, an MFU outside (0, 1], a breakdown part, a memory
+    figure or an extra that is not finite (or negative)."""
+    step, mfu = pred.step_time_s, pred.mfu
+    what, kind, way = "", "any", "any"
+    bad_part = next((k for k, v in pred.breakdown_s.items() if not _finite(v, nonneg=True)), None)
+    if not math.isfinite(step) or step <= 0:
+        what, kind, way = f"a step time of {step!r} s", _PARTS.get(bad_part or "", "any"), \
+            "slow" if step > 0 else "any"
+    elif bad_part is not None:
+        what, kind, way = f"breakdown {bad_part} = {pred.breakdown_s[bad_part]!r}", _PARTS.get(bad_part, "any"), "slow"
+    elif not math.isfinite(mfu) or not 0 < mfu <= 1 + 1e-9:
+        # above 1: the step ran faster than the GPUs' peak allows (an efficiency or a rate too high)
+        what, kind, way = f"an MFU of {mfu:.3g} (model FLOPs / (step time x GPUs x peak))", "compute", \
+            "fast" if mfu > 1 else "slow"
+    elif not all(_finite(getattr(s, f.name), nonneg=True) for s in pred.per_stage for f in fields(s)):
+        what, kind, way = "a memory figure that is not a finite size", "any", "any"
+    elif not math.isfinite(pred.tokens_per_s) or not _finite(pred.extras):
+        path = _bad_path(pred.extras) or "tokens_per_s"
+        what, kind = f"{path} is not a finite number", "reliability" if path.startswith("goodput") else "any"
+    if not what:
+        return
+    field = suspect(sc, profile, kind, way)
+    raise ScenarioError(Problem(field, f"leads to an absurd prediction: {what}; is it a realistic value?"))
+
+
+def _finite(x: Any, nonneg: bool = False) -> bool:
+    if isinstance(x, bool) or x is None or isinstance(x, str):
+        return True
+    if isinstance(x, int | float):
+        return math.isfinite(x) and (not nonneg or x >= -1e-12)
+    if isinstance(x, dict):
+        return all(_finite(v) for v in x.values())
+    if isinstance(x, list | tuple):
+        return all(_finite(v) for v in x)
+    return True
+
+
+def _bad_path(x: Any, where: str = "") -> str | None:
+    """The dotted place of the first non-finite number in ``x``."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            got = _bad_path(v, f"{where}.{k}" if where else str(k))
+            if got:
+                return got
+    elif isinstance(x, list | tuple):
+        for i, v in enumerate(x):
+            got = _bad_path(v, f"{where}.{i}")
+            if got:
+                return got
+    elif not _finite(x):
+        return where or "value"
+    return None
