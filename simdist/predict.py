@@ -276,24 +276,26 @@ _PARTS = {  # breakdown part -> the kind of inputs that time it
 def check_prediction(pred: Prediction, sc: Scenario, profile: CalibrationProfile | None = None) -> None:
     """Raise ScenarioError naming the input behind the first absurd figure of ``pred``: a step
     time that is not finite and positive, an MFU outside (0, 1], a breakdown part, a memory
-    figure or an extra that is not finite (or negative)."""
-    step, mfu = pred.step_time_s, pred.mfu
-    what, kind, way = "", "any", "any"
-    bad_part = next((k for k, v in pred.breakdown_s.items() if not _finite(v, nonneg=True)), None)
+    figure or an extra that is not finite (or negative). The input is looked for among those
+    that time the breakdown's largest (or broken) part (:mod:`simdist.spec.suspects`)."""
+    step, mfu, parts = pred.step_time_s, pred.mfu, pred.breakdown_s
+    broken = next((k for k, v in parts.items() if not _finite(v, nonneg=True)), None)
+    largest = broken or max(parts, key=lambda k: parts[k] if math.isfinite(parts[k]) else math.inf, default="")
+    kind = _PARTS.get(largest, "any")
+    what, way = "", "slow"
     if not math.isfinite(step) or step <= 0:
-        what, kind, way = f"a step time of {step!r} s", _PARTS.get(bad_part or "", "any"), \
-            "slow" if step > 0 else "any"
-    elif bad_part is not None:
-        what, kind, way = f"breakdown {bad_part} = {pred.breakdown_s[bad_part]!r}", _PARTS.get(bad_part, "any"), "slow"
+        what, way = f"a step time of {step!r} s", "slow" if step > 0 else "any"
+    elif broken is not None:
+        what, way = f"breakdown {broken} = {parts[broken]!r} s", "any"
     elif not math.isfinite(mfu) or not 0 < mfu <= 1 + 1e-9:
-        # above 1: the step ran faster than the GPUs' peak allows (an efficiency or a rate too high)
-        what, kind, way = f"an MFU of {mfu:.3g} (model FLOPs / (step time x GPUs x peak))", "compute", \
-            "fast" if mfu > 1 else "slow"
+        # above 1: faster than the GPUs' peak (an efficiency above 1); 0: a step too slow to count
+        what = f"an MFU of {mfu:.3g} (model FLOPs / (step time x GPUs x peak))"
+        kind, way = ("compute", "fast") if mfu > 1 else (kind, "slow")
     elif not all(_finite(getattr(s, f.name), nonneg=True) for s in pred.per_stage for f in fields(s)):
         what, kind, way = "a memory figure that is not a finite size", "any", "any"
     elif not math.isfinite(pred.tokens_per_s) or not _finite(pred.extras):
         path = _bad_path(pred.extras) or "tokens_per_s"
-        what, kind = f"{path} is not a finite number", "reliability" if path.startswith("goodput") else "any"
+        what, kind, way = f"{path} is not a finite number", "reliability" if path.startswith("goodput") else "any", "any"
     if not what:
         return
     field = suspect(sc, profile, kind, way)

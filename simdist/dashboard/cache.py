@@ -36,7 +36,11 @@ def run_predict(scenario: Scenario, engine: str, profile: CalibrationProfile | N
     key = f"{scenario.hash()}:{scenario.name}:{profile_key}"
     if engine == "des":
         try:
-            return cached_predict(key, scenario, "des", profile), ""
+            pred = cached_predict(key, scenario, "des", profile)
+            if pred.engine != "des":  # past the event engine's work limits (simdist.sim.engine.budget)
+                return pred, ("This scenario is too large for the discrete-event engine (more work than "
+                              "its limits allow); showing the closed form. The assumptions say why.")
+            return pred, ""
         except (ScenarioError, ImportError):  # bad input is shown by field; a broken install loudly
             raise
         except Exception as exc:  # an engine bug must not take the page down; the note shows it

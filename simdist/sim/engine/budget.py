@@ -160,8 +160,9 @@ def _count(d: StepDescription, f: Factors, stragglers: bool) -> tuple[int, int, 
     cycles = ASYNC_CYCLES + 1 if plan.async_parameter_servers else 1
     runs = 2 if stragglers else 1
     slices = f.stages * f.replicas
-    schedule = f.stages * f.microbatches * f.chunks * (3 if split else 2)  # the actions, built once
-    events = runs * (cycles * slices * items + schedule)
+    # built once: the schedule's actions, and each stage kind's per-layer work lists (lowering)
+    built = f.stages * f.microbatches * f.chunks * (3 if split else 2) + len(d.kinds) * f.chunks * f.layers * 3
+    events = runs * (cycles * slices * items + built)
     spans = cycles * slices * items * f.span_ranks
     # setting up a collective's loads scans its group and its leaf switch's ranks, per stage and
     # simulated replica
