@@ -21,7 +21,11 @@ need at most a few hundred thousand events in symmetric fidelity.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
+
+import simpy
+from simpy.core import EmptySchedule, StopSimulation
 
 from simdist.analytic.data_parallel import DataParallelTraffic
 from simdist.analytic.stage import StageDescription, StepDescription
@@ -35,6 +39,8 @@ MAX_SPANS = 5_000_000  # timeline spans kept (a trace, the dashboard's timeline)
 MAX_RANK_SCANS = 10_000_000  # ranks listed to set up the links' loads
 MAX_LINK_UPDATES = 20_000_000  # flows x links x flows sharing them, in the fluid network
 XFER = 3  # events per transfer: its stream item, the meeting of its group, the flow's end
+HARD_FACTOR = 10  # a run stops past this many times MAX_EVENTS, whatever the estimate said
+CHECK_EVERY = 1024  # events between two looks at the count and the clock
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,34 @@ def check_work(d: StepDescription, fidelity: str = "symmetric", keep_spans: bool
         raise ScenarioError(Problem(est.driver, f"too large for the event engine: {est.message()}; "
                                     "the closed form (--engine analytic) answers it"))
     return est
+
+
+def run_bounded(env: simpy.Environment, est: WorkEstimate, until: simpy.Event | None = None) -> None:
+    """``env.run(until)``, stopped past HARD_FACTOR x MAX_EVENTS events (a ScenarioError naming
+    the input that drives the work: the estimate was wrong, the bound holds anyway) or when the
+    simulated clock stops being a finite number (FloatingPointError: an input so extreme that a
+    duration overflowed)."""
+    limit = HARD_FACTOR * MAX_EVENTS
+    if until is not None:
+        until.callbacks.append(StopSimulation.callback)
+    step, n = env.step, 0
+    try:
+        while True:
+            step()
+            n += 1
+            if n % CHECK_EVERY == 0:
+                if n > limit:
+                    raise ScenarioError(Problem(est.driver, f"too large for the event engine: stopped after "
+                                                f"{n:,} events (its limit is {limit:,})"))
+                if not math.isfinite(env.now):
+                    raise FloatingPointError(f"the simulated clock reached {env.now}")
+    except StopSimulation:
+        return
+    except EmptySchedule:
+        if until is not None:
+            raise RuntimeError("the simulation ended before its last event") from None
+    if not math.isfinite(env.now):
+        raise FloatingPointError(f"the simulated clock reached {env.now}")
 
 
 # --- the count ----------------------------------------------------------------------------
