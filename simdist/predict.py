@@ -59,7 +59,7 @@ def predict(
     with ``fallback=False`` or stragglers (which only the event engine models)."""
     try:
         return _predict(scenario, profile, engine, fidelity, keep_spans, stragglers, fallback)
-    except ArithmeticError as exc:  # an input extreme enough to break the arithmetic (or the clock)
+    except ArithmeticError as exc:  # an input extreme enough to break the arithmetic (or the engine's clock)
         field = suspect(scenario, profile, "any", "any")
         raise ScenarioError(Problem(field, f"makes the prediction impossible to compute "
                                     f"({type(exc).__name__}: {exc}); is it a realistic value?")) from None
@@ -93,9 +93,7 @@ def _predict(scenario: Scenario, profile: CalibrationProfile | None, engine: str
         from simdist.sim.engine.budget import estimate_work
 
         work = estimate_work(described, fidelity, keep_spans, bool(stragglers))
-        if not _finite_positive(reduce_step(described).step_time):
-            engine = "analytic"  # durations the event engine cannot run: the output check names the input
-        elif not work.within_limits:
+        if not work.within_limits:
             if stragglers or not fallback:  # only the engine models stragglers (and draws a trace)
                 instead = "" if stragglers else "; the closed form (`simdist predict --engine analytic`) answers it"
                 raise ScenarioError(Problem(work.driver, f"too large for the event engine: {work.message()}{instead}"))
@@ -302,10 +300,6 @@ def check_prediction(pred: Prediction, sc: Scenario, profile: CalibrationProfile
         return
     field = suspect(sc, profile, kind, way)
     raise ScenarioError(Problem(field, f"leads to an absurd prediction: {what}; is it a realistic value?"))
-
-
-def _finite_positive(x: float) -> bool:
-    return math.isfinite(x) and x > 0
 
 
 def _finite(x: Any, nonneg: bool = False) -> bool:

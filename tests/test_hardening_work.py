@@ -201,3 +201,28 @@ def test_the_documented_limits_are_the_code_s():
                    f"{MAX_DEPTH} levels", f"{MAX_EXPANDED_NODES:,} values", f"`--max-micro-batch` {MAX_MICRO_BATCH:,}",
                    f"2^{MAX_SEARCH_GPUS.bit_length() - 1} GPUs", f"at {({10: 'ten'}).get(budget.HARD_FACTOR)} times the event limit"):
         assert figure in section, figure
+
+
+def test_the_issues_663_byte_alias_bomb_is_one_line_naming_the_file_once(tmp_path, capsys):
+    levels = "".join(f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + levels + "name: *i\nmodel: *i\n"
+    path = tmp_path / "bomb.yaml"
+    path.write_text(bomb)
+    assert main(["predict", str(path), "--no-store"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: file: {path}:") and line.count("file:") == 1 and "alias bomb" in line
+
+
+@pytest.mark.parametrize(("item", "says"), [("0:nan", "the slow-down factor must be a number from 1 to 1000"),
+                                            ("0:inf", "the slow-down factor must be a number from 1"),
+                                            ("0:1e308", "the slow-down factor must be a number from 1"),
+                                            ("99999:2", "rank 99999 is not one of the cluster's 8 GPUs"),
+                                            ("node:7:2", "node 7 is not one of the cluster's 1 nodes"),
+                                            ("-1:2", "ranks and nodes count from 0")])
+def test_stragglers_are_checked_where_they_are_read(capsys, item, says):
+    """A NaN or huge slow-down used to break the engine's clock; a rank outside the cluster was
+    silently ignored."""
+    scenario = str(REPO / "scenarios" / "llama3-8b-fsdp-8xh100.yaml")
+    assert main(["predict", scenario, "--no-store", f"--straggler={item}"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: --straggler: ") and says in line, line

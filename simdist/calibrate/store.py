@@ -106,8 +106,8 @@ class RunStore:
         try:
             with conn:  # one transaction: committed on success, rolled back on error
                 yield conn
-        except StoreError:
-            raise
+        except (StoreError, sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.InterfaceError):
+            raise  # a bad row or call is the program's error, not the file's
         except sqlite3.Error as exc:  # not a database, corrupt, locked for longer than the timeout
             raise StoreError(f"{_show(self.path)}: {exc}") from None
         finally:
