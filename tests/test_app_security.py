@@ -246,3 +246,25 @@ def test_streamlit_config_hides_errors_limits_uploads_and_does_not_watch_files()
     assert 1 <= cfg["server"]["maxUploadSize"] <= 4
     assert cfg["server"]["fileWatcherType"] == "none"
     assert ".venv" in cfg["server"]["folderWatchBlacklist"]
+
+
+def test_a_sweep_orders_a_bounded_number_of_predictions(server):
+    at = app()
+    at.text_input(key="sweep_values_nodes").set_value(", ".join(str(n) for n in range(1, 101))).run()
+    assert_no_traceback(at)
+    assert any(e.value == "sweep values: 100 values; a sweep has at most 32" for e in at.error)
+
+
+def test_a_timeline_too_large_to_keep_is_dropped_with_a_message(server, monkeypatch):
+    import streamlit as st
+
+    from simdist.dashboard import cache
+
+    monkeypatch.setattr(cache, "MAX_KEPT_SPANS", 10)
+    st.cache_resource.clear()
+    try:
+        at = app()
+        assert_no_traceback(at)
+        assert any("more than the page keeps" in i.value for i in at.info), [i.value for i in at.info]
+    finally:
+        st.cache_resource.clear()

@@ -79,8 +79,11 @@ def results_tab(scenario: Scenario, pred: Prediction, note: str) -> None:
 def timeline(scenario: Scenario, pred: Prediction) -> None:
     st.subheader("Pipeline timeline")
     if not pred.spans:
-        st.info("The timeline comes from the discrete-event engine's spans; this prediction has "
-                "none (engine: analytic).")
+        dropped = pred.extras.get("spans_dropped")
+        st.info(f"This step has {dropped:,} spans, more than the page keeps: `simdist trace FILE` writes them "
+                "for https://ui.perfetto.dev." if dropped else
+                "The timeline comes from the discrete-event engine's spans; this prediction has none "
+                f"(engine: {pred.engine}).")
         return
     plan = scenario.plan
     n = 1
