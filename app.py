@@ -2,11 +2,19 @@
 
 A thin page: the sidebar's knobs describe a scenario dict (the scenario-file format),
 `scenario_from_dict` validates it, `predict` answers, and the tabs draw it. The parts live in
-simdist/dashboard/ (knobs, diffs, sweeps, caching, sidebar, tabs) and simdist/viz.py (figures).
+simdist/dashboard/ (knobs, diffs, sweeps, caching, sidebar, tabs, uploads) and simdist/viz.py
+(figures).
+
+The page is a server: an uploaded scenario reads only the files uploaded with it (kept in a
+private temporary folder per session), the run store is the server's own (SIMDIST_DB), and an
+error is shown as a message, never a traceback (.streamlit/config.toml sets the rest: upload
+size, error details, file watching).
 """
 
 from __future__ import annotations
 
+import logging
+import tempfile
 from pathlib import Path
 
 import streamlit as st
@@ -15,26 +23,36 @@ import yaml
 from simdist.dashboard import sidebar, tabs
 from simdist.dashboard.cache import run_predict
 from simdist.dashboard.knobs import base_problems, knobs_for, scenario_dict
+from simdist.dashboard.uploads import shown
 from simdist.errors import ScenarioError
 from simdist.spec.scenario import scenario_from_dict
 
 ROOT = Path(__file__).resolve().parent
 SCENARIO_DIR = ROOT / "scenarios"
 ss = st.session_state
+log = logging.getLogger("simdist.dashboard")
+
+
+def uploads_folder() -> Path:
+    """This session's private folder for uploads (removed with the session's state)."""
+    if "_uploads" not in ss:
+        ss["_uploads"] = tempfile.TemporaryDirectory(prefix="simdist-uploads-")
+    return Path(ss["_uploads"].name)
 
 
 def main() -> None:
     st.set_page_config(page_title="simdist: what if?", layout="wide")
     st.title("simdist: what if?")
     st.sidebar.header("Scenario")
-    base, base_id, base_dir = sidebar.load_source(SCENARIO_DIR, ROOT)
+    uploads = uploads_folder()
+    base, base_id, base_dir = sidebar.load_source(SCENARIO_DIR, uploads)
     if base_id and ss.get("_base_id") != base_id:  # a new file: every knob starts from it
         ss["_base"], ss["_base_id"], ss["_base_dir"] = base, base_id, str(base_dir)
-        ss["_base_problems"] = base_problems(base, base_dir)
+        ss["_base_problems"] = [shown(p, base_dir) for p in base_problems(base, base_dir)]
         ss.update(knobs_for(base, base_dir))
     base, base_dir = ss["_base"], Path(ss["_base_dir"])
     sidebar.sidebar_knobs()
-    profile, ss["_profile_key"] = sidebar.load_profile_upload()
+    profile, ss["_profile_key"] = sidebar.load_profile_upload(uploads)
     raw = scenario_dict(base, base_dir, ss)
     text = yaml.safe_dump(raw, sort_keys=False)
     st.sidebar.download_button("Download scenario (YAML)", text, file_name=f"{raw['name']}.yaml",
@@ -51,7 +69,7 @@ def main() -> None:
         pred, note = run_predict(scenario, ss.engine, profile, ss["_profile_key"])
     except ScenarioError as exc:
         st.subheader("This scenario is not valid")
-        tabs.show_problems(exc)
+        tabs.show_problems(exc, base_dir)
         if any("calibration profile" in p.message for p in exc.problems):
             st.info("Upload a calibration profile in the sidebar (`simdist calibrate --nproc N "
                     "--out PROFILE.json` writes one).")
@@ -67,4 +85,11 @@ def main() -> None:
         tabs.search_tab(scenario, profile)
 
 
-main()
+try:
+    main()
+except ImportError:  # a broken install: loud (the browser still sees no traceback, see config.toml)
+    raise
+except Exception as exc:  # a bug must not show a traceback (server paths, code) to whoever uses the page
+    log.exception("the dashboard page failed")
+    st.error(f"Something went wrong while drawing this page ({type(exc).__name__}); the details are in "
+             "the server's log. Change the scenario or reload the page.")

@@ -83,12 +83,6 @@ def run_problems(scenario: Scenario, nproc: int) -> list[Problem]:
     if plan.tp_comm_overlap and plan.tp > 1:
         add("plan.tp_comm_overlap", "overlapping TP collectives with GEMMs is not implemented by the executor "
             "(PyTorch's async tensor parallel needs CUDA symmetric memory and torch.compile); set it to false")
-    if plan.ep > 1 or plan.etp > 1:
-        field = "plan.ep" if plan.ep > 1 else "plan.etp"
-        add(field, "expert parallelism is not implemented by the executor (its model has no expert layers)")
-    if plan.schedule in ("dualpipe", "dualpipev") and plan.pp > 1:
-        add("plan.schedule", f"{plan.schedule} is not implemented by the executor (gpipe, 1f1b, interleaved-1f1b, "
-            "zero-bubble)")
     if plan.tp > 1 and m.vocab_size % plan.tp:
         add("plan.tp", f"{plan.tp} does not divide model.vocab_size ({m.vocab_size}), which the "
             "vocabulary-parallel embedding and LM head split (pad the vocabulary as Megatron-LM does)")
@@ -156,6 +150,8 @@ def as_run(scenario: Any, device: str = "cpu") -> dict[str, Any]:
     dp = _data_parallel(plan)
     if not plan.overlap_grad_reduce and (dp in ("fsdp", "replicate") or (dp == "ddp" and plan.grad_compression.enabled)):
         out["plan.overlap_grad_reduce"] = True
+    if plan.ep_comm_overlap and plan.ep > 1:
+        out["plan.ep_comm_overlap"] = False
     return out
 
 
@@ -163,6 +159,7 @@ _WHY = {
     "plan.fp32_grad_accumulation": "bf16 autocast keeps fp32 parameters, so gradients accumulate in fp32",
     "plan.overlap_grad_reduce": "FSDP2 (and DDP with a compression hook) reduces each unit's gradients as its "
                                 "backward ends",
+    "plan.ep_comm_overlap": "its expert all-to-all dispatch is synchronous, nothing overlaps it",
 }
 
 

@@ -25,7 +25,7 @@ EXECUTOR_READS: dict[str, str] = {
     "plan.tp": "DTensor tensor parallel (Megatron's column/row layout)",
     "plan.pp": "torch.distributed.pipelining stages",
     "plan.dp": "data-parallel replicas (the dp mesh dimension)",
-    "plan.cp": "refused above 1",
+    "plan.cp": "context parallelism over its own mesh dimension (executor.context), with DP only",
     "plan.virtual_pipeline_stages": "chunks per pipeline rank (interleaved stages)",
     "plan.schedule": "the pipelining schedule class; dualpipe and dualpipev refused",
     "plan.zero_stage": "DDP, DDP + ZeroRedundancyOptimizer, FSDP2 without / with resharding",
@@ -52,13 +52,14 @@ EXECUTOR_READS: dict[str, str] = {
     "plan.grad_compression.rank": "PowerSGD rank",
     "plan.grad_compression.error_feedback": "residual carried to the next step",
     "plan.ddp_bucket_size": "DDP's bucket_cap_mb",
-    "plan.ep": "refused above 1 (no expert layers in the executor's model)",
-    "plan.etp": "refused above 1",
+    "plan.ep": "expert parallelism over the data-parallel ranks, all-to-all dispatch (executor.moe)",
+    "plan.etp": "refused above 1 (executor.layouts)",
+    "plan.moe_dispatcher": "alltoall runs (executor.moe); the others are refused (executor.layouts)",
+    "plan.cp_method": "ring, all-gather or Ulysses attention (executor.context)",
+    "plan.ep_comm_overlap": "runs as false: the executor's all-to-all dispatch is synchronous (executor.checks.as_run)",
     "plan.zero_hpz_partition_size": "refused when set (ZeRO++ hpZ)",
 }
 SIMULATOR_ONLY: dict[str, str] = {
-    "plan.moe_dispatcher": "only with experts (model.num_experts > 1), which the executor refuses",
-    "plan.cp_method": "only with cp > 1, which the executor refuses",
     "plan.fp8_recipe": "only with precision fp8, which the executor refuses",
     "plan.framework": "fills unset fields with a framework's defaults when the scenario is read; nothing left to run",
 }

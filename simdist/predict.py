@@ -1,8 +1,22 @@
 """predict(scenario, profile=None) -> Prediction: the one entry point that the CLI, the
-dashboard, the search and calibration all use."""
+dashboard, the search and calibration all use.
+
+Two guards stand around the engines (issue 20):
+
+- work: the closed form loops over the pipeline stages, so a plan with more than
+  :data:`MAX_VIRTUAL_STAGES` (pp x virtual stages) is refused; the event engine's work is
+  estimated before anything is simulated (:mod:`simdist.sim.engine.budget`) and, past its
+  limits, the closed form answers instead (said in the assumptions) or, with ``fallback=False``
+  (a trace needs the engine's timeline), the scenario is refused naming the input that drives it;
+- output: a prediction that is not finite and sane (step time > 0, MFU in (0, 1], finite
+  memory, breakdown and extras) is an error naming the input behind it
+  (:func:`check_prediction`), never an ``Infinity`` in the JSON.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import fields
 from functools import partial
 from typing import Any, Literal
 
@@ -23,11 +37,16 @@ from simdist.errors import Problem, ScenarioError
 from simdist.results import Prediction, StageMemoryReport, to_gib
 from simdist.spec.profile import CalibrationProfile, time_share_note
 from simdist.spec.scenario import Scenario
+from simdist.spec.suspects import suspect
 from simdist.spec.unsimulated import not_simulated
 
 Engine = Literal["des", "analytic"]
 Fidelity = Literal["symmetric", "full"]
 ENGINES = ("des", "analytic")
+# pipeline stages x virtual stages that the closed form sizes one by one (memory per stage):
+# about 40 us and 3 KB each, so the limit costs under a second; the largest pipelines trained
+# have about a hundred stages
+MAX_VIRTUAL_STAGES = 16_384
 
 
 def predict(
@@ -37,8 +56,23 @@ def predict(
     fidelity: Fidelity = "symmetric",
     keep_spans: bool = True,
     stragglers: dict[int, float] | None = None,
+    fallback: bool = True,
 ) -> Prediction:
-    """Predict one optimizer step of ``scenario``: time, breakdown, memory, MFU."""
+    """Predict one optimizer step of ``scenario``: time, breakdown, memory, MFU.
+
+    With ``engine="des"``, a scenario past the event engine's work limits is answered by the
+    closed form (``engine`` in the result says which ran, the assumptions say why), or refused
+    with ``fallback=False`` or stragglers (which only the event engine models)."""
+    try:
+        return _predict(scenario, profile, engine, fidelity, keep_spans, stragglers, fallback)
+    except ArithmeticError as exc:  # an input extreme enough to break the arithmetic (or the engine's clock)
+        field = suspect(scenario, profile, "any", "any")
+        raise ScenarioError(Problem(field, f"makes the prediction impossible to compute "
+                                    f"({type(exc).__name__}: {exc}); is it a realistic value?")) from None
+
+
+def _predict(scenario: Scenario, profile: CalibrationProfile | None, engine: str, fidelity: str,
+             keep_spans: bool, stragglers: dict[int, float] | None, fallback: bool) -> Prediction:
     if scenario.requires_profile and profile is None:
         raise ScenarioError(Problem("cluster.preset", "the local cluster's speed comes from a "
                                     "calibration profile: run `simdist calibrate` and pass --profile"))
@@ -49,6 +83,12 @@ def predict(
     if blocking:
         raise ScenarioError(blocking)
     plan, model, cluster = scenario.plan, scenario.model, scenario.cluster
+    chunks = plan.pp * plan.virtual_pipeline_stages
+    if chunks > MAX_VIRTUAL_STAGES:
+        field = "plan.pp" if plan.pp > plan.virtual_pipeline_stages else "plan.virtual_pipeline_stages"
+        raise ScenarioError(Problem(field, f"{plan.pp:,} stages x {plan.virtual_pipeline_stages:,} virtual "
+                                    f"stages = {chunks:,} model chunks; simdist sizes at most "
+                                    f"{MAX_VIRTUAL_STAGES:,} (see the input limits)"))
     shared, slowed = time_shared(scenario, profile)  # ranks beyond a CPU profile's cores share them
     cost = CostModel(cluster.gpu, plan.precision, shared)
     described = describe(scenario, cost, Network.of(cluster, shared))
@@ -58,10 +98,21 @@ def predict(
     assumptions += [f"not simulated yet: {n.field} ({n.instead})" for n in unsimulated]
 
     result: StepResult
+    if engine == "des":  # simpy is imported only for this engine
+        from simdist.sim.engine.budget import estimate_work
+
+        work = estimate_work(described, fidelity, keep_spans, bool(stragglers))
+        if not work.within_limits:
+            if stragglers or not fallback:  # only the engine models stragglers (and draws a trace)
+                instead = "" if stragglers else "; the closed form (`simdist predict --engine analytic`) answers it"
+                raise ScenarioError(Problem(work.driver, f"too large for the event engine: {work.message()}{instead}"))
+            engine = "analytic"
+            assumptions.append(f"closed form used instead of the event engine ({work.driver} too large: "
+                               f"{work.message()})")
     if engine == "analytic":
         result = reduce_step(described)
     else:
-        from simdist.sim.engine import simulate  # simpy is imported only for this engine
+        from simdist.sim.engine import simulate
 
         result = simulate(described, fidelity=fidelity, keep_spans=keep_spans, stragglers=stragglers or {})
     step_time = result.step_time
@@ -87,7 +138,7 @@ def predict(
 
         g = goodput(scenario, step_time, tokens_per_s)
         extras["goodput"] = g.to_dict()
-    return Prediction(
+    pred = Prediction(
         name=scenario.name,
         world_size=world,
         step_time_s=step_time,
@@ -108,6 +159,8 @@ def predict(
         host_capacity_gib=host_capacity,
         extras=extras,
     )
+    check_prediction(pred, scenario, profile)
+    return pred
 
 
 def _memory_reports(sc: Scenario, memory: tuple[StageMemory, ...]) -> tuple[StageMemoryReport, ...]:
@@ -227,3 +280,70 @@ def _system_assumptions(sc: Scenario) -> list[str]:
                    + (", error feedback buffers on the GPU" if keeps_residual(plan) else "")
                    + "; compression kernels timed as HBM-bound work")
     return out
+
+
+# --- the output checks --------------------------------------------------------------------
+
+_PARTS = {  # breakdown part -> the kind of inputs that time it
+    "compute": "compute", "recompute": "compute", "optimizer": "compute", "compression": "compute",
+    "tp_comm": "links", "pp_comm": "links", "dp_comm": "links", "cp_comm": "links", "ep_comm": "links",
+    "bubble": "any", "offload": "host",
+}
+
+
+def check_prediction(pred: Prediction, sc: Scenario, profile: CalibrationProfile | None = None) -> None:
+    """Raise ScenarioError naming the input behind the first absurd figure of ``pred``: a step
+    time that is not finite and positive, an MFU outside (0, 1], a breakdown part, a memory
+    figure or an extra that is not finite (or negative). The input is looked for among those
+    that time the breakdown's largest (or broken) part (:mod:`simdist.spec.suspects`)."""
+    step, mfu, parts = pred.step_time_s, pred.mfu, pred.breakdown_s
+    broken = next((k for k, v in parts.items() if not _finite(v, nonneg=True)), None)
+    largest = broken or max(parts, key=lambda k: parts[k] if math.isfinite(parts[k]) else math.inf, default="")
+    kind = _PARTS.get(largest, "any")
+    what, way = "", "slow"
+    if not math.isfinite(step) or step <= 0:
+        what, way = f"a step time of {step!r} s", "slow" if step > 0 else "any"
+    elif broken is not None:
+        what, way = f"breakdown {broken} = {parts[broken]!r} s", "any"
+    elif not math.isfinite(mfu) or not 0 < mfu <= 1 + 1e-9:
+        # above 1: faster than the GPUs' peak (an efficiency above 1); 0: a step too slow to count
+        what = f"an MFU of {mfu:.3g} (model FLOPs / (step time x GPUs x peak))"
+        kind, way = ("compute", "fast") if mfu > 1 else (kind, "slow")
+    elif not all(_finite(getattr(s, f.name), nonneg=True) for s in pred.per_stage for f in fields(s)):
+        what, kind, way = "a memory figure that is not a finite size", "any", "any"
+    elif not math.isfinite(pred.tokens_per_s) or not _finite(pred.extras):
+        path = _bad_path(pred.extras) or "tokens_per_s"
+        what, kind, way = f"{path} is not a finite number", "reliability" if path.startswith("goodput") else "any", "any"
+    if not what:
+        return
+    field = suspect(sc, profile, kind, way)
+    raise ScenarioError(Problem(field, f"leads to an absurd prediction: {what}; is it a realistic value?"))
+
+
+def _finite(x: Any, nonneg: bool = False) -> bool:
+    if isinstance(x, bool) or x is None or isinstance(x, str):
+        return True
+    if isinstance(x, int | float):
+        return math.isfinite(x) and (not nonneg or x >= -1e-12)
+    if isinstance(x, dict):
+        return all(_finite(v) for v in x.values())
+    if isinstance(x, list | tuple):
+        return all(_finite(v) for v in x)
+    return True
+
+
+def _bad_path(x: Any, where: str = "") -> str | None:
+    """The dotted place of the first non-finite number in ``x``."""
+    if isinstance(x, dict):
+        for k, v in x.items():
+            got = _bad_path(v, f"{where}.{k}" if where else str(k))
+            if got:
+                return got
+    elif isinstance(x, list | tuple):
+        for i, v in enumerate(x):
+            got = _bad_path(v, f"{where}.{i}")
+            if got:
+                return got
+    elif not _finite(x):
+        return where or "value"
+    return None

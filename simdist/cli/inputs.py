@@ -36,6 +36,9 @@ def load_profile_arg(path: str | None) -> CalibrationProfile | None:
     return load_profile(path)
 
 
+MAX_SLOWDOWN = 1000.0  # a GPU a thousand times slower has failed; larger factors only break the arithmetic
+
+
 def parse_stragglers(items: list[str]) -> dict[int, float]:
     """``RANK:FACTOR`` and ``node:N:FACTOR`` items -> {rank: factor}, nodes as negative keys."""
     out: dict[int, float] = {}
@@ -43,16 +46,33 @@ def parse_stragglers(items: list[str]) -> dict[int, float]:
         parts = item.split(":")
         try:
             if parts[0] == "node" and len(parts) == 3:
-                out[-1 - int(parts[1])] = float(parts[2])  # negative keys name nodes
+                where, key = int(parts[1]), -1 - int(parts[1])  # negative keys name nodes
             elif len(parts) == 2:
-                out[int(parts[0])] = float(parts[1])
+                where = key = int(parts[0])
             else:
                 raise ValueError
+            factor = float(parts[-1])
         except ValueError:
             raise ScenarioError(Problem("--straggler", f"{item!r} is not RANK:FACTOR or node:N:FACTOR")) from None
-        if float(parts[-1]) < 1:
-            raise ScenarioError(Problem("--straggler", f"{item!r}: the slow-down factor must be >= 1"))
+        if where < 0:
+            raise ScenarioError(Problem("--straggler", f"{item!r}: ranks and nodes count from 0"))
+        if not 1 <= factor <= MAX_SLOWDOWN:  # also refuses nan and inf
+            raise ScenarioError(Problem("--straggler", f"{item!r}: the slow-down factor must be a number "
+                                        f"from 1 to {MAX_SLOWDOWN:g}"))
+        out[key] = factor
     return out
+
+
+def check_stragglers(stragglers: dict[int, float], scenario: Scenario) -> None:
+    """Every straggler names a rank (or node) of the scenario's cluster."""
+    cluster = scenario.cluster
+    for key in stragglers:
+        if key >= 0 and key >= cluster.world_size:
+            raise ScenarioError(Problem("--straggler", f"rank {key} is not one of the cluster's "
+                                        f"{cluster.world_size:,} GPUs (0 to {cluster.world_size - 1:,})"))
+        if key < 0 and -1 - key >= cluster.num_nodes:
+            raise ScenarioError(Problem("--straggler", f"node {-1 - key} is not one of the cluster's "
+                                        f"{cluster.num_nodes:,} nodes"))
 
 
 def load_inputs(args: argparse.Namespace) -> tuple[Scenario, CalibrationProfile | None, dict[int, float], str]:
@@ -62,5 +82,6 @@ def load_inputs(args: argparse.Namespace) -> tuple[Scenario, CalibrationProfile 
     scenario = load_scenario(args.file)
     profile = load_profile_arg(args.profile)
     stragglers = parse_stragglers(args.straggler)
+    check_stragglers(stragglers, scenario)
     fidelity = "full" if stragglers else args.fidelity
     return scenario, profile, stragglers, fidelity

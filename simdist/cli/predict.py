@@ -9,8 +9,30 @@ from typing import Any
 
 from simdist.cli.inputs import add_profile_argument, add_straggler_arguments, load_inputs
 
+LIMITS_HELP = (
+    "Input limits: a scenario file, hf_config or deepspeed_config is at most {mib} MiB, nested at most "
+    "{depth} levels, with YAML aliases expanding to at most {nodes:,} values; plans have at most {chunks:,} "
+    "pipeline chunks (pp x virtual stages). The discrete-event engine (the default) runs a scenario "
+    "only if its estimated work is within {events:,} events, {spans:,} timeline spans, {scans:,} rank "
+    "scans and {updates:,} link updates (about a minute and under a gigabyte); past that the closed "
+    "form answers (the JSON's engine says \"analytic\" and an assumption says why). See "
+    "docs/scenario-format.md, section Input limits. Exit code 0: predicted; 2: bad input, one "
+    "line per problem naming the field.")
+
+
+def limits_help() -> str:
+    from simdist.io.text import MAX_DEPTH, MAX_EXPANDED_NODES
+    from simdist.predict import MAX_VIRTUAL_STAGES
+    from simdist.sim.engine import budget
+    from simdist.spec.files import MAX_INPUT_BYTES
+
+    return LIMITS_HELP.format(mib=MAX_INPUT_BYTES // 2**20, depth=MAX_DEPTH, nodes=MAX_EXPANDED_NODES,
+                              chunks=MAX_VIRTUAL_STAGES, events=budget.MAX_EVENTS, spans=budget.MAX_SPANS,
+                              scans=budget.MAX_RANK_SCANS, updates=budget.MAX_LINK_UPDATES)
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = limits_help()
     p.add_argument("file", help="scenario YAML file")
     p.add_argument("--json", action="store_true", help="print the contract's JSON object")
     p.add_argument("--engine", default="des", choices=("des", "analytic"))
@@ -26,8 +48,11 @@ def main(args: argparse.Namespace) -> int:
     scenario, profile, stragglers, fidelity = load_inputs(args)
     pred = predict(scenario, profile=profile, engine=args.engine, fidelity=fidelity,
                    keep_spans=False, stragglers=stragglers)
+    if pred.engine != args.engine:
+        why = next((a for a in pred.assumptions if a.startswith("closed form used")), "closed form used")
+        print(f"note: {why}", file=sys.stderr)
     if args.json:
-        print(json.dumps(pred.to_dict(), indent=2))
+        print(to_json(pred.to_dict()))
     else:
         from simdist.table import prediction_report
 
@@ -38,6 +63,17 @@ def main(args: argparse.Namespace) -> int:
     if not args.no_store:
         store_prediction(args.db, args.file, pred)
     return 0
+
+
+def to_json(data: Any) -> str:
+    """Strict JSON (no NaN or Infinity, which JSON does not have); predict() already refused a
+    non-finite prediction, so a failure here is a figure it did not check: an error, not output."""
+    try:
+        return json.dumps(data, indent=2, allow_nan=False)
+    except ValueError as exc:
+        from simdist.errors import Problem, ScenarioError
+
+        raise ScenarioError(Problem("output", f"the prediction holds a number JSON cannot carry ({exc})")) from None
 
 
 def store_prediction(db: str | None, file: str, pred: Any) -> None:

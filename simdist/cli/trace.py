@@ -8,6 +8,8 @@ from simdist.cli.inputs import add_profile_argument, add_straggler_arguments, lo
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = ("The timeline comes from the discrete-event engine: a scenario past its work limits "
+                "(see `simdist predict --help`) is refused with exit code 2, naming the input to reduce.")
     p.add_argument("file", help="scenario YAML")
     p.add_argument("-o", "--output", default="trace.json", help="trace file to write (default trace.json)")
     add_profile_argument(p)
@@ -20,8 +22,10 @@ def main(args: argparse.Namespace) -> int:
     from simdist.trace.perfetto import write_trace
 
     scenario, profile, stragglers, fidelity = load_inputs(args)
+    # a trace is the event engine's timeline: past its work limits the scenario is refused
+    # (naming the input that drives the work), never answered by the closed form
     pred = predict(scenario, profile=profile, engine="des", fidelity=fidelity, keep_spans=True,
-                   stragglers=stragglers)
+                   stragglers=stragglers, fallback=False)
     plan = scenario.plan
     meta = {"scenario": scenario.name, "step_time_s": pred.step_time_s, "fidelity": fidelity,
             "breakdown_s": pred.breakdown_s, "assumptions": list(pred.assumptions)}

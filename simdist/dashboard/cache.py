@@ -6,6 +6,7 @@ name, engine and profile) comes from the cache, so going back to a plan is insta
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import streamlit as st
@@ -17,16 +18,23 @@ from simdist.results import Prediction
 from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import Scenario
 
+MAX_KEPT_SPANS = 500_000  # per cached prediction (about 100 MB); a larger timeline is not kept
 
-@st.cache_resource(max_entries=64, show_spinner=False)
+
+@st.cache_resource(max_entries=32, show_spinner=False)
 def cached_predict(key: str, _scenario: Scenario, engine: str,
                    _profile: CalibrationProfile | None = None) -> Prediction:
     """One prediction per (scenario hash + name + profile, engine); the Scenario itself is not hashed.
 
     cache_resource, not cache_data: a Prediction is frozen, and copying one with 50,000 spans
-    out of cache_data's pickle on every rerun costs a quarter of a second.
+    out of cache_data's pickle on every rerun costs a quarter of a second. The page is a server:
+    a timeline of more than MAX_KEPT_SPANS spans is dropped rather than kept in the cache (the
+    timeline tab says so; `simdist trace` draws it).
     """
-    return predict(_scenario, profile=_profile, engine=engine, keep_spans=engine == "des")  # type: ignore[arg-type]
+    pred = predict(_scenario, profile=_profile, engine=engine, keep_spans=engine == "des")  # type: ignore[arg-type]
+    if len(pred.spans) > MAX_KEPT_SPANS:
+        pred = dataclasses.replace(pred, spans=(), extras={**pred.extras, "spans_dropped": len(pred.spans)})
+    return pred
 
 
 def run_predict(scenario: Scenario, engine: str, profile: CalibrationProfile | None,
@@ -36,7 +44,11 @@ def run_predict(scenario: Scenario, engine: str, profile: CalibrationProfile | N
     key = f"{scenario.hash()}:{scenario.name}:{profile_key}"
     if engine == "des":
         try:
-            return cached_predict(key, scenario, "des", profile), ""
+            pred = cached_predict(key, scenario, "des", profile)
+            if pred.engine != "des":  # past the event engine's work limits (simdist.sim.engine.budget)
+                return pred, ("This scenario is too large for the discrete-event engine (more work than "
+                              "its limits allow); showing the closed form. The assumptions say why.")
+            return pred, ""
         except (ScenarioError, ImportError):  # bad input is shown by field; a broken install loudly
             raise
         except Exception as exc:  # an engine bug must not take the page down; the note shows it

@@ -9,16 +9,18 @@ the plan's ``p_*`` keys of PLAN_KNOBS.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from simdist import catalog
 from simdist.dashboard.diff import flatten
+from simdist.dashboard.uploads import confined
 from simdist.errors import Collector, ScenarioError
 from simdist.io.hf import fields_from_hf_config
+from simdist.spec.files import read_json_object
 from simdist.spec.model import MODEL_FIELDS
 from simdist.spec.plan import CP_METHODS, MOE_DISPATCHERS, PRECISIONS, RECOMPUTE, SCHEDULES
 from simdist.spec.scenario import Scenario, scenario_from_dict
@@ -44,6 +46,17 @@ PLAN_KNOBS |= {"p_ep": "ep", "p_etp": "etp", "p_dispatcher": "moe_dispatcher", "
 _PLAN_CHOICES: dict[str, Sequence[Any]] = {"schedule": SCHEDULES, "recompute": RECOMPUTE,
                                            "precision": PRECISIONS, "zero_stage": (0, 1, 2, 3),
                                            "moe_dispatcher": MOE_DISPATCHERS, "cp_method": CP_METHODS}
+
+
+def mapping(value: Any) -> Mapping[str, Any]:
+    """A section of a loaded file as a mapping ({} when the file holds something else there:
+    its problem is reported by the scenario's own check, naming the field)."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def known(name: Any, entries: Mapping[str, Any]) -> bool:
+    """``name`` is a key of a catalog (a list or a number in the file is not)."""
+    return isinstance(name, str) and name in entries
 
 
 def link_presets(where: str) -> dict[str, str]:
@@ -105,14 +118,12 @@ def model_reference(section: Mapping[str, Any], base_dir: Path) -> dict[str, Any
     """Model fields a section resolves to before its explicit knob fields (preset, hf_config)."""
     ref: dict[str, Any] = {}
     preset = section.get("preset")
-    if preset in catalog.models():
+    if known(preset, catalog.models()):
         ref.update(catalog.models()[preset])
-    if section.get("hf_config"):
-        try:
-            cfg = json.loads((base_dir / str(section["hf_config"])).read_text(encoding="utf-8"))
-            ref.update(fields_from_hf_config(cfg, Collector("model")))
-        except (OSError, json.JSONDecodeError):
-            pass
+    path = confined(base_dir, section.get("hf_config"))  # only inside the scenario's folder
+    if path is not None:
+        with contextlib.suppress(ScenarioError):  # the scenario's own check reports it, naming the field
+            ref.update(fields_from_hf_config(read_json_object(path, "model.hf_config"), Collector("model")))
     if "num_attention_heads" in ref:
         ref.setdefault("num_kv_heads", ref["num_attention_heads"])
     if "hidden_size" in ref:
@@ -135,7 +146,7 @@ def cluster_values(section: Mapping[str, Any]) -> dict[str, Any]:
     ref = cluster_reference(str(section.get("preset", "")))
     vals = {**ref, **{k: v for k, v in section.items() if k not in ("intra_node", "inter_node")}}
     for link in ("intra_node", "inter_node"):
-        vals[link] = {**ref.get(link, {}), **(section.get(link) or {})}
+        vals[link] = {**ref.get(link, {}), **mapping(section.get(link))}
     return vals
 
 
@@ -155,7 +166,7 @@ def coerce(value: Any, default: Any, options: Sequence[Any] | None = None, minim
 def model_knobs(section: Mapping[str, Any], base_dir: Path) -> dict[str, Any]:
     vals = model_values(section, base_dir)
     preset = section.get("preset")
-    out: dict[str, Any] = {"m_preset": preset if preset in catalog.models() else CUSTOM}
+    out: dict[str, Any] = {"m_preset": preset if known(preset, catalog.models()) else CUSTOM}
     out.update({f"m_{key}": coerce(vals.get(key), 1, minimum=0) for key in MODEL_KNOBS})
     out["m_mlp"] = coerce(vals.get("mlp"), "gelu", ("gelu", "swiglu"))
     return out
@@ -164,10 +175,10 @@ def model_knobs(section: Mapping[str, Any], base_dir: Path) -> dict[str, Any]:
 def cluster_knobs(section: Mapping[str, Any]) -> dict[str, Any]:
     vals = cluster_values(section)
     preset, gpu = section.get("preset"), vals.get("gpu")
-    return {"c_preset": preset if preset in catalog.clusters() else CUSTOM,
+    return {"c_preset": preset if known(preset, catalog.clusters()) else CUSTOM,
             "c_num_nodes": coerce(vals.get("num_nodes"), 1),
             "c_gpus_per_node": coerce(vals.get("gpus_per_node"), 8),
-            "c_gpu": gpu if isinstance(gpu, str) and gpu in catalog.gpus() else CUSTOM,
+            "c_gpu": gpu if known(gpu, catalog.gpus()) else CUSTOM,
             "c_intra_bw": coerce(vals["intra_node"].get("bandwidth"), ""),
             "c_inter_bw": coerce(vals["inter_node"].get("bandwidth"), ""),
             "c_nics": coerce(vals["inter_node"].get("nics_per_node"), 1)}
@@ -182,8 +193,9 @@ def plan_knobs(given: Mapping[str, Any]) -> dict[str, Any]:
 
 def knobs_for(raw: Mapping[str, Any], base_dir: Path) -> dict[str, Any]:
     """Every knob's value for a newly loaded scenario dict."""
-    return {"s_name": str(raw.get("name", "what-if")), **model_knobs(raw.get("model") or {}, base_dir),
-            **cluster_knobs(raw.get("cluster") or {}), **plan_knobs(raw.get("plan") or {})}
+    name = raw.get("name")
+    return {"s_name": name if isinstance(name, str) else "what-if", **model_knobs(mapping(raw.get("model")), base_dir),
+            **cluster_knobs(mapping(raw.get("cluster"))), **plan_knobs(mapping(raw.get("plan")))}
 
 
 # --- knobs -> scenario dict --------------------------------------------------------------------
@@ -193,11 +205,11 @@ def scenario_dict(base: Mapping[str, Any], base_dir: Path, k: Mapping[str, Any])
     """The scenario dict (file format, units as strings) of the knobs ``k``; unshown fields of
     the loaded file ``base`` are kept, fields equal to the preset's are left out."""
     raw: dict[str, Any] = {"name": k["s_name"] or "what-if"}
-    if base.get("description"):
+    if isinstance(base.get("description"), str):
         raw["description"] = base["description"]
-    raw["model"] = _model_section(base.get("model") or {}, base_dir, k)
-    raw["cluster"] = _cluster_section(base.get("cluster") or {}, k)
-    plan = copy.deepcopy(dict(base.get("plan") or {}))
+    raw["model"] = _model_section(mapping(base.get("model")), base_dir, k)
+    raw["cluster"] = _cluster_section(mapping(base.get("cluster")), k)
+    plan = copy.deepcopy(dict(mapping(base.get("plan"))))
     plan.pop("dp", None)  # derived from the world size, shown in the sidebar
     plan.update({field: k[key] for key, field in PLAN_KNOBS.items()})
     for field, default in V12_PLAN_DEFAULTS.items():
@@ -210,7 +222,7 @@ def scenario_dict(base: Mapping[str, Any], base_dir: Path, k: Mapping[str, Any])
 
 
 def _model_section(bm: Mapping[str, Any], base_dir: Path, k: Mapping[str, Any]) -> dict[str, Any]:
-    same = k["m_preset"] == (bm.get("preset") if bm.get("preset") in catalog.models() else CUSTOM)
+    same = k["m_preset"] == (bm.get("preset") if known(bm.get("preset"), catalog.models()) else CUSTOM)
     if same:
         model = copy.deepcopy(dict(bm))
     elif k["m_preset"] == CUSTOM:  # every field of what was loaded, explicit
@@ -229,7 +241,7 @@ def _model_section(bm: Mapping[str, Any], base_dir: Path, k: Mapping[str, Any]) 
 
 
 def _cluster_section(bc: Mapping[str, Any], k: Mapping[str, Any]) -> dict[str, Any]:
-    same = k["c_preset"] == (bc.get("preset") if bc.get("preset") in catalog.clusters() else CUSTOM)
+    same = k["c_preset"] == (bc.get("preset") if known(bc.get("preset"), catalog.clusters()) else CUSTOM)
     if same:
         cluster = copy.deepcopy(dict(bc))
     elif k["c_preset"] == CUSTOM:  # every field of what was loaded, explicit
@@ -246,7 +258,7 @@ def _cluster_section(bc: Mapping[str, Any], k: Mapping[str, Any]) -> dict[str, A
         if k["c_gpu"] != ref.get("gpu"):
             cluster["gpu"] = k["c_gpu"]
     for link, value in (("intra_node", k["c_intra_bw"]), ("inter_node", k["c_inter_bw"])):
-        section = dict(cluster.get(link) or {})
+        section = dict(mapping(cluster.get(link)))
         section.pop("bandwidth", None)
         if not same_bandwidth(value, ref.get(link, {}).get("bandwidth")):
             section["bandwidth"] = value

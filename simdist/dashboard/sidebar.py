@@ -1,14 +1,15 @@
-"""The dashboard's sidebar: where the scenario starts (a bundled file, an uploaded scenario, an
-uploaded Hugging Face config.json), the knobs, and the calibration profile upload."""
+"""The dashboard's sidebar: where the scenario starts (a bundled file, an uploaded scenario with
+the files it names, an uploaded Hugging Face config.json), the knobs, and the calibration profile
+upload. Uploads are read like files given on the command line (bounded, UTF-8, duplicate keys and
+alias bombs refused), and an uploaded scenario reads only what was uploaded with it
+(:mod:`simdist.dashboard.uploads`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import streamlit as st
-import yaml
 
 from simdist import catalog
 from simdist.dashboard.knobs import (
@@ -20,49 +21,76 @@ from simdist.dashboard.knobs import (
     link_presets,
     model_knobs,
 )
-from simdist.errors import ScenarioError
+from simdist.dashboard.uploads import (
+    forget_others,
+    private_folder,
+    reference_problems,
+    remove,
+    shown,
+    upload_bytes,
+    upload_text,
+)
+from simdist.errors import Problem, ScenarioError
+from simdist.io.text import parse_json, parse_yaml
 from simdist.spec.plan import CP_METHODS, MOE_DISPATCHERS, PRECISIONS, RECOMPUTE, SCHEDULES
-from simdist.spec.profile import CalibrationProfile
+from simdist.spec.profile import CalibrationProfile, load_profile
 
 SOURCES = ("scenario file", "uploaded scenario (YAML)", "uploaded Hugging Face config.json")
 DEFAULT_FILE = "gpt3-175b-1024xa100.yaml"
 ss = st.session_state
 
 
-def load_source(scenario_dir: Path, root: Path) -> tuple[dict[str, Any], str, Path]:
-    """The scenario dict the knobs start from, an id that changes with it, and its base dir."""
+def load_source(scenario_dir: Path, uploads: Path) -> tuple[dict[str, Any], str, Path]:
+    """The scenario dict the knobs start from, an id that changes with it, and its base dir
+    (the folder its hf_config / deepspeed_config are read from: the bundled scenarios' folder,
+    or the private folder of what was uploaded with it under ``uploads``)."""
     kind = st.sidebar.radio("Start from", SOURCES, key="src_kind")
     if kind == SOURCES[0]:
         names = sorted(p.name for p in scenario_dir.glob("*.yaml"))
         if "src_file" not in ss:
             ss.src_file = DEFAULT_FILE if DEFAULT_FILE in names else names[0]
         name = st.sidebar.selectbox("Scenario file", names, key="src_file")
-        raw = yaml.safe_load((scenario_dir / name).read_text(encoding="utf-8"))
+        raw = parse_yaml((scenario_dir / name).read_text(encoding="utf-8"), name)
         return raw, f"file:{name}", scenario_dir
     upload = st.sidebar.file_uploader(kind, type=["yaml", "yml"] if kind == SOURCES[1] else ["json"],
                                       key=f"upload_{SOURCES.index(kind)}")
-    previous = (ss.get("_base") or {}, ss.get("_base_id", ""), root)
+    named = []
+    if kind == SOURCES[1]:
+        named = st.sidebar.file_uploader(
+            "Files the scenario names (JSON, optional)", type=["json"], accept_multiple_files=True,
+            key="upload_1_files", help="the model.hf_config and plan.deepspeed_config files, named in the "
+            "scenario by file name alone; nothing else on the server can be read") or []
+    previous = (ss.get("_base") or {}, ss.get("_base_id", ""), Path(ss.get("_base_dir") or scenario_dir))
     if upload is None:
         st.sidebar.caption("Upload a file; until then the knobs keep their values.")
         return previous
-    text = upload.getvalue().decode("utf-8", errors="replace")
-    upload_id = f"upload:{upload.name}:{hash(text)}"
     try:
+        text = upload_text(upload.name, upload.getvalue())
+        files = {f.name: upload_bytes(f.name, f.getvalue(), "files") for f in named}
+        upload_id = f"upload:{upload.name}:{hash(text)}:{hash(tuple(sorted((n, hash(b)) for n, b in files.items())))}"
+        if upload_id == ss.get("_base_id"):
+            return previous
         if kind == SOURCES[1]:
-            raw = yaml.safe_load(text)
+            raw = parse_yaml(text, upload.name)
             if not isinstance(raw, dict):
-                raise ValueError("the file must hold a mapping with name, model, cluster, plan")
-            return raw, upload_id, root
-        cfg = json.loads(text)
+                raise ScenarioError(Problem("file", "must hold a mapping with name, model, cluster, plan"))
+            problems = reference_problems(raw, files)
+            if problems:
+                raise ScenarioError(problems)
+            folder = private_folder(files, uploads)
+            forget_others(uploads, folder)
+            return raw, upload_id, folder
+        cfg = parse_json(text, upload.name, "file")
         if not isinstance(cfg, dict):
-            raise ValueError("a config.json holds one JSON object")
+            raise ScenarioError(Problem("file", "a config.json holds one JSON object"))
         raw, notes = hf_base(cfg, upload.name)
-    except (yaml.YAMLError, json.JSONDecodeError, ValueError) as exc:
-        st.sidebar.error(f"file: {upload.name} could not be read: {exc}")
+    except ScenarioError as exc:
+        for p in exc.problems:
+            st.sidebar.error(f"file: {upload.name} could not be read: {p}" if p.field == "file" else str(p))
         return previous
     for note in notes:
         (st.sidebar.caption if raw else st.sidebar.error)(note)
-    return (raw, upload_id, root) if raw else previous
+    return (raw, upload_id, private_folder({}, uploads)) if raw else previous
 
 
 def _on_model_preset() -> None:
@@ -140,23 +168,29 @@ def sidebar_knobs() -> None:
              help="des: discrete-event simulation with a timeline; analytic: closed form, instant")
 
 
-def load_profile_upload() -> tuple[CalibrationProfile | None, str]:
-    """The calibration profile uploaded in the sidebar (`simdist calibrate --out`), and its key."""
+def load_profile_upload(uploads: Path) -> tuple[CalibrationProfile | None, str]:
+    """The calibration profile uploaded in the sidebar (`simdist calibrate --out`), and its key;
+    read with the same checks as ``--profile`` (a bounded JSON object, finite numbers)."""
     upload = st.sidebar.file_uploader("Calibration profile (JSON, optional)", type=["json"], key="profile_upload",
                                       help="from `simdist calibrate --out PROFILE.json`; needed for the local cluster")
     if upload is None:
         return None, ""
-    try:
-        data = json.loads(upload.getvalue().decode("utf-8", errors="replace"))
-        if not isinstance(data, dict):
-            raise TypeError("not a JSON object")
-        profile = CalibrationProfile.from_dict(data)
-    except ScenarioError as exc:
-        for problem in exc.problems:
-            st.sidebar.error(str(problem))
-        return None, ""
-    except (json.JSONDecodeError, TypeError) as exc:
-        st.sidebar.error(f"profile: {upload.name} is not a calibration profile: {exc}")
+    key = f"{upload.name}:{hash(upload.getvalue())}"
+    if ss.get("_profile_loaded", ("",))[0] != key:
+        folder = None
+        try:
+            data = upload_bytes(upload.name, upload.getvalue(), "profile")
+            folder = private_folder({"profile.json": data}, uploads)
+            ss["_profile_loaded"] = (key, load_profile(folder / "profile.json"), [])
+        except ScenarioError as exc:
+            ss["_profile_loaded"] = (key, None, [shown(p.message, folder) for p in exc.problems])
+        finally:
+            if folder is not None:
+                remove(folder)
+    _, profile, problems = ss["_profile_loaded"]
+    for message in problems:
+        st.sidebar.error(f"profile: {upload.name} is not a calibration profile: {message}")
+    if profile is None:
         return None, ""
     st.sidebar.caption(f"profile: {profile.device} ({len(profile.fitted_from)} measurements)")
-    return profile, f"{upload.name}:{hash(upload.getvalue())}"
+    return profile, key

@@ -69,9 +69,14 @@ def default_sweep_values(sweep: str, current: Any) -> list[Any]:
     return ["64 GB/s", "150 GB/s", "300 GB/s", "450 GB/s", "900 GB/s"]
 
 
+MAX_POINTS = 32  # each point is a prediction: a text box must not order thousands
+
+
 def parse_values(text: str, sweep: str) -> list[Any]:
     """Comma-separated sweep values from a text box (whole numbers, or bandwidth strings)."""
     items = [t.strip() for t in text.split(",") if t.strip()]
+    if len(items) > MAX_POINTS:
+        raise ValueError(f"{len(items)} values; a sweep has at most {MAX_POINTS}")
     if sweep in ("nodes", "micro-batch size"):
         out = []
         for t in items:

@@ -14,13 +14,14 @@ import streamlit as st
 
 from simdist import viz
 from simdist.calibrate.compare import compare_stored
-from simdist.calibrate.store import RunStore
+from simdist.calibrate.store import RunStore, default_db_path
 from simdist.dashboard.cache import cached_sweep
 from simdist.dashboard.diff import diff_fields, metric_deltas
 from simdist.dashboard.knobs import PLAN_KNOBS, knob_view
 from simdist.dashboard.sweep import SWEEPS, default_sweep_values, parse_values
 from simdist.dashboard.tables import calibration_rows, search_rows
 from simdist.dashboard.timelines import timelines_section
+from simdist.dashboard.uploads import shown
 from simdist.errors import ScenarioError
 from simdist.results import Prediction
 from simdist.search import Constraints, search
@@ -42,9 +43,10 @@ NUMBER_FORMATS = {  # table columns: seconds, fractions and GiB, readable
 }
 
 
-def show_problems(exc: ScenarioError) -> None:
+def show_problems(exc: ScenarioError, base_dir: Path | None = None) -> None:
+    """One error per problem, naming its field (an upload's private folder left out)."""
     for problem in exc.problems:
-        st.error(str(problem))
+        st.error(shown(str(problem), base_dir))
 
 
 # --- results ------------------------------------------------------------------------------------
@@ -78,8 +80,11 @@ def results_tab(scenario: Scenario, pred: Prediction, note: str) -> None:
 def timeline(scenario: Scenario, pred: Prediction) -> None:
     st.subheader("Pipeline timeline")
     if not pred.spans:
-        st.info("The timeline comes from the discrete-event engine's spans; this prediction has "
-                "none (engine: analytic).")
+        dropped = pred.extras.get("spans_dropped")
+        st.info(f"This step has {dropped:,} spans, more than the page keeps: `simdist trace FILE` writes them "
+                "for https://ui.perfetto.dev." if dropped else
+                "The timeline comes from the discrete-event engine's spans; this prediction has none "
+                f"(engine: {pred.engine}).")
         return
     plan = scenario.plan
     n = 1
@@ -173,17 +178,22 @@ def compare(pinned: dict[str, Any], view: dict[str, Any], pred: Prediction) -> N
 
 
 def calibration_tab(profile: CalibrationProfile | None) -> None:
-    db = st.text_input("Run store (SQLite file; empty: the default store)", "", key="db_path")
-    st.caption("Predictions use the calibration profile uploaded in the sidebar, if any.")
+    """The server's own run store (SIMDIST_DB, or the default): its path is not the page's to
+    choose (a typed path would create files anywhere), and it is never created from here."""
+    st.caption("The server's run store; predictions use the calibration profile uploaded in the sidebar, if any.")
+    path = default_db_path()
+    if not path.exists():
+        st.info("No run store on this server yet: `simdist run FILE --nproc N` stores a measurement.")
+        return
     try:
-        store = RunStore(db or None)
+        store = RunStore(path)
         measurements = store.runs("measurement")
         comparisons, skipped = compare_stored(store, profile)
-    except (OSError, sqlite3.Error) as exc:  # a missing or broken file, shown in the page
-        st.warning(f"Could not read the run store: {type(exc).__name__}: {exc}")
+    except (OSError, sqlite3.Error) as exc:  # a broken store (StoreError is an sqlite3.Error)
+        st.warning(f"Could not read the server's run store ({type(exc).__name__}).")
         return
     scenarios = len({r.scenario_hash for r in measurements})
-    st.caption(f"{store.path}: {len(measurements)} measurement(s) of {scenarios} scenario(s)")
+    st.caption(f"{len(measurements)} measurement(s) of {scenarios} scenario(s)")
     rows = calibration_rows(comparisons)
     if rows:
         st.plotly_chart(viz.calibration_figure(rows), key="fig_calibration")

@@ -149,6 +149,8 @@ def parse_yaml(text: str, source: str, field: str = "file") -> Any:
         raise ScenarioError(_yaml_problem(field, source, exc)) from None
     except RecursionError:
         raise ScenarioError(Problem(field, f"{source}: nested too deeply")) from None
+    except ScenarioError:  # already one line naming the place (a ValueError too: not wrapped again)
+        raise
     except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise ScenarioError(Problem(field, f"{source}: {_one_line(str(exc))[:200]}")) from None
     finally:

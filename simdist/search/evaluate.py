@@ -100,7 +100,9 @@ class Evaluator:
     def des(self, plan: ParallelPlan) -> Prediction:
         from simdist.predict import predict
 
-        return predict(replace(self.scenario, plan=plan), self.profile, engine="des", keep_spans=False)
+        # past the event engine's work limits: an error (des_time notes it), not the closed form again
+        return predict(replace(self.scenario, plan=plan), self.profile, engine="des", keep_spans=False,
+                       fallback=False)
 
     def mfu(self, plan: ParallelPlan, step_time: float) -> float:
         flops = model_flops_per_step(self.model, plan)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from simdist.errors import Problem
+from simdist.predict import MAX_VIRTUAL_STAGES
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import RECOMPUTE, SCHEDULES, ParallelPlan
@@ -99,7 +100,30 @@ class Constraints:
         if self.engine not in ("auto", "des", "analytic"):
             out.append(Problem("--engine", f"{self.engine!r} is not one of auto, des, analytic"))
         out += _pp_problems(self.pp, scenario)
+        out += _size_problems(self, scenario)
         return out
+
+
+MAX_MICRO_BATCH = 4096  # the grid walks 1 .. max_micro_batch
+MAX_SEARCH_GPUS = 2**40  # the grid lists divisors of the GPU count (sqrt(n) trials each)
+
+
+def _size_problems(c: Constraints, sc: Scenario) -> list[Problem]:
+    """The bounds that keep the grid and each plan's closed form finite (issue 20)."""
+    out = []
+    if isinstance(c.max_virtual_stages, int) and c.max_virtual_stages > MAX_VIRTUAL_STAGES:
+        out.append(Problem("--max-virtual-stages", f"at most {MAX_VIRTUAL_STAGES:,}"))
+    if any(isinstance(p, int) and p > MAX_VIRTUAL_STAGES for p in c.pp or ()):
+        out.append(Problem("--pp", f"at most {MAX_VIRTUAL_STAGES:,} pipeline stages"))
+    if isinstance(c.max_micro_batch, int) and c.max_micro_batch > MAX_MICRO_BATCH:
+        out.append(Problem("--max-micro-batch", f"at most {MAX_MICRO_BATCH:,}"))
+    if sc.world_size > MAX_SEARCH_GPUS:
+        out.append(Problem("cluster.num_nodes", f"{sc.world_size:,} GPUs: the search handles at most "
+                           f"{MAX_SEARCH_GPUS:,}"))
+    chunks = sc.plan.pp * sc.plan.virtual_pipeline_stages
+    if chunks > MAX_VIRTUAL_STAGES:
+        out.append(Problem("plan.pp", f"pp x virtual stages = {chunks:,}; at most {MAX_VIRTUAL_STAGES:,}"))
+    return out
 
 
 def _choice_problems(flag: str, values: tuple[Any, ...], allowed: tuple[Any, ...]) -> list[Problem]:
@@ -214,16 +238,16 @@ def cp_grid(world_left: int, c: Constraints, seq_length: int = 0) -> list[int]:
 
 def pp_grid(model: ModelSpec, world_left: int, c: Constraints) -> list[int]:
     if c.pp is not None:
-        return sorted(set(c.pp))
-    return [p for p in divisors(world_left)
-            if p <= model.num_layers and (c.uneven_pp or model.num_layers % p == 0)]
+        return sorted(p for p in set(c.pp) if p <= MAX_VIRTUAL_STAGES)
+    return [p for p in divisors(world_left) if p <= min(model.num_layers, MAX_VIRTUAL_STAGES)
+            and (c.uneven_pp or model.num_layers % p == 0)]
 
 
 def pipeline_grid(model: ModelSpec, pp: int, c: Constraints) -> list[tuple[str, int]]:
     """(schedule, chunks per stage) pairs to try for ``pp`` stages."""
     out = [(s, 1) for s in PLAIN_SCHEDULES if s in c.schedules]
     if pp > 1 and "interleaved-1f1b" in c.schedules:
-        out += [("interleaved-1f1b", v) for v in range(2, c.max_virtual_stages + 1)
+            out += [("interleaved-1f1b", v) for v in range(2, min(c.max_virtual_stages, MAX_VIRTUAL_STAGES // pp) + 1)
                 if model.num_layers % (pp * v) == 0]
     if pp > 1 and model.is_moe:  # DeepSeek-V3's schedules hide the expert all-to-all
         out += [(s, 1) for s in ("dualpipe", "dualpipev") if s in c.schedules]

@@ -40,6 +40,12 @@ def check_consistency(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
             add("plan.tp", f"tp*pp*cp = {plan.model_parallel_size} does not divide the cluster's {world} GPUs")
     if plan.precision == "fp8" and "fp8" not in cluster.gpu.peak_flops:
         add("plan.precision", f"fp8 needs FP8 tensor cores, which {cluster.gpu.name} does not have")
+    else:
+        try:
+            cluster.gpu.peak(plan.precision)
+        except KeyError:  # a GPU mapping whose peak_tflops leaves out the plan's precision
+            add("cluster.gpu.peak_tflops", f"has no peak for plan.precision {plan.precision} "
+                f"(it gives {', '.join(sorted(cluster.gpu.peak_flops))})")
     if plan.uses_parameter_servers and (plan.parameter_servers or 0) > world:
         add("plan.parameter_servers", f"{plan.parameter_servers} servers is more than the {world} GPUs")
     _experts(model, plan, add)

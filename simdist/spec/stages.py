@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
+from itertools import accumulate
 
 
 @cache
@@ -16,7 +17,7 @@ def stage_layer_ranges(num_layers: int, pp: int, v: int = 1) -> tuple[tuple[rang
     order = [*range(1, n - 1), 0, n - 1] if n > 2 else list(range(n))
     gets_extra = set(order[:extra])
     sizes = [base + (1 if k in gets_extra else 0) for k in range(n)]
-    starts = [sum(sizes[:k]) for k in range(n)]
+    starts = [0, *accumulate(sizes)]  # linear, not quadratic, in pp * v
     return tuple(
         tuple(range(starts[c * pp + s], starts[c * pp + s] + sizes[c * pp + s]) for c in range(v))
         for s in range(pp)

@@ -16,7 +16,8 @@ The parts, each in its own module:
 - :mod:`.streams`: the FIFO streams beside compute, and the meeting points of collectives;
 - :mod:`.servers`: parameter servers, synchronous and asynchronous;
 - :mod:`.accounting`: the breakdown, whose parts sum to the step time;
-- :mod:`.assumptions`, :mod:`.stragglers`: what the engine says about the run.
+- :mod:`.assumptions`, :mod:`.stragglers`: what the engine says about the run;
+- :mod:`.budget`: the work of a simulation, estimated before it runs, and its limits.
 
 The work comes from the lowering of the per-stage description (:mod:`simdist.sim.lowering`) and
 every transfer goes through the narrow network interface (:mod:`simdist.sim.network`).

@@ -7,6 +7,7 @@ from dataclasses import replace
 from simdist.analytic.result import StepResult
 from simdist.analytic.stage import StepDescription
 from simdist.sim.engine.accounting import async_result, step_result
+from simdist.sim.engine.budget import WorkEstimate, check_work, run_bounded
 from simdist.sim.engine.servers import Servers
 from simdist.sim.engine.state import BackendFactory, Run
 from simdist.sim.engine.step import StepDriver
@@ -32,7 +33,9 @@ def simulate(
     whole node); they need full fidelity, which is used when any is given, and the result then
     also says how the plan absorbs them (a uniform run for comparison; ``extras["stragglers"]``).
     Asynchronous parameter servers always run in full fidelity. ``backend`` builds the network
-    the transfers run on (:class:`simdist.sim.network.NetworkBackend`).
+    the transfers run on (:class:`simdist.sim.network.NetworkBackend`). A scenario past the
+    work limits of :mod:`.budget` is refused (ScenarioError naming the input) before anything
+    is built.
     """
     if fidelity not in FIDELITIES:
         raise ValueError(f"fidelity must be one of {FIDELITIES}, got {fidelity!r}")
@@ -45,13 +48,14 @@ def simulate(
     if sc.plan.async_parameter_servers and fidelity == "symmetric":
         fidelity = "full"
         notes.append("asynchronous parameter servers: full fidelity used (each worker runs at its own pace)")
+    work = check_work(described, fidelity, keep_spans, bool(stragglers))  # before anything is built
     lowered = lower(described)
     stagger = _async_stagger(described)
     sim = Simulation(described, lowered, fidelity == "full", keep_spans, stragglers, notes, stagger, backend)
-    result = sim.run()
+    result = sim.run(work)
     if stragglers:
         uniform = Simulation(described, lowered, fidelity == "full", False, {}, [], stagger, backend)
-        base = uniform.run()
+        base = uniform.run(work)
         summary, line = straggler_summary(sc, sim.state, result, uniform.state, base)
         result = replace(result, assumptions=(*result.assumptions, line),
                          extras={**result.extras, "stragglers": summary})
@@ -81,13 +85,17 @@ class Simulation:
         self.streams.pushed = self.servers.pushed
         self.driver = StepDriver(self.state, self.streams, self.servers)
 
-    def run(self) -> StepResult:
+    def run(self, work: WorkEstimate | None = None) -> StepResult:
+        """Run the step (bounded by ``work``'s limits when given: :func:`.budget.run_bounded`)."""
         state = self.state
         env = state.env
         for sl in state.slices:
             env.process(self.driver.worker(sl, state.lowered.stages[sl.stage]))
+        until = self.servers.stop if self.servers.async_mode else None
+        if work is None:
+            env.run(until=until)
+        else:
+            run_bounded(env, work, until)
         if self.servers.async_mode:
-            env.run(until=self.servers.stop)
             return async_result(state, self.servers)
-        env.run()
         return step_result(state)
