@@ -20,7 +20,12 @@ from dataclasses import fields
 from functools import partial
 from typing import Any, Literal
 
-from simdist.analytic.allocation_trace import LazyStageGaps
+from simdist.analytic.allocation_trace import (
+    MAX_LAYER_PASSES,
+    LazyStageGaps,
+    layer_passes,
+    replay_is_bounded,
+)
 from simdist.analytic.collectives import Network, busbw_cap
 from simdist.analytic.compression import compression_ratio, keeps_residual
 from simdist.analytic.cost import CostModel
@@ -243,6 +248,9 @@ def _assumptions(sc: Scenario, profile: CalibrationProfile | None) -> list[str]:
         out.append(f"tp={plan.tp} spans nodes: TP collectives cross InfiniBand")
     if plan.sequence_parallel and plan.tp == 1:
         out.append("sequence_parallel has no effect with tp=1")
+    if not replay_is_bounded(sc.model, plan):
+        out.append(f"memory: the caching allocator's reserved gap is not replayed ({layer_passes(sc.model, plan):,} "
+                   f"layer passes, more than {MAX_LAYER_PASSES:,}); reserved_gib equals peak_gib")
     out += _system_assumptions(sc)
     return out
 

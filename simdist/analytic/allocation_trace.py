@@ -42,6 +42,10 @@ from simdist.spec.stages import stage_layer_ranges
 GRAD_WINDOW = 3  # activation gradients alive at once while backward walks a layer
 FORWARD_WINDOW = 2  # temporaries alive at once in a forward that does not save them
 GPIPE_CAP = 32  # GPipe micro-batches replayed (each adds the same blocks)
+# Layer passes (a layer's forward or backward for one micro-batch) one replay may take: past
+# it (10^5-layer models, hundreds of layers per stage under deep warm-ups) the gap is not
+# replayed and counts as 0, and predict says so: the replay would take minutes.
+MAX_LAYER_PASSES = 200_000
 
 
 class _Replay:
@@ -297,11 +301,23 @@ def allocator_gap(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None,
     """Bytes the caching allocator holds reserved beyond its allocated peak on one GPU of
     ``stage`` (0 for host processes and without a cluster). ``windows``: how many temporaries
     a forward that does not save them, and how many activation gradients, are alive at once."""
-    if cluster is None or not is_cuda(cluster):
+    if cluster is None or not is_cuda(cluster) or not replay_is_bounded(m, plan):
         return 0.0
     limit = cluster.gpu.memory_bytes - runtime_memory(plan, cluster).outside_allocator
     allocated, reserved = _Replay(m, plan, stage, limit, windows).run()
     return max(0.0, float(reserved - allocated))
+
+
+def layer_passes(m: ModelSpec, plan: ParallelPlan) -> int:
+    """An upper bound of the layer passes of one stage's replay (two steps, forward and backward
+    of the replayed micro-batches of every chunk)."""
+    layers = -(-m.num_layers // plan.pp)  # the largest stage's layers, all its chunks
+    micro = min(plan.num_microbatches, max(GPIPE_CAP, plan.pp * plan.virtual_pipeline_stages) + 2)
+    return 2 * 2 * layers * micro
+
+
+def replay_is_bounded(m: ModelSpec, plan: ParallelPlan) -> bool:
+    return layer_passes(m, plan) <= MAX_LAYER_PASSES
 
 
 def stage_gaps(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None,

@@ -24,6 +24,7 @@ def stage_layer_ranges(num_layers: int, pp: int, v: int = 1) -> tuple[tuple[rang
     )
 
 
+@cache
 def stage_chunks(num_layers: int, pp: int, v: int = 1, schedule: str = "1f1b"
                  ) -> tuple[tuple[tuple[int, range], ...], ...]:
     """Per pipeline rank, its model chunks as (virtual stage, layers), in chunk order.
