@@ -27,6 +27,12 @@ from simdist.sim.schedules import Action
 from simdist.sim.work import CommSpec, GradPiece, HostXfer, StageWork, Task
 
 CATEGORY = {"F": "forward", "B": "backward", "W": "backward"}
+TALLIED = ("compute", "recompute", "compression", "tp", "cp", "ep", "pp", "dp", "offload")  # summed per action
+
+
+def snapshot(now: float, t: Tally) -> tuple[float, ...]:
+    """The clock and the running sums of a slice's tally (what the periodic extension compares)."""
+    return (now, t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp, t.offload)
 
 
 class StepDriver:
@@ -51,8 +57,10 @@ class StepDriver:
 
 
     def _step(self, sl: Slice, work: StageWork) -> Proc:
-        env, m, t = self.env, self.plan.num_microbatches, sl.tally
+        env, m, t, record = self.env, self.run.microbatches, sl.tally, sl.record
         for action, deps in zip(work.actions, work.deps, strict=True):
+            if record is not None:
+                record.append(snapshot(env.now, t))
             yield from self._wait(sl, deps)
             chunk = work.chunks[action.chunk]
             yield from self._task(sl, action, chunk.task(action.kind, action.microbatch == m - 1))
@@ -61,6 +69,8 @@ class StepDriver:
                 self._send_async(sl, action, spec)
             elif spec is not None:
                 yield from self._send(sl, action, spec)
+        if record is not None:
+            record.append(snapshot(env.now, t))
         t.flush_end = env.now
         if work.flush_compression:
             start = env.now
