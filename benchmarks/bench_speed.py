@@ -1,8 +1,8 @@
-"""The speed targets of issue 19, each printed as seconds and as a ratio to the target.
+"""The speed targets of issue 19, each measured on this code and, with ``--before``, on another
+checkout of simdist (main's, before the change), alternately in one run so that the two see the
+same machine load:
 
-    python benchmarks/bench_speed.py [--repeat 3] [--full] [--search] [--json out.json]
-
-Measured in one process (the in-process cases) and as subprocesses (the whole command):
+    python benchmarks/bench_speed.py [--before /path/to/old/checkout] [--repeat 3] [--full] [--search]
 
 - default event engine, one prediction in-process (``predict(..., keep_spans=False)``, the way
   ``simdist predict`` calls it): GPT-3 175B / 1,024 A100 (scenarios/gpt3-175b-1024xa100.yaml),
@@ -14,10 +14,9 @@ Measured in one process (the in-process cases) and as subprocesses (the whole co
 - ``--search``: ``simdist search`` on the GPT-3 175B and 530B spaces (targets >= 5,000 plans/s
   and < 5 s), one worker process.
 
-A peer (Calculon's ``llm`` on the same case) is timed only where it is installed. The machine
-these ran on is shared and noisy: compare the numbers of one run (``before`` is main's code run
-by the same script with ``PYTHONPATH`` pointing at it), not numbers from different runs. The
-table of benchmarks/README.md records the before/after of issue 19.
+Each in-process case runs in a child process (``--child CASE``) whose ``PYTHONPATH`` is the
+checkout measured; the best of ``--repeat`` runs is kept. A peer (Calculon's ``llm`` on the same
+case) is timed only where it is installed. The table of benchmarks/README.md records a run.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -33,111 +33,142 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-GPT3 = ROOT / "scenarios" / "gpt3-175b-1024xa100.yaml"
-ONE_T = ROOT / "scenarios" / "megatron-1t-3072xa100.yaml"
-GPT530 = ROOT / "scenarios" / "gpt-530b-2520xa100.yaml"
+SCEN = ROOT / "scenarios"
+GPT3 = SCEN / "gpt3-175b-1024xa100.yaml"
 
 
-def best_of(repeat: int, fn) -> tuple[float, Any]:
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, out
+def _full_scenario(gpus: int):  # Llama 3.1 405B, tp8 pp16 v2, dp = gpus / 128 (the Llama 3 paper's plan)
+    from simdist.spec.scenario import scenario_from_dict
+
+    return scenario_from_dict({"name": f"full-{gpus}", "model": {"preset": "llama3.1-405b"},
+                               "cluster": {"preset": "dgx-h100", "num_nodes": gpus // 8},
+                               "plan": {"tp": 8, "pp": 16, "virtual_pipeline_stages": 2, "zero_stage": 1,
+                                        "global_batch_size": gpus // 8, "sequence_parallel": True}})
 
 
-def row(rows: list[dict], what: str, seconds: float, target: float | None, note: str = "",
-        higher_is_better: bool = False, unit: str = "s") -> None:
-    rows.append({"what": what, "value": seconds, "unit": unit, "target": target, "note": note,
-                 "met": None if target is None else (seconds >= target if higher_is_better else seconds <= target)})
-    shown = f"{seconds * 1e3:10.1f} ms" if unit == "s" and seconds < 1 else f"{seconds:10.3g} {unit}"
-    goal = "" if target is None else (f"target {'>=' if higher_is_better else '<='} "
-                                      + (f"{target * 1e3:g} ms" if unit == "s" and target < 1 else f"{target:g} {unit}"))
-    met = "" if target is None else ("met" if rows[-1]["met"] else "NOT MET")
-    print(f"{what:62s} {shown}  {goal:22s} {met:8s} {note}", flush=True)
-
-
-def in_process(rows: list[dict], repeat: int) -> None:
+def child(case: str, repeat: int) -> dict[str, Any]:
+    """One case in this process (its PYTHONPATH picks the checkout): best seconds and the answer."""
     from simdist.predict import predict
     from simdist.spec.scenario import load_scenario
 
-    for label, path, target in (("GPT-3 175B / 1,024 A100, event engine", GPT3, 0.030),
-                                ("Megatron 1T / 3,072 A100 (PP64), event engine", ONE_T, 0.100)):
-        sc = load_scenario(path)
-        secs, p = best_of(repeat, lambda sc=sc: predict(sc, keep_spans=False))
-        row(rows, label, secs, target, f"step {p.step_time_s:.4f} s")
-        secs, p = best_of(repeat, lambda sc=sc: predict(sc, engine="analytic", keep_spans=False))
-        row(rows, label.replace("event engine", "closed form"), secs, None, f"step {p.step_time_s:.4f} s")
+    def best(fn) -> tuple[float, Any]:
+        out, secs = None, float("inf")
+        for _ in range(repeat):
+            t = time.perf_counter()
+            out = fn()
+            secs = min(secs, time.perf_counter() - t)
+        return secs, out
+
+    what, _, arg = case.partition(":")
+    if what in ("des", "analytic"):
+        sc = load_scenario(SCEN / arg)
+        secs, p = best(lambda: predict(sc, engine=what, keep_spans=False))
+        return {"s": secs, "answer": p.step_time_s}
+    if what == "full":
+        sc = _full_scenario(int(arg))
+        secs, p = best(lambda: predict(sc, fidelity="full", keep_spans=False))
+        return {"s": secs, "answer": p.step_time_s,
+                "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    if what == "search":
+        from simdist.search import Constraints, search
+
+        res = search(load_scenario(SCEN / arg), Constraints(), workers=1)
+        return {"s": res.seconds, "answer": res.best.candidate.label() if res.best else "-",
+                "plans_per_s": res.plans_per_s, "plans": res.evaluated}
+    raise SystemExit(f"unknown case {case}")
 
 
-def whole_command(rows: list[dict], repeat: int) -> None:
-    cmd = [sys.executable, "-m", "simdist.cli", "predict", str(GPT3)]
-    secs, _ = best_of(repeat, lambda: subprocess.run(cmd, check=True, capture_output=True))
-    row(rows, "simdist predict gpt3-175b-1024xa100.yaml (whole command)", secs, 0.3)
+def measure(tree: Path, case: str, repeat: int) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    if case == "cli":
+        cmd = [sys.executable, "-m", "simdist.cli", "predict", str(GPT3)]
+        secs = float("inf")
+        for _ in range(repeat):
+            t = time.perf_counter()
+            subprocess.run(cmd, check=True, capture_output=True, env=env)
+            secs = min(secs, time.perf_counter() - t)
+        return {"s": secs, "answer": ""}
+    out = subprocess.run([sys.executable, __file__, "--child", case, "--repeat", str(repeat)], check=True,
+                         capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
-FULL_CHILD = """
-import resource, sys, time
-from simdist.predict import predict
-from simdist.spec.scenario import scenario_from_dict
-nodes = int(sys.argv[1])
-sc = scenario_from_dict({"name": "full", "model": {"preset": "llama3.1-405b"},
-    "cluster": {"preset": "dgx-h100", "num_nodes": nodes},
-    "plan": {"tp": 8, "pp": 16, "virtual_pipeline_stages": 2, "global_batch_size": 2048 * nodes // 2048,
-             "sequence_parallel": True, "zero_stage": 1}})
-t = time.perf_counter()
-p = predict(sc, fidelity="full", keep_spans=False)
-print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, p.step_time_s)
-"""
+CASES: list[tuple[str, str, float | None, str]] = [
+    # (case, what, target, unit of the target)
+    ("des:gpt3-175b-1024xa100.yaml", "GPT-3 175B / 1,024 A100, event engine", 0.030, "s"),
+    ("des:megatron-1t-3072xa100.yaml", "Megatron 1T / 3,072 A100 (PP64), event engine", 0.100, "s"),
+    ("analytic:gpt3-175b-1024xa100.yaml", "GPT-3 175B / 1,024 A100, closed form", None, "s"),
+    ("analytic:megatron-1t-3072xa100.yaml", "Megatron 1T / 3,072 A100, closed form", None, "s"),
+    ("cli", "simdist predict gpt3-175b-1024xa100.yaml (whole command)", 0.3, "s"),
+]
+FULL = [("full:16384", "full fidelity, Llama 3.1 405B / 16,384 H100", 5.0, "s"),
+        ("full:65536", "full fidelity, Llama 3.1 405B / 65,536 H100", 30.0, "s")]
+SEARCH = [("search:gpt3-175b-1024xa100.yaml", "search, GPT-3 175B space", 5000.0, "plans/s"),
+          ("search:gpt-530b-2520xa100.yaml", "search, 530B / 2,520 A100 space", 5.0, "s")]
 
 
-def full_fidelity(rows: list[dict]) -> None:
-    for gpus, target in ((16384, 5.0), (65536, 30.0)):
-        out = subprocess.run([sys.executable, "-c", FULL_CHILD, str(gpus // 8)], check=True, capture_output=True,
-                             text=True, cwd=ROOT).stdout.split()
-        secs, gib, step = float(out[0]), float(out[1]), float(out[2])
-        row(rows, f"full fidelity, Llama 3.1 405B / {gpus:,} H100", secs, target,
-            f"peak RSS {gib:.2f} GiB (target < 1 GB), step {step:.3f} s")
+def shown(r: dict[str, Any] | None, unit: str) -> str:
+    if r is None:
+        return "-"
+    if unit == "plans/s":
+        return f"{r['plans_per_s']:,.0f} plans/s ({r['s']:.1f} s)"
+    v = r["s"]
+    extra = f", {r['rss_gib']:.2f} GiB" if "rss_gib" in r else ""
+    return (f"{v * 1e3:.0f} ms" if v < 1 else f"{v:.2f} s") + extra
 
 
-def searches(rows: list[dict]) -> None:
-    from simdist.search import Constraints, search
-    from simdist.spec.scenario import load_scenario
-
-    for label, path in (("GPT-3 175B space", GPT3), ("530B / 2,520 A100 space", GPT530)):
-        res = search(load_scenario(path), Constraints(), workers=1)
-        row(rows, f"search, {label}: plans/s", res.plans_per_s, 5000.0,
-            f"{res.evaluated:,} plans", higher_is_better=True, unit="plans/s")
-        row(rows, f"search, {label}: seconds", res.seconds, 5.0 if "530B" in label else None,
-            f"best {res.best.candidate.label() if res.best else '-'}")
+def met(r: dict[str, Any], target: float | None, unit: str) -> str:
+    if target is None:
+        return ""
+    ok = r["plans_per_s"] >= target if unit == "plans/s" else r["s"] <= target
+    return "met" if ok else "NOT MET"
 
 
-def peer(rows: list[dict]) -> None:
+def same(a: Any, b: Any) -> bool:
+    """The same answer (step times to 1e-9 relative, as the golden predictions)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+    return a == b
+
+
+def peer() -> None:
     if importlib.util.find_spec("calculon") is None:
-        print("peer: Calculon is not installed here (pip install calculon from its repository); not timed")
+        print("peer: Calculon is not installed here, so no peer is timed")
         return
     cmd = [sys.executable, "-m", "calculon", "llm", "--help"]
-    secs, _ = best_of(1, lambda: subprocess.run(cmd, capture_output=True))
-    row(rows, "peer: Calculon (start-up, `calculon llm --help`)", secs, None)
+    t = time.perf_counter()
+    subprocess.run(cmd, capture_output=True)
+    print(f"peer: Calculon start-up (`calculon llm --help`) {time.perf_counter() - t:.2f} s")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", type=Path, help="another simdist checkout to measure alongside")
     ap.add_argument("--repeat", type=int, default=3, help="runs per measurement; the best is kept")
     ap.add_argument("--full", action="store_true", help="also full fidelity at 16,384 and 65,536 GPUs")
     ap.add_argument("--search", action="store_true", help="also the two search spaces")
     ap.add_argument("--json", help="also write the rows to this JSON file")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    rows: list[dict] = []
-    in_process(rows, args.repeat)
-    whole_command(rows, args.repeat)
-    if args.full:
-        full_fidelity(rows)
-    if args.search:
-        searches(rows)
-    peer(rows)
-    print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+    if args.child:
+        print(json.dumps(child(args.child, args.repeat)))
+        return 0
+    cases = CASES + (FULL if args.full else []) + (SEARCH if args.search else [])
+    rows = []
+    print(f"{'':58s} {'before':>24s} {'after':>24s}  target")
+    for case, what, target, unit in cases:
+        rep = 1 if case.startswith(("full", "search")) else args.repeat
+        before = measure(args.before, case, rep) if args.before else None
+        after = measure(ROOT, case, rep)
+        goal = "" if target is None else (f">= {target:,.0f} {unit}" if unit == "plans/s" else
+                                          f"<= {target * 1e3:.0f} ms" if target < 1 else f"<= {target:g} s")
+        ratio = f"x{before['s'] / after['s']:.1f}" if before else ""
+        print(f"{what:58s} {shown(before, unit):>24s} {shown(after, unit):>24s}  {goal:14s} "
+              f"{met(after, target, unit):8s} {ratio}", flush=True)
+        if before and not same(before["answer"], after["answer"]):
+            print(f"    answers differ: before {before['answer']}, after {after['answer']}")
+        rows.append({"case": case, "what": what, "target": target, "unit": unit, "before": before, "after": after})
+    peer()
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

@@ -8,14 +8,19 @@ periodic: a step with ``n`` more periods in its steady state is the same step wi
 from the cool-down on shifted by ``n`` periods, and every running sum of the tallies larger by
 ``n`` periods' increments.
 
-So :func:`short_count` picks a short step (``m1`` micro-batches, a multiple of ``q``, with
-enough steady-state periods on every stage), the engine simulates it while recording each
-slice's clock and tally at the start of every action, and :func:`extend` checks the last
-periods of every slice's steady state: the clock advances by one period ``D`` (the same for every
-slice) and each tally by its own increment, to ``RTOL`` of the step. If so, the tallies become
-the ones of the ``m``-micro-batch step (the extrapolation is exact in exact arithmetic; in
-floating point it agrees with the full simulation to ~1e-13, checked on every bundled scenario by
-tests/test_periodic.py); if not, the caller simulates the whole step.
+So :func:`short_count` picks a short step (``m1`` micro-batches, a multiple of ``q``, whose
+first stage, the one with the longest warm-up, has ``CHECKED + 1`` periods and ``SETTLE`` actions
+of steady state), the engine simulates it while recording each slice's clock and tally at the
+start of every action, and :func:`extend` looks, in every slice's steady state, for the latest
+``CHECKED + 1`` periods (ending at most a cool-down's reach, :func:`tail`, before the steady
+state ends: the first stage's cool-down reaches the others' last actions) in which every action
+starts one constant increment ``D`` after the same action a period earlier, and every tally
+grows by one constant increment, to ``RTOL`` of the step; ``D`` must be the same for every
+slice. If so, the tallies become those of the ``m``-micro-batch step (exact in exact arithmetic;
+in floating point it agrees with the whole simulation to ~1e-13: tests/test_periodic.py
+compares every bundled scenario with and without it, tests/test_golden.py every validation row
+with the whole simulation's recorded answer); if not, the caller simulates the whole
+step (the short one was wasted).
 
 Only where the state is the schedule and the transfers it starts: symmetric fidelity, no
 stragglers, no spans kept (a trace draws every micro-batch), synchronous steps, no host or
@@ -29,8 +34,8 @@ from simdist.sim.engine.state import Run, Slice
 
 SCHEDULES = ("1f1b", "interleaved-1f1b")
 RTOL = 1e-12  # clock and tally increments equal to this fraction of the short step's length
-CHECKED = 2  # periods compared at the end of every slice's steady state
-SETTLE = 1  # periods before them for the pipeline to settle
+CHECKED = 1  # periods compared with the one before them, in every slice's steady state
+SETTLE = 4  # actions before them for the pipeline to settle
 
 
 def period(d: StepDescription) -> int:
@@ -52,10 +57,10 @@ def short_count(d: StepDescription, fidelity: str, keep_spans: bool, stragglers:
             or plan.uses_parameter_servers or plan.offload.any):
         return None
     p, v, q = plan.pp, plan.virtual_pipeline_stages, period(d)
-    # stage 0 has the longest warm-up: its steady state must hold SETTLE + CHECKED + 1 periods
+    # stage 0 has the longest warm-up: its steady state must hold CHECKED + 1 periods and SETTLE actions
     span = 2 * q * v
     m1 = q
-    while 2 * (m1 * v - warmup(p, v, 0, m1)) < (SETTLE + CHECKED + 1) * span + tail(p, span):
+    while 2 * (m1 * v - warmup(p, v, 0, m1)) < (CHECKED + 1) * span + SETTLE:
         m1 += q
     if m1 + 2 * q > plan.num_microbatches:  # not worth it
         return None
