@@ -30,6 +30,36 @@ from simdist.spec.plan import ParallelPlan, RankCoord, rank_coord, rank_of
 Member = Callable[[RankCoord], bool]
 
 
+class SameStage:
+    """The member test "rank of pipeline stage ``stage``", which :func:`members` counts over a
+    range of ranks in O(1) instead of rank by rank."""
+
+    __slots__ = ("stage",)
+
+    def __init__(self, stage: int):
+        self.stage = stage
+
+    def __call__(self, c: RankCoord) -> bool:
+        return c.pp == self.stage
+
+
+def _below(plan: ParallelPlan, n: int, stage: int) -> int:
+    """Ranks of ``stage`` among ranks 0..n-1 (the rank order of simdist.spec.plan.rank_coord)."""
+    blk = plan.tp * plan.cp  # ranks of one (dp, pp) slot
+    if plan.pipeline_outermost:  # stage s holds ranks [s*dp*blk, (s+1)*dp*blk)
+        span = plan.dp * blk
+        return min(max(n - stage * span, 0), span)
+    period = plan.pp * blk  # each replica: stage s holds [s*blk, (s+1)*blk) of its period
+    return (n // period) * blk + min(max(n % period - stage * blk, 0), blk)
+
+
+def members(plan: ParallelPlan, first: int, last: int, member: Member) -> int:
+    """How many ranks ``first``..``last``-1 pass ``member``."""
+    if type(member) is SameStage:
+        return _below(plan, last, member.stage) - _below(plan, first, member.stage)
+    return sum(1 for r in range(first, last) if member(rank_coord(r, plan)))
+
+
 def fractions(net: Network, layout: GroupLayout) -> tuple[float, float]:
     """(NIC, switch-port) use of one rank at the collective's solo speed."""
     if layout.intra_only:
@@ -57,7 +87,7 @@ def uplink_load(cluster: ClusterSpec, plan: ParallelPlan, leaf: int, member: Mem
         return 0.0
     gpn, npl = cluster.gpus_per_node, cluster.nodes_per_leaf
     first, last = leaf * npl * gpn, min(cluster.num_nodes, (leaf + 1) * npl) * gpn
-    images = sum(1 for r in range(first, last) if member(rank_coord(r, plan)))
+    images = members(plan, first, last, member)
     return images * f_inter * cross * cluster.spine_oversubscription / (gpn * npl)
 
 
@@ -78,7 +108,7 @@ def group_ranks(plan: ParallelPlan, rep: int, axis: str) -> list[int]:
 
 
 def same_stage(stage: int) -> Member:
-    return lambda c: c.pp == stage
+    return SameStage(stage)
 
 
 @cache
