@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from simdist.analytic.result import StepResult
 from simdist.analytic.stage import StepDescription
-from simdist.sim.engine import periodic
+from simdist.sim.engine import grouping, periodic
 from simdist.sim.engine.accounting import async_result, step_result
 from simdist.sim.engine.budget import WorkEstimate, check_work, run_bounded
 from simdist.sim.engine.servers import Servers
@@ -49,6 +49,10 @@ def simulate(
     if sc.plan.async_parameter_servers and fidelity == "symmetric":
         fidelity = "full"
         notes.append("asynchronous parameter servers: full fidelity used (each worker runs at its own pace)")
+    grouped = grouping.simulated_fidelity(described, fidelity, keep_spans, bool(stragglers)) != fidelity
+    if grouped:  # every rank of a stage behaves alike: one group per stage (engine.grouping)
+        fidelity = "symmetric"
+        notes.insert(0, grouping.grouped_line(described))
     work = check_work(described, fidelity, keep_spans, bool(stragglers))  # before anything is built
     short = periodic.short_count(described, fidelity, keep_spans, stragglers)
     if short is not None:  # a short step, stretched when its steady state is periodic
