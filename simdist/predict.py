@@ -105,8 +105,10 @@ def _predict(scenario: Scenario, profile: CalibrationProfile | None, engine: str
     result: StepResult
     if engine == "des":  # simpy is imported only for this engine
         from simdist.sim.engine.budget import estimate_work
+        from simdist.sim.engine.grouping import simulated_fidelity
 
-        work = estimate_work(described, fidelity, keep_spans, bool(stragglers))
+        work = estimate_work(described, simulated_fidelity(described, fidelity, keep_spans, bool(stragglers)),
+                             keep_spans, bool(stragglers))
         if not work.within_limits:
             if stragglers or not fallback:  # only the engine models stragglers (and draws a trace)
                 instead = "" if stragglers else "; the closed form (`simdist predict --engine analytic`) answers it"

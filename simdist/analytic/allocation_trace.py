@@ -45,7 +45,7 @@ GPIPE_CAP = 32  # GPipe micro-batches replayed (each adds the same blocks)
 # Layer passes (a layer's forward or backward for one micro-batch) one replay may take: past
 # it (10^5-layer models, hundreds of layers per stage under deep warm-ups) the gap is not
 # replayed and counts as 0, and predict says so: the replay would take minutes.
-MAX_LAYER_PASSES = 200_000
+MAX_LAYER_PASSES = 20_000
 
 
 class _Replay:

@@ -28,6 +28,37 @@ from simdist.spec.cluster import ClusterSpec
 from simdist.spec.plan import ParallelPlan, RankCoord, rank_coord, rank_of
 
 Member = Callable[[RankCoord], bool]
+MAX_WALKED_GROUP = 1 << 20  # ranks of a group walked node by node (larger ones: see slowdown)
+
+
+class SameStage:
+    """The member test "rank of pipeline stage ``stage``", which :func:`members` counts over a
+    range of ranks in O(1) instead of rank by rank."""
+
+    __slots__ = ("stage",)
+
+    def __init__(self, stage: int):
+        self.stage = stage
+
+    def __call__(self, c: RankCoord) -> bool:
+        return c.pp == self.stage
+
+
+def _below(plan: ParallelPlan, n: int, stage: int) -> int:
+    """Ranks of ``stage`` among ranks 0..n-1 (the rank order of simdist.spec.plan.rank_coord)."""
+    blk = plan.tp * plan.cp  # ranks of one (dp, pp) slot
+    if plan.pipeline_outermost:  # stage s holds ranks [s*dp*blk, (s+1)*dp*blk)
+        span = plan.dp * blk
+        return min(max(n - stage * span, 0), span)
+    period = plan.pp * blk  # each replica: stage s holds [s*blk, (s+1)*blk) of its period
+    return (n // period) * blk + min(max(n % period - stage * blk, 0), blk)
+
+
+def members(plan: ParallelPlan, first: int, last: int, member: Member) -> int:
+    """How many ranks ``first``..``last``-1 pass ``member``."""
+    if type(member) is SameStage:
+        return _below(plan, last, member.stage) - _below(plan, first, member.stage)
+    return sum(1 for r in range(first, last) if member(rank_coord(r, plan)))
 
 
 def fractions(net: Network, layout: GroupLayout) -> tuple[float, float]:
@@ -57,7 +88,7 @@ def uplink_load(cluster: ClusterSpec, plan: ParallelPlan, leaf: int, member: Mem
         return 0.0
     gpn, npl = cluster.gpus_per_node, cluster.nodes_per_leaf
     first, last = leaf * npl * gpn, min(cluster.num_nodes, (leaf + 1) * npl) * gpn
-    images = sum(1 for r in range(first, last) if member(rank_coord(r, plan)))
+    images = members(plan, first, last, member)
     return images * f_inter * cross * cluster.spine_oversubscription / (gpn * npl)
 
 
@@ -78,7 +109,7 @@ def group_ranks(plan: ParallelPlan, rep: int, axis: str) -> list[int]:
 
 
 def same_stage(stage: int) -> Member:
-    return lambda c: c.pp == stage
+    return SameStage(stage)
 
 
 @cache
@@ -93,7 +124,10 @@ def slowdown(cluster: ClusterSpec, plan: ParallelPlan, net: Network, axis: str, 
     member = same_stage(stage)
     rep = rank_of(RankCoord(0, stage, 0, 0), plan)  # by symmetry, the first replica's group
     leaf = topo.leaf_of(cluster, cluster.node_of(rep))
-    cross = leaf_crossing(cluster, group_ranks(plan, rep, axis), leaf)
+    if layout.size > MAX_WALKED_GROUP:  # a group spanning leaves, each leaf's nodes all members
+        cross = 1.0 / cluster.nodes_per_leaf if topo.num_leaves(cluster) > 1 else 0.0
+    else:
+        cross = leaf_crossing(cluster, group_ranks(plan, rep, axis), leaf)
     return max(1.0, nic_load(cluster, plan, rep, member, f_inter),
                uplink_load(cluster, plan, leaf, member, f_inter, cross))
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from simdist.spec.cluster import NCCL_ALGORITHMS as ALGORITHMS
 from simdist.spec.cluster import NCCL_PROTOCOLS as PROTOCOLS
@@ -209,6 +210,7 @@ def available(links: Links, kind: str) -> list[tuple[str, str]]:
     return out
 
 
+@lru_cache(maxsize=16384)  # pure; a search asks the same collectives of many plans
 def choose(links: Links, kind: str, nbytes: float) -> Choice:
     """The fastest (algorithm, protocol) for one ``kind`` collective of ``nbytes`` (the buffer
     size S of nccl-tests: the whole reduced or gathered buffer)."""

@@ -9,9 +9,9 @@ Megatron-LM layout (Shoeybi et al. 2019, sec 3) that the executor's DTensor plan
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
-from simdist.spec.layers import layer_kind
+from simdist.spec.layers import moe_count
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.stages import stage_chunks, stage_layer_ranges, virtual_stages  # noqa: F401 (re-exported)
@@ -112,13 +112,13 @@ def layer_params(m: ModelSpec, moe: bool = False) -> ParamCount:
 
 def layers_params(m: ModelSpec, layers: range | tuple[int, ...]) -> ParamCount:
     """The given layers (by index: the first_dense_layers are dense, the rest MoE)."""
-    moe = sum(1 for i in layers if layer_kind(m, i).moe)
+    moe = moe_count(m, layers)
     return layer_params(m, True) * moe + layer_params(m) * (len(layers) - moe)
 
 
 def expert_params(m: ModelSpec, layers: range | tuple[int, ...]) -> ParamCount:
     """The routed experts of the given layers (what expert parallelism splits)."""
-    return routed_params(m) * sum(1 for i in layers if layer_kind(m, i).moe)
+    return routed_params(m) * moe_count(m, layers)
 
 
 def mtp_params(m: ModelSpec, separate_embedding: bool) -> ParamCount:
@@ -156,12 +156,14 @@ def stage_num_layers(m: ModelSpec, plan: ParallelPlan, stage: int) -> int:
     return len(stage_layers(m, plan, stage))
 
 
+@lru_cache(maxsize=4096)  # pure (frozen specs); memory asks it per stage many times
 def stage_layers(m: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int, ...]:
     """The layers every chunk of ``stage`` holds (both copies' under DualPipe)."""
     chunks = stage_chunks(m.num_layers, plan.pp, plan.virtual_pipeline_stages, plan.schedule)[stage]
     return tuple(i for _, r in chunks for i in r)
 
 
+@lru_cache(maxsize=4096)  # pure (frozen specs); memory asks it per stage many times
 def stage_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> ParamCount:
     """All parameters of one pipeline stage (every chunk it holds), before TP sharding: the
     embedding with virtual stage 0, the LM head (and MTP modules) with the last one."""
@@ -175,6 +177,7 @@ def stage_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> ParamCount:
     return count
 
 
+@lru_cache(maxsize=4096)  # pure (frozen specs); memory asks it per stage many times
 def stage_expert_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> ParamCount:
     """The routed experts of one stage (MTP modules included), before expert parallelism."""
     count = expert_params(m, stage_layers(m, plan, stage))
@@ -191,6 +194,7 @@ def expert_params_per_rank(m: ModelSpec, plan: ParallelPlan, stage: int) -> int:
     return stage_expert_params(m, plan, stage).per_tp_rank(plan.etp) // plan.ep
 
 
+@lru_cache(maxsize=4096)  # pure (frozen specs); memory asks it per stage many times
 def params_per_rank(m: ModelSpec, plan: ParallelPlan, stage: int) -> int:
     """Parameters held by one GPU of ``stage`` before any ZeRO/FSDP sharding: the dense ones
     split over tp, the routed experts over ep and etp."""

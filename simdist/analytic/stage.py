@@ -49,7 +49,7 @@ from simdist.analytic.params import embedding_params, head_params, layers_params
 from simdist.analytic.passes import OpTimer, PassTime
 from simdist.analytic.variants import layer_ops, mtp_ops, recompute_ops
 from simdist.spec.frameworks import framework_of
-from simdist.spec.layers import DENSE, LayerKind, layer_kind, model_kind_counts
+from simdist.spec.layers import DENSE, LayerKind, kinds_of, model_kind_counts
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
 from simdist.spec.stages import stage_chunks as spec_stage_chunks
@@ -212,7 +212,7 @@ def stage_chunks(sc: Scenario, stage: int) -> tuple[Chunk, ...]:
         if last:
             count = count + head_params(m, separate_copy=p > 1) + mtp_params(m, p > 1)
         out.append(Chunk(len(layers), count.per_tp_rank(plan.tp), first, last,
-                         tuple(layer_kind(m, i) for i in layers)))
+                         kinds_of(m, layers)))
     return tuple(out)
 
 

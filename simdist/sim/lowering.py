@@ -126,12 +126,14 @@ def _work(p: PassTime, recompute: PassTime = ZERO_PASS, drop_weight_grad: bool =
 # --- the stage's work ---------------------------------------------------------------------
 
 
-def lower(d: StepDescription) -> Lowered:
-    """The work of every pipeline stage for one optimizer step of the described scenario."""
+def lower(d: StepDescription, microbatches: int | None = None) -> Lowered:
+    """The work of every pipeline stage for one optimizer step of the described scenario
+    (``microbatches`` micro-batches per pipeline instead of the plan's: the shortened step that
+    :mod:`simdist.sim.engine.periodic` extends)."""
     plan = d.plan
     p, v = plan.pp, plan.virtual_pipeline_stages
     split = plan.split_backward
-    m = plan.num_microbatches
+    m = plan.num_microbatches if microbatches is None else microbatches
     if plan.dualpipe:  # DeepSeek-V3's bidirectional schedules (simdist.sim.dualpipe)
         sched = dualpipe.schedule(plan.schedule, p, m)
 

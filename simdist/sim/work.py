@@ -5,6 +5,7 @@ hands to the network, host and parameter-server streams. Plain data, built by
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from simdist.sim.schedules import Action
 
@@ -108,6 +109,13 @@ class Task:
     # network: before the compute, or beside it when another micro-batch hides it (ep_overlap)
     ep: CommSpec | None = None
     ep_overlap: bool = False
+
+    @cached_property
+    def plain(self) -> bool:
+        """One segment of compute and nothing else: no gathers, uploads, gradient pieces,
+        drain or expert all-to-all (the engine runs it without its general steps)."""
+        return (len(self.segments) == 1 and not self.gathers and not self.pieces and not self.drain
+                and not self.uploads and self.ep is None)
 
     @property
     def work(self) -> Work:

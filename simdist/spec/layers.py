@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import NamedTuple
 
 from simdist.spec.model import ModelSpec
@@ -51,6 +52,34 @@ def kind_counts(m: ModelSpec, indices: Iterable[int]) -> tuple[tuple[LayerKind, 
     return tuple(counts.items())
 
 
+@lru_cache(maxsize=64)  # a search asks it per plan, of one model
 def model_kind_counts(m: ModelSpec) -> tuple[tuple[LayerKind, int], ...]:
     """Every layer of the model (MTP modules not included)."""
     return kind_counts(m, range(m.num_layers))
+
+
+@lru_cache(maxsize=64)
+def layer_kinds(m: ModelSpec) -> tuple[LayerKind, ...]:
+    """The kind of every layer of the model, by index (MTP modules not included)."""
+    return tuple(layer_kind(m, i) for i in range(m.num_layers))
+
+
+def kinds_of(m: ModelSpec, layers: range | tuple[int, ...]) -> tuple[LayerKind, ...]:
+    """``layer_kind`` of each of ``layers``, in order (a slice of :func:`layer_kinds` for a range
+    of the model's layers)."""
+    if isinstance(layers, range) and layers.step == 1 and layers.start >= 0 and layers.stop <= m.num_layers:
+        return layer_kinds(m)[layers.start:layers.stop]
+    return tuple(layer_kind(m, i) for i in layers)
+
+
+def moe_count(m: ModelSpec, layers: range | tuple[int, ...]) -> int:
+    """How many of ``layers`` have a mixture-of-experts FFN (as :func:`layer_kind` says; an index
+    past the last layer is an MTP module's layer, of the last layer's kind)."""
+    if not m.is_moe:
+        return 0
+    first, last = m.first_dense_layers, m.num_layers - 1
+    if last < first:
+        return 0
+    if isinstance(layers, range) and layers.step == 1:
+        return max(0, layers.stop - max(layers.start, first))
+    return sum(1 for i in layers if min(i, last) >= first)

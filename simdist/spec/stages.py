@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 from itertools import accumulate
 
 
@@ -24,7 +24,7 @@ def stage_layer_ranges(num_layers: int, pp: int, v: int = 1) -> tuple[tuple[rang
     )
 
 
-@cache
+@lru_cache(maxsize=256)  # pure; asked once per stage by every per-stage count
 def stage_chunks(num_layers: int, pp: int, v: int = 1, schedule: str = "1f1b"
                  ) -> tuple[tuple[tuple[int, range], ...], ...]:
     """Per pipeline rank, its model chunks as (virtual stage, layers), in chunk order.

@@ -7,7 +7,9 @@ from simdist.sim.engine.state import Run
 
 def engine_assumptions(run: Run) -> list[str]:
     plan = run.plan
-    if run.full:
+    if run.notes and run.notes[0].startswith("full fidelity:"):  # grouped (engine.grouping)
+        out = []
+    elif run.full:
         out = [f"full fidelity: {plan.world_size} ranks as {len(run.slices)} tensor/context-parallel "
                "slices in lock-step (their per-layer collectives synchronise them)"]
     else:

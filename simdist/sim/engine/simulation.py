@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from simdist.analytic.result import StepResult
 from simdist.analytic.stage import StepDescription
+from simdist.sim.engine import grouping, periodic
 from simdist.sim.engine.accounting import async_result, step_result
 from simdist.sim.engine.budget import WorkEstimate, check_work, run_bounded
 from simdist.sim.engine.servers import Servers
@@ -48,7 +49,17 @@ def simulate(
     if sc.plan.async_parameter_servers and fidelity == "symmetric":
         fidelity = "full"
         notes.append("asynchronous parameter servers: full fidelity used (each worker runs at its own pace)")
+    grouped = grouping.simulated_fidelity(described, fidelity, keep_spans, bool(stragglers)) != fidelity
+    if grouped:  # every rank of a stage behaves alike: one group per stage (engine.grouping)
+        fidelity = "symmetric"
+        notes.insert(0, grouping.grouped_line(described))
     work = check_work(described, fidelity, keep_spans, bool(stragglers))  # before anything is built
+    short = periodic.short_count(described, fidelity, keep_spans, stragglers)
+    if short is not None:  # a short step, stretched when its steady state is periodic
+        sim = Simulation(described, lower(described, short), False, False, {}, list(notes), 0.0, backend, short)
+        result = sim.run(work)
+        if result is not None:
+            return result
     lowered = lower(described)
     stagger = _async_stagger(described)
     sim = Simulation(described, lowered, fidelity == "full", keep_spans, stragglers, notes, stagger, backend)
@@ -78,15 +89,18 @@ class Simulation:
     parameter servers and the step driver."""
 
     def __init__(self, d: StepDescription, lowered: Lowered, full: bool, keep_spans: bool,
-                 stragglers: dict[int, float], notes: list[str], stagger: float, backend: BackendFactory):
-        self.state = Run(d.scenario, lowered, d.net, full, keep_spans, stragglers, notes, backend)
+                 stragglers: dict[int, float], notes: list[str], stagger: float, backend: BackendFactory,
+                 short: int | None = None):
+        self.state = Run(d.scenario, lowered, d.net, full, keep_spans, stragglers, notes, backend, short,
+                         record=short is not None)
         self.streams = Streams(self.state)
         self.servers = Servers(self.state, self.streams, stagger)
         self.streams.pushed = self.servers.pushed
         self.driver = StepDriver(self.state, self.streams, self.servers)
 
-    def run(self, work: WorkEstimate | None = None) -> StepResult:
-        """Run the step (bounded by ``work``'s limits when given: :func:`.budget.run_bounded`)."""
+    def run(self, work: WorkEstimate | None = None) -> StepResult | None:
+        """Run the step (bounded by ``work``'s limits when given: :func:`.budget.run_bounded`);
+        a short step (``short`` micro-batches) that does not reach a periodic state gives None."""
         state = self.state
         env = state.env
         for sl in state.slices:
@@ -98,4 +112,6 @@ class Simulation:
             run_bounded(env, work, until)
         if self.servers.async_mode:
             return async_result(state, self.servers)
+        if state.microbatches != state.plan.num_microbatches and not periodic.extend(state, state.plan.num_microbatches):
+            return None
         return step_result(state)

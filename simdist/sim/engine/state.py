@@ -62,6 +62,7 @@ class Slice:
     cycle: int = 0
     history: list[Tally] = field(default_factory=list)  # finished cycles (asynchronous mode)
     version: int = 0  # parameter version of its last pull (asynchronous mode)
+    record: list[tuple[float, ...]] | None = None  # per action start: the clock and the tally (periodic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +76,12 @@ class Run:
     """One simulation's environment, network backend, slices and spans."""
 
     def __init__(self, sc: Scenario, lowered: Lowered, net: Network, full: bool, keep_spans: bool,
-                 stragglers: dict[int, float], notes: list[str], backend: BackendFactory):
+                 stragglers: dict[int, float], notes: list[str], backend: BackendFactory,
+                 microbatches: int | None = None, record: bool = False):
         self.sc, self.plan, self.lowered = sc, sc.plan, lowered
+        # micro-batches per pipeline simulated (fewer than the plan's in a shortened step)
+        self.microbatches = sc.plan.num_microbatches if microbatches is None else microbatches
+        self.extended = 0.0  # simulated seconds the periodic extension added (engine.periodic)
         self.full, self.keep_spans, self.notes = full, keep_spans, notes
         self.env = simpy.Environment()
         self.network = backend(self.env, sc, net, not full)  # replicas alike unless all are simulated
@@ -84,6 +89,9 @@ class Run:
         self.stragglers = stragglers
         replicas = range(self.plan.dp) if full else range(1)
         self.slices = [self._slice(d, s) for d in replicas for s in range(self.plan.pp)]
+        if record:
+            for sl in self.slices:
+                sl.record = []
 
     def _slice(self, replica: int, stage: int) -> Slice:
         plan, gpn = self.plan, self.sc.cluster.gpus_per_node

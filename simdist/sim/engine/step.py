@@ -24,9 +24,15 @@ from simdist.sim.engine.servers import Servers
 from simdist.sim.engine.state import Proc, Run, Slice, Tally
 from simdist.sim.engine.streams import Streams
 from simdist.sim.schedules import Action
-from simdist.sim.work import CommSpec, GradPiece, HostXfer, StageWork, Task
+from simdist.sim.work import CommSpec, GradPiece, HostXfer, StageWork, Task, Work
 
 CATEGORY = {"F": "forward", "B": "backward", "W": "backward"}
+TALLIED = ("compute", "recompute", "compression", "tp", "cp", "ep", "pp", "dp", "offload")  # summed per action
+
+
+def snapshot(now: float, t: Tally) -> tuple[float, ...]:
+    """The clock and the running sums of a slice's tally (what the periodic extension compares)."""
+    return (now, t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp, t.offload)
 
 
 class StepDriver:
@@ -51,16 +57,27 @@ class StepDriver:
 
 
     def _step(self, sl: Slice, work: StageWork) -> Proc:
-        env, m, t = self.env, self.plan.num_microbatches, sl.tally
+        env, m, t, record = self.env, self.run.microbatches, sl.tally, sl.record
         for action, deps in zip(work.actions, work.deps, strict=True):
-            yield from self._wait(sl, deps)
+            if record is not None:
+                record.append(snapshot(env.now, t))
+            if deps:
+                yield from self._wait(sl, deps)
             chunk = work.chunks[action.chunk]
-            yield from self._task(sl, action, chunk.task(action.kind, action.microbatch == m - 1))
+            task = chunk.task(action.kind, action.microbatch == m - 1)
+            if task.plain and not self.keep_spans:  # one stretch of compute: _task's steps, inline
+                seg = task.segments[0]
+                yield env.timeout(seg.total(sl.factor))
+                self._tally(t, seg, sl.factor)
+            else:
+                yield from self._task(sl, action, task)
             spec = chunk.send_fwd if action.kind == "F" else chunk.send_bwd if action.kind == "B" else None
             if spec is not None and chunk.send_async:
                 self._send_async(sl, action, spec)
             elif spec is not None:
                 yield from self._send(sl, action, spec)
+        if record is not None:
+            record.append(snapshot(env.now, t))
         t.flush_end = env.now
         if work.flush_compression:
             start = env.now
@@ -204,15 +221,7 @@ class StepDriver:
                 self._piece(sl, env.now + pieces[k].at * length, pieces[k])
                 k += 1
             yield env.timeout(length)
-            t.compute += seg.compute * sl.factor
-            t.recompute += seg.recompute * sl.factor
-            t.compression += seg.compression * sl.factor
-            t.tp += seg.tp
-            t.cp += seg.cp
-            if self.sync_on_tp:
-                t.tp += seg.sync
-            else:
-                t.dp += seg.sync
+            self._tally(t, seg, sl.factor)
             if not task.overlapped and pieces:
                 yield from self._reduced(sl)
         if flow is not None and task.ep_overlap and not flow.processed:
@@ -224,6 +233,18 @@ class StepDriver:
             self._task_spans(sl, action, task, start, end)
         if task.drain:
             yield from self._drain(sl, end)
+
+    def _tally(self, t: Tally, seg: Work, factor: float) -> None:
+        """Count a segment of a task that ran on the compute stream."""
+        t.compute += seg.compute * factor
+        t.recompute += seg.recompute * factor
+        t.compression += seg.compression * factor
+        t.tp += seg.tp
+        t.cp += seg.cp
+        if self.sync_on_tp:
+            t.tp += seg.sync
+        else:
+            t.dp += seg.sync
 
     def _reduced(self, sl: Slice) -> Proc:
         """Wait for the reductions started so far (a segment's gradients, not overlapped)."""

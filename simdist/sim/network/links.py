@@ -128,7 +128,7 @@ class LinkModel:
 
     def _member(self, stage: int, replicas: Iterable[int]) -> Callable[[RankCoord], bool]:
         if self.alike:
-            return lambda c: c.pp == stage
+            return fabric.SameStage(stage)
         allowed = frozenset(replicas)
         return lambda c: c.pp == stage and c.dp in allowed
 
