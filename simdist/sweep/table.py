@@ -38,7 +38,9 @@ def normalized(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.copy()
     if "problem" in frame:
         frame["problem"] = frame["problem"].fillna("").astype(str)
-    for column in frame.select_dtypes(include="object").columns:  # booleans with a gap: NaN, as a CSV reads it
+    from pandas.api.types import is_object_dtype
+
+    for column in [c for c in frame.columns if is_object_dtype(frame[c])]:  # booleans with a gap: NaN, as a CSV reads it
         frame[column] = frame[column].where(frame[column].notna(), float("nan"))
         if frame[column].isna().all():
             frame[column] = frame[column].astype(float)
