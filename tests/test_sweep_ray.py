@@ -61,6 +61,17 @@ def test_ray_gives_the_same_table_as_local_processes(tmp_path: Path, local_ray, 
     assert (again.skipped, again.computed) == (12, 0)
 
 
+def test_the_command_runs_on_ray(tmp_path: Path, local_ray, capsys) -> None:
+    from simdist.cli import main
+
+    out = tmp_path / "t.csv"
+    code = main(["sweep", str(sweep_file(tmp_path)), "--ray", "auto", "--db", str(tmp_path / "runs.db"),
+                 "--out", str(out), "--no-progress"])
+    assert code == 0
+    assert "12 run on 2 ray worker(s)" in capsys.readouterr().out
+    assert len(pd.read_csv(out)) == 12
+
+
 def test_without_ray_the_flag_is_bad_input(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
     with pytest.raises(ScenarioError) as err:
