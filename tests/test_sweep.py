@@ -143,6 +143,31 @@ def test_points_are_predicted_and_invalid_ones_kept_as_rows(tmp_path: Path) -> N
     assert (ok["micro_batch_size"] == ok["plan.micro_batch_size"]).all()
 
 
+@pytest.mark.parametrize("mode", ["predict", "search"])
+def test_goodput_is_a_column_when_failures_are_swept(tmp_path: Path, mode: str) -> None:
+    search = {"search": {"max_micro_batch": 1, "zero_stages": [1], "recompute": ["none"], "schedules": ["1f1b"],
+                         "max_tp": 1}} if mode == "search" else {}
+    spec = load_sweep(write_sweep(tmp_path, [{"field": "reliability.gpu_mtbf", "values": ["500 h", "50000 h"]},
+                                             {"field": "reliability.checkpoint_bandwidth", "values": ["10 GB/s"]}],
+                                  mode=mode, **search))
+    t = run_sweep(spec, SweepStore(tmp_path / "runs.db"), workers=1).table
+    assert list(t["status"]) == ["ok", "ok"] and "cost" not in t
+    assert 0 < t["goodput"][0] < t["goodput"][1] < 1  # GPUs that fail less often lose less
+    plain = run_sweep(load_sweep(write_sweep(tmp_path, NODES_AND_MBS[:1])), SweepStore(tmp_path / "b.db"), workers=1)
+    assert "goodput" not in plain.table
+
+
+def test_a_simulator_failure_is_a_row_not_the_end_of_the_sweep(tmp_path: Path, monkeypatch) -> None:
+    def broken(*args, **kwargs):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(sweep_points, "predict", broken)
+    spec = load_sweep(write_sweep(tmp_path, NODES_AND_MBS[:1]))
+    t = run_sweep(spec, SweepStore(tmp_path / "runs.db"), workers=1).table
+    assert list(t["status"]) == ["error", "error", "invalid"]
+    assert t["problem"][0] == "the simulator failed: ZeroDivisionError: a bug"
+
+
 def test_a_rerun_after_a_crash_runs_only_the_points_not_stored(tmp_path: Path, monkeypatch) -> None:
     spec = load_sweep(write_sweep(tmp_path, NODES_AND_MBS))
     store = SweepStore(tmp_path / "runs.db")

@@ -101,6 +101,10 @@ def _report(out: SweepOutcome) -> str:
              cell(r["peak_gib"], "{:.1f}"), cell(r["gpu_hours"], "{:.3f}"), r["plan"] or r["problem"]]
             for _, r in shown.iterrows()]
     lines = [table([*axes, "status", "step time", "MFU", "peak GiB", "GPU-h/step", "plan"], rows)]
+    failed = int((df["status"] == "error").sum())
+    if failed:
+        lines.append(f"{failed} point(s) failed in the simulator (status error; the reason in the problem "
+                     "column): please report them")
     if len(df) > SHOWN_ROWS:
         lines.append(f"... {len(df) - SHOWN_ROWS} more rows (--out FILE writes them all)")
     lines.append(f"\nsweep {out.sweep_id}: {out.points} points, {out.skipped} already stored, {out.computed} "

@@ -1,5 +1,6 @@
 """A sweep's table (from `simdist sweep`: a CSV or Parquet file, or the run store's sweep id) as
-figures, pure (no Streamlit): a heatmap of two swept fields against step time, MFU or cost;
+figures, pure (no Streamlit): a heatmap of two swept fields against step time, MFU, cost or
+goodput;
 the Pareto front of step time against GPU-hours (or cost); the best plan at each point.
 
 Swept fields are the table's columns with a dot in their name (``cluster.num_nodes``); the
@@ -26,8 +27,10 @@ METRICS: dict[str, tuple[str, str, bool]] = {
     "MFU": ("mfu", "MFU", False),
     "cost per step": ("cost", "cost per step", True),
     "GPU-hours per step": ("gpu_hours", "GPU-hours per step", True),
+    "goodput": ("goodput", "expected goodput", False),
 }
-BEST_PLAN_COLUMNS = ("status", "gpus", "step_time_s", "mfu", "peak_gib", "gpu_hours", "cost", "plan", "problem")
+BEST_PLAN_COLUMNS = ("status", "gpus", "step_time_s", "mfu", "peak_gib", "gpu_hours", "cost", "goodput", "plan",
+                     "problem")
 
 
 def read_upload(name: str, data: bytes) -> pd.DataFrame:
@@ -81,7 +84,7 @@ def heatmap_figure(grid: pd.DataFrame, x: str, y: str, metric: str) -> go.Figure
 def _fmt(v: float, metric: str) -> str:
     if v != v:  # NaN: no point fits there
         return ""
-    if metric == "MFU":
+    if metric in ("MFU", "goodput"):
         return f"{v:.1%}"
     return f"{v:.3g}"
 

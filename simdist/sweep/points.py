@@ -23,11 +23,12 @@ from simdist.sweep.spec import SweepSpec, apply_overrides
 PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "virtual_pipeline_stages", "schedule", "zero_stage",
                 "sequence_parallel", "recompute", "micro_batch_size")
 RESULT_COLUMNS = ("status", "problem", "gpus", "gpu", "step_time_s", "mfu", "tokens_per_s", "peak_gib",
-                  "fits", "engine", "gpu_hours", "cost", "plan", *PLAN_COLUMNS,
+                  "fits", "engine", "gpu_hours", "cost", "goodput", "plan", *PLAN_COLUMNS,
                   "plans_evaluated", "plans_feasible")
 # status: ok (fits), does_not_fit (predict: the plan needs more memory than the GPU has),
-# no_plan (search: no plan fits), invalid (the point is not a valid scenario, see problem)
-STATUSES = ("ok", "does_not_fit", "no_plan", "invalid")
+# no_plan (search: no plan fits), invalid (the point is not a valid scenario, see problem),
+# error (the simulator failed on a valid scenario: a bug to report; the sweep goes on)
+STATUSES = ("ok", "does_not_fit", "no_plan", "invalid", "error")
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ def evaluate_point(job: Job, overrides: Mapping[str, Any]) -> dict[str, Any]:
     except ScenarioError as exc:
         row.update(status="invalid", problem=str(exc.problems[0]))
         return row
+    except (ArithmeticError, LookupError, RuntimeError, TypeError, ValueError) as exc:
+        row.update(status="error", problem=f"the simulator failed: {type(exc).__name__}: {exc}"[:500])
+        return row
     if row["step_time_s"] is not None:
         row["gpu_hours"] = row["gpus"] * row["step_time_s"] / 3600.0
         price = _price(job.cost_per_gpu_hour, row["gpu"])
@@ -74,7 +78,8 @@ def evaluate_point(job: Job, overrides: Mapping[str, Any]) -> dict[str, Any]:
 def _predict(job: Job, scenario: Scenario, row: dict[str, Any]) -> None:
     p = predict(scenario, engine=job.engine, keep_spans=False)  # type: ignore[arg-type]
     row.update(status="ok" if p.fits else "does_not_fit", step_time_s=p.step_time_s, mfu=p.mfu,
-               tokens_per_s=p.tokens_per_s, peak_gib=p.peak_gib, fits=bool(p.fits), engine=p.engine)
+               tokens_per_s=p.tokens_per_s, peak_gib=p.peak_gib, fits=bool(p.fits), engine=p.engine,
+               goodput=p.extras.get("goodput", {}).get("expected_goodput"))
     _plan(scenario.plan, row)
 
 
@@ -88,12 +93,15 @@ def _search(job: Job, scenario: Scenario, row: dict[str, Any]) -> None:
     if best is None:
         row.update(status="no_plan", problem="no plan fits in the GPU's memory")
         return
-    plan = best.apply(scenario).plan
-    tokens = plan.global_batch_size * scenario.model.seq_length
+    chosen = best.apply(scenario)
+    tokens_per_s = chosen.plan.global_batch_size * scenario.model.seq_length / best.step_time_s
     row.update(status="ok", step_time_s=best.step_time_s, mfu=best.mfu, peak_gib=best.peak_gib,
-               fits=bool(best.fits), engine=best.engine,
-               tokens_per_s=tokens / best.step_time_s if best.step_time_s else None)
-    _plan(plan, row)
+               fits=bool(best.fits), engine=best.engine, tokens_per_s=tokens_per_s)
+    if scenario.reliability is not None:
+        from simdist.reliability import goodput
+
+        row["goodput"] = goodput(chosen, best.step_time_s, tokens_per_s).expected_goodput
+    _plan(chosen.plan, row)
 
 
 def _plan(plan: ParallelPlan, row: dict[str, Any]) -> None:

@@ -40,7 +40,10 @@ class SweepOutcome:
 
 
 def columns_of(spec: SweepSpec) -> list[str]:
-    return ["point", *spec.fields, *(c for c in RESULT_COLUMNS if c != "cost" or spec.cost_per_gpu_hour)]
+    """The table's columns: ``cost`` only with prices, ``goodput`` only with a reliability section."""
+    reliability = spec.base.get("reliability") is not None or any(f.startswith("reliability.") for f in spec.fields)
+    optional = {"cost": spec.cost_per_gpu_hour is not None, "goodput": reliability}
+    return ["point", *spec.fields, *(c for c in RESULT_COLUMNS if optional.get(c, True))]
 
 
 def run_sweep(spec: SweepSpec, store: SweepStore, sweep_id: str | None = None, backend: Backend = "local",
