@@ -108,6 +108,10 @@ def test_base_and_search_options_are_checked(tmp_path: Path) -> None:
     found = problems(tmp_path, [{"field": "cluster.num_nodes", "values": [1]}], mode="search",
                      search={"max_tp": "eight", "warp": 9})
     assert [p.split(":")[0] for p in found] == ["search.max_tp", "search.warp"], found
+    found = problems(tmp_path, [{"field": "cluster.num_nodes", "values": [1]}], mode="search",
+                     search={"schedules": ["1f1b", "2f2b"], "memory_headroom": 1.5})
+    assert [p.split(":")[0] for p in found] == ["search.memory_headroom", "search.schedules"], found
+    assert "'2f2b' is not one of" in found[1]
 
 
 def test_a_bad_sweep_file_exits_2_one_line_per_problem(tmp_path: Path) -> None:

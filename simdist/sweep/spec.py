@@ -143,6 +143,8 @@ def sweep_from_dict(data: Any, folder: str | Path) -> SweepSpec:
     axes = _axes(data.get("axes"), c)
     if not c.problems and base is not None:
         _check_values(base, Path(base_path).parent, axes, c)
+        if mode == "search":
+            _check_search(base, Path(base_path).parent, str(engine), search or {}, c)
     c.raise_if_any()
     assert base is not None
     spec = SweepSpec(name=str(name), base=base, base_dir=str(Path(base_path).parent), base_path=base_path,
@@ -198,6 +200,21 @@ def _search(value: Any, mode: Any, c: Collector) -> dict[str, Any] | None:
         else:
             c.add(f"search.{key}", f"must be {'a number' if kind is float else kind.__name__}, got {short_repr(v)}")
     return out
+
+
+def _check_search(base: dict[str, Any], base_dir: Path, engine: str, search: dict[str, Any], c: Collector) -> None:
+    """The search options as the search checks them (on the base scenario), named as sweep fields."""
+    from simdist.search import Constraints
+
+    try:
+        constraints = Constraints(**{"engine": engine, **search})
+        found = constraints.problems(scenario_from_dict(base, base_dir=base_dir))
+    except (ScenarioError, TypeError) as exc:  # the base was checked already; TypeError: a bad kind
+        c.add("search", f"cannot be used ({exc})")
+        return
+    for p in found:
+        name = p.field.removeprefix("--").replace("-", "_")
+        c.add("engine" if name == "engine" else f"search.{name}" if name in SEARCH_KEYS else p.field, p.message)
 
 
 def _cost(value: Any, c: Collector) -> float | dict[str, float] | None:
