@@ -100,3 +100,20 @@ def test_the_sweeps_tab_draws_a_stored_sweep(tmp_path: Path, monkeypatch: pytest
     assert not at.exception, at.exception
     tab = next(t for t in at.tabs if t.label == "Sweeps")
     assert len(tab.dataframe) == 1 and len(tab.dataframe[0].value) == 24
+
+
+def test_the_sweeps_tab_neither_creates_a_store_nor_adds_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sqlite3
+
+    from simdist.calibrate.store import RunStore
+
+    db = tmp_path / "runs.db"
+    monkeypatch.setenv("SIMDIST_DB", str(db))
+    at = AppTest.from_file(str(REPO / "app.py"), default_timeout=120)
+    at.run()
+    assert not at.exception and not db.exists()
+    RunStore(db)  # a store with runs only
+    at.run()
+    assert not at.exception
+    with sqlite3.connect(db) as conn:
+        assert "sweeps" not in {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}

@@ -39,10 +39,16 @@ def load_table() -> pd.DataFrame | None:
         except ValueError as exc:
             st.error(str(exc))
             return None
+    from simdist.calibrate.store import default_db_path
     from simdist.sweep.store import SweepStore
 
+    path = default_db_path()  # the server's own store, never created from here
+    if not path.exists():
+        st.caption("No run store on this server yet: `simdist sweep SWEEP.yaml` stores a sweep "
+                   "(docs/sweeps.md), or upload a table.")
+        return None
     try:
-        store = SweepStore()
+        store = SweepStore(path, create=False)
         ids = [s.sweep_id for s in store.sweeps()]
         if not ids:
             st.caption("No sweeps in the run store yet: `simdist sweep SWEEP.yaml` stores one "

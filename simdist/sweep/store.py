@@ -55,11 +55,13 @@ def _now() -> str:
 class SweepStore:
     """The sweep tables of the run store at ``path`` (default: the user's, or $SIMDIST_DB)."""
 
-    def __init__(self, path: str | Path | None = None):
+    def __init__(self, path: str | Path | None = None, create: bool = True):
+        """``create=False`` (a reader such as the dashboard) adds no tables to the file."""
         self.runs = RunStore(path)
         self.path = self.runs.path
-        with self.runs.transaction() as conn:
-            conn.executescript(SCHEMA)
+        if create:
+            with self.runs.transaction() as conn:
+                conn.executescript(SCHEMA)
 
     def begin(self, sweep_id: str, definition: dict[str, Any], columns: list[str], keys: list[str]) -> None:
         """Record (or update) the sweep's definition and its points' keys, in order."""
@@ -98,6 +100,8 @@ class SweepStore:
 
     def sweeps(self) -> list[StoredSweep]:
         with self.runs.transaction() as conn:
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sweeps'").fetchone() is None:
+                return []  # a store no sweep has written to
             heads = conn.execute("SELECT sweep_id, created, updated, points, point_keys FROM sweeps"
                                  " ORDER BY updated DESC, sweep_id").fetchall()
             out = []
