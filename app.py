@@ -20,7 +20,7 @@ from pathlib import Path
 import streamlit as st
 import yaml
 
-from simdist.dashboard import sidebar, tabs
+from simdist.dashboard import sidebar, sweep_tab, tabs
 from simdist.dashboard.cache import run_predict
 from simdist.dashboard.knobs import base_problems, knobs_for, scenario_dict
 from simdist.dashboard.uploads import shown
@@ -74,7 +74,7 @@ def main() -> None:
             st.info("Upload a calibration profile in the sidebar (`simdist calibrate --nproc N "
                     "--out PROFILE.json` writes one).")
         return
-    results, whatif, calibration, search = st.tabs(["Results", "What-if", "Calibration", "Search"])
+    results, whatif, calibration, search, sweeps = st.tabs(["Results", "What-if", "Calibration", "Search", "Sweeps"])
     with results:
         tabs.results_tab(scenario, pred, note)
     with whatif:
@@ -83,6 +83,8 @@ def main() -> None:
         tabs.calibration_tab(profile)
     with search:
         tabs.search_tab(scenario, profile)
+    with sweeps:
+        sweep_tab.sweep_tab()
 
 
 try:

@@ -9,7 +9,7 @@ Layers, lowest first (a module may import its own layer and the ones below):
   2  simdist.analytic    what runs (ops), what it costs, closed forms, the per-stage description
   3  simdist.sim         lowering, schedules, network backends, the event engine
   4  simdist.predict, simdist.results, simdist.reliability        the one predict() and its output
-  5  everything else     search, calibrate, validate, cli, trace, viz, table, dashboard, app
+  5  everything else     search, sweep, calibrate, validate, cli, trace, viz, table, dashboard, app
 
 Every import counts, also those inside functions (a lazy import is still a dependency).
 """
@@ -181,6 +181,7 @@ def test_layer_order() -> None:
     assert layer_of("simdist.spec.plan") == 1 and layer_of("simdist.analytic.cost") == 2
     assert layer_of("simdist.sim.engine") == 3 and layer_of("simdist.predict") == 4
     assert layer_of("simdist.search") == layer_of("simdist.cli") == layer_of("simdist.simulator") == TOP
+    assert layer_of("simdist.sweep.run") == TOP
 
 
 def test_cycle_finder_finds_a_cycle() -> None:

@@ -19,7 +19,7 @@ import sqlite3
 import stat
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -112,6 +112,10 @@ class RunStore:
             raise StoreError(f"{_show(self.path)}: {exc}") from None
         finally:
             conn.close()
+
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One transaction on the store's file, for tables kept beside ``runs`` (sweeps)."""
+        return self._connect()
 
     def add(self, kind: str, payload: dict[str, Any], scenario_yaml: str | None = None,
             engine: str | None = None, profile: str | None = None) -> int:

@@ -30,6 +30,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
     ("calibrate", "microbenchmark this machine and fit a calibration profile", "simdist.cli.calibrate"),
     ("runs", "list stored measurements and predictions", "simdist.cli.runs"),
     ("compare", "predicted vs measured for stored runs", "simdist.cli.compare"),
+    ("sweep", "predict or search every point of a sweep over scenario fields", "simdist.cli.sweep"),
     ("goodput", "goodput against the checkpoint interval", "simdist.cli.goodput"),
     ("import", "turn a DeepSpeed or Accelerate config into a scenario", "simdist.cli.import_config"),
 )
