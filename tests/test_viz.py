@@ -11,6 +11,7 @@ from conftest import REPO, base_scenario
 
 from simdist import viz
 from simdist.dashboard import diff, sweep, tables
+from simdist.dashboard.gantt import drawn_spans
 from simdist.predict import predict
 from simdist.results import Prediction, Span, StageMemoryReport
 from simdist.spec.scenario import scenario_from_dict
@@ -130,18 +131,19 @@ def test_timeline_figure_rows_and_categories() -> None:
     fig = viz.timeline_figure(spans, rank_labels={0: "stage 0", 1: "stage 1"})
     names = [t.name for t in fig.data]
     assert names[:2] == ["forward", "backward"] and "idle" in names and "pp_comm" in names
-    fwd = next(t for t in fig.data if t.name == "forward")
-    assert fwd.orientation == "h"
-    assert min(fwd.base) == 0.0 and all(d == pytest.approx(1.0) for d in fwd.x)
-    rows = list(fig.layout.yaxis.categoryarray)
+    drawn = drawn_spans(fig)
+    fwd = [d for d in drawn if d[0] == "forward"]
+    assert min(start for _, _, start, _ in fwd) == 0.0 and all(e - s == pytest.approx(1.0) for _, _, s, e in fwd)
+    assert {lane for _, lane, _, _ in fwd} == {"stage 0 · compute", "stage 1 · compute"}
+    assert len(drawn) == len(spans) + len([t for t in drawn if t[0] == "idle"])  # every span, and the idle gaps
+    rows = list(fig.layout.yaxis.ticktext)
     assert rows[0] == "stage 0 · compute" and rows[-1] == "stage 1 · dp"
 
 
 def test_timeline_uses_engine_idle_spans_when_given() -> None:
     spans = [Span(0, "compute", "F mb0", 1.0, 2.0, "forward"), Span(0, "compute", "wait", 0.0, 1.0, "idle")]
     fig = viz.timeline_figure(spans)
-    idle = next(t for t in fig.data if t.name == "idle")
-    assert len(idle.x) == 1
+    assert [d for d in drawn_spans(fig) if d[0] == "idle"] == [("idle", "rank 0 · compute", 0.0, 1.0)]
 
 
 def test_compare_figure_and_deltas() -> None:
@@ -290,5 +292,5 @@ def test_timeline_from_the_discrete_event_engine() -> None:
     fig = viz.timeline_figure(spans)
     names = {t.name for t in fig.data}
     assert {"forward", "backward", "idle"} <= names
-    stages = {label.split(" · ")[0] for label in fig.layout.yaxis.categoryarray}
+    stages = {label.split(" · ")[0] for label in fig.layout.yaxis.ticktext}
     assert len(stages) == 4
