@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -69,8 +70,10 @@ def _layout(fig: go.Figure, title: str, height: int = 360, legend: str = "top") 
     """Shared look: the title on top, the legend under it (or on the right)."""
     where = ({"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0} if legend == "top"
              else {"orientation": "v", "yanchor": "top", "y": 1.0, "x": 1.02})
-    fig.update_layout(title={"text": title, "x": 0, "xanchor": "left"}, height=height,
-                      margin={"l": 10, "r": 10, "t": 70 if legend == "top" else 50, "b": 10},
+    # the title sits under the mode bar (zoom, download), which a long title would run into
+    fig.update_layout(title={"text": title, "x": 0, "xanchor": "left", "yref": "container", "y": 1,
+                             "yanchor": "top", "pad": {"t": 38}}, height=height,
+                      margin={"l": 10, "r": 10, "t": 108 if legend == "top" else 88, "b": 10},
                       legend=where)
     return fig
 
@@ -146,7 +149,7 @@ def memory_figure(pred: Prediction) -> go.Figure:
     ))
     # the capacity is named in the legend, not written over the bars (a stage over it would hide it)
     cap = {"color": "#E45756", "dash": "dash"}
-    fig.add_hline(y=pred.capacity_gib, line=cap)
+    fig.add_hline(y=pred.capacity_gib, line=cap, layer="above")
     fig.add_trace(go.Scatter(name=f"GPU capacity {pred.capacity_gib:.0f} GiB", x=[None], y=[None], mode="lines",
                              line=cap, hoverinfo="skip"))
     top = max([pred.capacity_gib, *(s.peak_gib for s in pred.per_stage)]) * 1.15
@@ -258,16 +261,20 @@ def timeline_figure(
     fig = go.Figure()
     for cat in order:
         group = by_cat[cat]  # one filled trace per category: every span a rectangle, one SVG path in all
-        xs: list[float | None] = []
-        ys: list[float | None] = []
-        for s in group:
-            y = lane[(s.rank, s.stream)]
-            xs += [s.start, s.end, s.end, s.start, s.start, None]
-            ys += [y - 0.4, y - 0.4, y + 0.4, y + 0.4, y - 0.4, None]
-        hover = [f"{s.name}<br>{fmt_seconds(s.start)} to {fmt_seconds(s.end)}" for s in group]
-        fig.add_trace(go.Scatter(name=cat, x=xs, y=ys, mode="none", fill="toself", hoveron="points+fills",
-                                 fillcolor=COLORS.get(cat, "#888888"), line={"width": 0},
-                                 hovertext=[h for h in hover for _ in range(6)], hoverinfo="text+name"))
+        start = np.array([s.start for s in group])
+        end = np.array([s.end for s in group])
+        y = np.array([lane[(s.rank, s.stream)] for s in group], dtype=float)
+        gap = np.full(len(group), np.nan)  # numpy arrays: plotly takes them without checking each number
+        xs = np.column_stack([start, end, end, start, gap]).ravel()
+        ys = np.column_stack([y - 0.4, y - 0.4, y + 0.4, y + 0.4, gap]).ravel()
+        color = COLORS.get(cat, "#888888")
+        fig.add_trace(go.Scatter(name=cat, legendgroup=cat, x=xs, y=ys, mode="none", fill="toself",
+                                 fillcolor=color, hoverinfo="skip"))
+        fig.add_trace(go.Scatter(  # the hover: an invisible point in the middle of each span
+            name=cat, legendgroup=cat, showlegend=False, x=(start + end) / 2, y=y, mode="markers",
+            marker={"color": color, "opacity": 0, "size": 6}, hoverinfo="text+name",
+            hovertext=np.array([f"{s.name}<br>{fmt_seconds(s.start)} to {fmt_seconds(s.end)}" for s in group],
+                               dtype=object)))
     fig.update_yaxes(tickvals=list(range(len(rows))), ticktext=[row(r, st) for r, st in rows],
                      range=[len(rows) - 0.5, -0.5], showgrid=False, zeroline=False)
     fig.update_xaxes(title="seconds from the start of the step")

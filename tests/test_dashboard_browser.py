@@ -38,6 +38,7 @@ CHART_JS = """(() => {
   const all = sel => Array.from(plot.querySelectorAll(sel));
   return JSON.stringify({
     svg: box(plot.querySelector(".main-svg")), title: box(plot.querySelector(".gtitle")),
+    modebar: plot.querySelector(".modebar") ? box(plot.querySelector(".modebar")) : null,
     legend: plot.querySelector(".legend") ? box(plot.querySelector(".legend")) : null,
     legend_texts: all(".legendtext").map(e => e.textContent),
     annotations: all(".annotation-text").map(e => e.textContent),
@@ -146,9 +147,9 @@ def test_first_paint_knob_changes_and_chart_defects(chromium: DevTools, dashboar
     before = page.step_time()
     chromium.evaluate("window.scrollTo(0, 0)")
     for label, value, name in (("tp", 4, "knob_new_scenario"), ("tp", 8, "knob_cached_scenario")):
+        previous = page.step_time()
         t1 = time.monotonic()
         page.type_number(label, value)
-        previous = page.step_time()
         wait_until(lambda previous=previous: (s := page.step_time()) and s != previous, 120, f"the step time after {label}={value}",
                    every=0.05)
         timings[f"{name}_paint_s"] = time.monotonic() - t1
@@ -163,6 +164,8 @@ def test_first_paint_knob_changes_and_chart_defects(chromium: DevTools, dashboar
     memory = page.chart("Memory per stage")
     assert any(t.startswith("GPU capacity 80 GiB") for t in memory["legend_texts"])
     assert not any("capacity" in a for a in memory["annotations"])
+    if memory["modebar"] and memory["modebar"][2] > memory["modebar"][0]:  # drawn: clear of the long title
+        assert not overlaps(memory["modebar"], memory["title"]), (memory["modebar"], memory["title"])
     page.scroll_to_chart("Memory per stage")
     page.shot("3-out-of-memory")
 
@@ -189,7 +192,8 @@ def test_first_paint_knob_changes_and_chart_defects(chromium: DevTools, dashboar
     page.wait_done()
 
     # --- the sweep's MFU axis: round ticks ------------------------------------------------------
-    page.click_text('button[role="tab"]', "What-if")
+    wait_until(lambda: "What-if" in page.state()["text"], 60, "the tabs", every=0.2)
+    page.click_text('[role="tab"]', "What-if")
     sweep = wait_until(lambda: (c := page.chart("Step time and MFU")) and c["y2ticks"] and c, 60, "the sweep",
                        every=0.2)
     ticks = [float(t.replace("\u2212", "-")) for t in sweep["y2ticks"] if t]

@@ -129,8 +129,10 @@ def test_idle_gaps() -> None:
 def test_timeline_figure_rows_and_categories() -> None:
     spans = pipeline_spans(stages=2, microbatches=2)
     fig = viz.timeline_figure(spans, rank_labels={0: "stage 0", 1: "stage 1"})
-    names = [t.name for t in fig.data]
+    names = [t.name for t in fig.data if t.showlegend is not False]  # each category once in the legend
     assert names[:2] == ["forward", "backward"] and "idle" in names and "pp_comm" in names
+    hover = next(t for t in fig.data if t.name == "forward" and t.mode == "markers")
+    assert len(hover.hovertext) == 4 and "F mb0 chunk0" in hover.hovertext[0]  # one hover point per span
     drawn = drawn_spans(fig)
     fwd = [d for d in drawn if d[0] == "forward"]
     assert min(start for _, _, start, _ in fwd) == 0.0 and all(e - s == pytest.approx(1.0) for _, _, s, e in fwd)

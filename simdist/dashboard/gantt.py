@@ -116,14 +116,28 @@ def step_gantt(spans: Sequence[Span], stage_ranks: Sequence[int], chosen: Sequen
                      spans_in=sum(len(per_rank[r]) for r in ranks), merge_gap=gap, end=end)
 
 
+def _numbers(values: object) -> list[float]:
+    """A plotly data array as floats: a list, a numpy array, or the typed-array form plotly's JSON
+    uses for numpy arrays ({"dtype": "f8", "bdata": base64})."""
+    if isinstance(values, dict) and "bdata" in values:
+        import base64
+
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(values["bdata"]), dtype=values["dtype"]).tolist()
+    return [float("nan") if v is None else float(v) for v in values]  # type: ignore[union-attr]
+
+
 def drawn_spans(fig: object) -> list[tuple[str, str, float, float]]:
     """(category, lane label, start, end) of every span a :func:`simdist.viz.timeline_figure`
-    draws (its rectangles read back from the figure: for tests and checks)."""
+    draws (its rectangles read back from the figure or its JSON: for tests and checks)."""
     layout = fig.layout.yaxis  # type: ignore[attr-defined]
-    lanes = dict(zip(layout.tickvals or (), layout.ticktext or (), strict=True))
+    lanes = dict(zip(_numbers(layout.tickvals or ()), layout.ticktext or (), strict=True))
     out = []
     for trace in fig.data:  # type: ignore[attr-defined]
-        xs, ys = list(trace.x), list(trace.y)
-        for i in range(0, len(xs), 6):
+        if trace.fill != "toself":
+            continue
+        xs, ys = _numbers(trace.x), _numbers(trace.y)
+        for i in range(0, len(xs), 5):  # four corners and a gap
             out.append((trace.name, lanes[round((ys[i] + ys[i + 2]) / 2)], xs[i], xs[i + 1]))
     return out
