@@ -178,41 +178,6 @@ def _category(span: Span) -> str:
     return span.stream or "other"
 
 
-def select_spans(
-    spans: Sequence[Span],
-    ranks: Sequence[int] | None = None,
-    max_microbatches: int = 8,
-    max_ranks: int = 16,
-    max_spans: int = 6000,
-) -> tuple[list[Span], str]:
-    """The spans worth drawing: a few representative ranks and the first micro-batches.
-
-    Keeps ``ranks`` (or the first ``max_ranks`` ranks present), the spans of micro-batches
-    ``< max_microbatches`` and everything else that starts before the last of those ends.
-    Returns the spans and a note saying what was left out ("" when nothing was).
-    """
-    present = sorted({s.rank for s in spans})
-    keep_ranks = [r for r in (ranks or []) if r in set(present)] or present
-    keep_ranks = keep_ranks[:max_ranks]
-    notes = []
-    if len(keep_ranks) < len(present):
-        notes.append(f"{len(keep_ranks)} of {len(present)} simulated ranks")
-    wanted = set(keep_ranks)
-    chosen = [s for s in spans if s.rank in wanted]
-    mbs = [mb for s in chosen if (mb := microbatch_of(s)) is not None]
-    if mbs and max(mbs) >= max_microbatches:
-        early = [s for s in chosen if (mb := microbatch_of(s)) is not None and mb < max_microbatches]
-        t_end = max(s.end for s in early)
-        chosen = [s for s in chosen if s.start < t_end
-                  and ((mb := microbatch_of(s)) is None or mb < max_microbatches)]
-        notes.append(f"first {max_microbatches} of {max(mbs) + 1} micro-batches "
-                     f"(0 to {fmt_seconds(t_end)})")
-    if len(chosen) > max_spans:
-        chosen = sorted(chosen, key=lambda s: s.start)[:max_spans]
-        notes.append(f"first {max_spans} spans")
-    return chosen, "; ".join(notes)
-
-
 def idle_gaps(spans: Sequence[Span], stream: str = "compute", min_gap: float = 0.0) -> list[Span]:
     """Idle spans between the busy spans of ``stream`` on each rank (from 0 to the last end)."""
     out: list[Span] = []

@@ -96,29 +96,6 @@ def test_microbatch_of() -> None:
     assert viz.microbatch_of(Span(0, "dp", "allreduce dp 48 MiB", 0, 1)) is None
 
 
-def test_select_spans_keeps_first_microbatches_and_ranks() -> None:
-    spans = pipeline_spans(stages=4, microbatches=16)
-    kept, note = viz.select_spans(spans, ranks=[0, 2], max_microbatches=3)
-    assert {s.rank for s in kept} == {0, 2}
-    assert {viz.microbatch_of(s) for s in kept} <= {0, 1, 2, None}
-    t_end = max(s.end for s in kept if viz.microbatch_of(s) is not None)
-    assert all(s.start < t_end for s in kept)
-    assert "2 of 4 simulated ranks" in note and "first 3 of 16 micro-batches" in note
-
-
-def test_select_spans_small_plan_keeps_everything() -> None:
-    spans = pipeline_spans(stages=2, microbatches=4)
-    kept, note = viz.select_spans(spans, max_microbatches=8)
-    assert kept == spans and note == ""
-
-
-def test_select_spans_unknown_ranks_fall_back_and_cap() -> None:
-    spans = pipeline_spans(stages=3, microbatches=4)
-    kept, note = viz.select_spans(spans, ranks=[99], max_ranks=2, max_spans=5)
-    assert len(kept) == 5 and {s.rank for s in kept} <= {0, 1}
-    assert "first 5 spans" in note
-
-
 def test_idle_gaps() -> None:
     spans = [Span(0, "compute", "F mb0", 1.0, 2.0, "forward"), Span(0, "compute", "F mb1", 3.0, 4.0, "forward"),
              Span(0, "dp", "allreduce", 0.0, 5.0, "dp_comm")]
@@ -288,10 +265,11 @@ def test_timeline_from_the_discrete_event_engine() -> None:
     sc = scenario_from_dict(base_scenario(pp=4, global_batch_size=64))
     pred = predict(sc, engine="des")
     assert pred.spans
-    spans, note = viz.select_spans(pred.spans, ranks=[s * sc.plan.tp for s in range(sc.plan.pp)],
-                                   max_microbatches=4)
-    assert "first 4 of 32 micro-batches" in note
-    fig = viz.timeline_figure(spans)
+    from simdist.dashboard.gantt import step_gantt
+
+    gantt = step_gantt(pred.spans, [s * sc.plan.tp for s in range(sc.plan.pp)])
+    assert len(gantt.ranks) == 4 and gantt.end == pytest.approx(pred.step_time_s, rel=1e-3)
+    fig = viz.timeline_figure(gantt.spans, x_end=gantt.end)
     names = {t.name for t in fig.data}
     assert {"forward", "backward", "idle"} <= names
     stages = {label.split(" · ")[0] for label in fig.layout.yaxis.ticktext}
