@@ -45,7 +45,8 @@ def pipeline_spans(stages: int = 2, microbatches: int = 4, t: float = 1.0) -> li
 
 
 @pytest.mark.parametrize("module", ["simdist.viz", "simdist.dashboard.knobs", "simdist.dashboard.diff",
-                                    "simdist.dashboard.sweep", "simdist.dashboard.tables"])
+                                    "simdist.dashboard.sweep", "simdist.dashboard.tables", "simdist.dashboard.gantt",
+                                    "simdist.dashboard.text", "simdist.dashboard.sweep_defaults"])
 def test_figures_and_dashboard_logic_do_not_import_streamlit(module: str) -> None:
     code = f"import sys, {module}; assert 'streamlit' not in sys.modules, '{module} imported streamlit'"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
