@@ -21,8 +21,10 @@ import streamlit as st
 import yaml
 
 from simdist.dashboard import sidebar, sweep_tab, tabs
-from simdist.dashboard.cache import run_predict
+from simdist.dashboard.cache import closed_form, is_ready, run_predict
 from simdist.dashboard.knobs import base_problems, knobs_for, scenario_dict
+from simdist.dashboard.step_timeline import timeline
+from simdist.dashboard.text import md_escape, plural
 from simdist.dashboard.uploads import shown
 from simdist.errors import ScenarioError
 from simdist.spec.scenario import scenario_from_dict
@@ -60,13 +62,14 @@ def main() -> None:
     with st.sidebar.expander("Scenario YAML"):
         st.code(text, language="yaml")
     if ss.get("_base_problems"):
-        with st.expander(f"The loaded file has {len(ss['_base_problems'])} problem(s); knobs that "
+        with st.expander(f"The loaded file has {plural(len(ss['_base_problems']), 'problem')}; knobs that "
                          "could not hold a value start from the default", expanded=False):
             for problem in ss["_base_problems"]:
-                st.markdown(f"- `{problem}`")
+                st.markdown(f"- {md_escape(problem)}")
+    st.markdown(f"#### {md_escape(raw['name'])}")  # the scenario's full name (the sidebar's box cuts it)
     try:
         scenario = scenario_from_dict(raw, base_dir=base_dir)
-        pred, note = run_predict(scenario, ss.engine, profile, ss["_profile_key"])
+        fast = closed_form(scenario, profile, ss["_profile_key"])
     except ScenarioError as exc:
         st.subheader("This scenario is not valid")
         tabs.show_problems(exc, base_dir)
@@ -75,8 +78,31 @@ def main() -> None:
                     "--out PROFILE.json` writes one).")
         return
     results, whatif, calibration, search, sweeps = st.tabs(["Results", "What-if", "Calibration", "Search", "Sweeps"])
-    with results:
+    with results:  # the closed form at once; the event engine's numbers replace it when ready
+        head = st.empty()
+        kind = st.radio("Breakdown as", ["bar", "pie"], horizontal=True, key="breakdown_kind")
+        body, rest = st.empty(), st.empty()
+    if ss.engine == "des" and not is_ready(scenario, "des", ss["_profile_key"]):
+        with head.container():
+            tabs.results_tab(scenario, fast, "", pending=True)
+        with body.container():
+            tabs.results_figures(fast, kind, final=False)
+        with rest.container():
+            st.caption("The timeline appears when the discrete-event engine is done.")
+    try:
+        pred, note = run_predict(scenario, ss.engine, profile, ss["_profile_key"])
+    except ScenarioError as exc:  # the closed form took it, the event engine did not
+        head.empty()
+        with body.container():
+            tabs.show_problems(exc, base_dir)
+        return
+    with head.container():
         tabs.results_tab(scenario, pred, note)
+    with body.container():
+        tabs.results_figures(pred, kind)
+    with rest.container():
+        timeline(scenario, pred)
+        tabs.assumptions(pred)
     with whatif:
         tabs.whatif_tab(raw, base_dir, scenario, pred, profile)
     with calibration:

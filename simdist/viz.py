@@ -6,10 +6,12 @@ Nothing here imports Streamlit or runs a prediction, so every builder is testabl
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -68,40 +70,63 @@ def _layout(fig: go.Figure, title: str, height: int = 360, legend: str = "top") 
     """Shared look: the title on top, the legend under it (or on the right)."""
     where = ({"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0} if legend == "top"
              else {"orientation": "v", "yanchor": "top", "y": 1.0, "x": 1.02})
-    fig.update_layout(title={"text": title, "x": 0, "xanchor": "left"}, height=height,
-                      margin={"l": 10, "r": 10, "t": 70 if legend == "top" else 50, "b": 10},
+    # the title sits under the mode bar (zoom, download), which a long title would run into
+    fig.update_layout(title={"text": title, "x": 0, "xanchor": "left", "yref": "container", "y": 1,
+                             "yanchor": "top", "pad": {"t": 38}}, height=height,
+                      margin={"l": 10, "r": 10, "t": 108 if legend == "top" else 88, "b": 10},
                       legend=where)
     return fig
 
 
-def _breakdown_items(pred: Prediction) -> list[tuple[str, float]]:
+def _breakdown_items(pred: Prediction, min_share: float = 0.0) -> list[tuple[str, float]]:
+    """(key, seconds) of the breakdown in its usual order; parts below ``min_share`` of the step left out."""
     keys = [k for k in BREAKDOWN_KEYS if k in pred.breakdown_s]
     keys += [k for k in pred.breakdown_s if k not in keys]
-    return [(k, float(pred.breakdown_s[k])) for k in keys]
+    cut = min_share * (pred.step_time_s or 0.0)
+    return [(k, float(pred.breakdown_s[k])) for k in keys if min_share == 0.0 or float(pred.breakdown_s[k]) > cut]
+
+
+MIN_SHARE = 0.0005  # parts under 0.05% of the step are too thin to draw (named in the figure's note)
 
 
 # --- one prediction ---------------------------------------------------------------------------
 
 
 def breakdown_figure(pred: Prediction, kind: str = "bar") -> go.Figure:
-    """Where the step time goes: compute, exposed TP/PP/DP communication, bubble, optimizer."""
-    items = _breakdown_items(pred)
+    """Where the step time goes: compute, exposed TP/PP/DP communication, bubble, optimizer.
+
+    Parts under MIN_SHARE of the step (a zero bubble, 1e-13 s of rounding) are left out and named
+    under the chart; shares are rounded to 0.1%.
+    """
+    items = _breakdown_items(pred, MIN_SHARE)
+    left_out = [BREAKDOWN_LABELS.get(k, k) for k, _ in _breakdown_items(pred) if k not in dict(items)]
     total = pred.step_time_s or 1.0
     labels = [BREAKDOWN_LABELS.get(k, k) for k, _ in items]
     values = [v for _, v in items]
     colors = [COLORS.get(k, "#888888") for k, _ in items]
+    shares = [f"{v / total:.1%}" for v in values]
     if kind == "pie":
-        fig = go.Figure(go.Pie(labels=labels, values=values, marker={"colors": colors},
-                               sort=False, hole=0.4, textinfo="label+percent"))
+        fig = go.Figure(go.Pie(labels=labels, values=values, marker={"colors": colors}, sort=False, hole=0.4,
+                               text=shares, textinfo="text", textposition="inside", insidetextorientation="horizontal",
+                               customdata=[fmt_seconds(v) for v in values],
+                               hovertemplate="%{label}: %{customdata} (%{text})<extra></extra>"))
+        fig.update_traces(automargin=True)
     else:
         fig = go.Figure(go.Bar(
             x=values, y=labels, orientation="h", marker={"color": colors},
-            text=[f"{fmt_seconds(v)} ({v / total:.0%})" for v in values], textposition="auto",
-            hovertemplate="%{y}: %{x:.4g} s<extra></extra>",
+            text=[f"{fmt_seconds(v)} ({share})" for v, share in zip(values, shares, strict=True)],
+            textposition="auto", cliponaxis=False, hovertemplate="%{y}: %{x:.4g} s<extra></extra>",
         ))
-        fig.update_yaxes(autorange="reversed")
+        fig.update_yaxes(autorange="reversed", automargin=True)
         fig.update_xaxes(title="seconds per step")
-    return _layout(fig, f"Where the {fmt_seconds(pred.step_time_s)} step goes")
+    if left_out:
+        fig.add_annotation(text=f"not drawn (under {MIN_SHARE:.2%} of the step): {', '.join(left_out)}",
+                           xref="paper", yref="paper", x=0, y=-0.02, yanchor="top", showarrow=False,
+                           font={"size": 11, "color": "#666666"})
+    fig = _layout(fig, f"Where the {fmt_seconds(pred.step_time_s)} step goes", legend="right" if kind == "pie" else "top")
+    if left_out:
+        fig.update_layout(margin={"b": 40})
+    return fig
 
 
 def memory_figure(pred: Prediction) -> go.Figure:
@@ -122,9 +147,11 @@ def memory_figure(pred: Prediction) -> go.Figure:
         text=[f"{s.peak_gib:.1f}" for s in pred.per_stage], textposition="top center",
         hovertemplate="peak: %{y:.2f} GiB<extra>%{x}</extra>",
     ))
-    fig.add_hline(y=pred.capacity_gib, line={"color": "#E45756", "dash": "dash"},
-                  annotation_text=f"GPU capacity {pred.capacity_gib:.0f} GiB",
-                  annotation_position="top left")
+    # the capacity is named in the legend, not written over the bars (a stage over it would hide it)
+    cap = {"color": "#E45756", "dash": "dash"}
+    fig.add_hline(y=pred.capacity_gib, line=cap, layer="above")
+    fig.add_trace(go.Scatter(name=f"GPU capacity {pred.capacity_gib:.0f} GiB", x=[None], y=[None], mode="lines",
+                             line=cap, hoverinfo="skip"))
     top = max([pred.capacity_gib, *(s.peak_gib for s in pred.per_stage)]) * 1.15
     fig.update_layout(barmode="stack")
     fig.update_yaxes(title="GiB per GPU", range=[0, top])
@@ -151,41 +178,6 @@ def _category(span: Span) -> str:
     return span.stream or "other"
 
 
-def select_spans(
-    spans: Sequence[Span],
-    ranks: Sequence[int] | None = None,
-    max_microbatches: int = 8,
-    max_ranks: int = 16,
-    max_spans: int = 6000,
-) -> tuple[list[Span], str]:
-    """The spans worth drawing: a few representative ranks and the first micro-batches.
-
-    Keeps ``ranks`` (or the first ``max_ranks`` ranks present), the spans of micro-batches
-    ``< max_microbatches`` and everything else that starts before the last of those ends.
-    Returns the spans and a note saying what was left out ("" when nothing was).
-    """
-    present = sorted({s.rank for s in spans})
-    keep_ranks = [r for r in (ranks or []) if r in set(present)] or present
-    keep_ranks = keep_ranks[:max_ranks]
-    notes = []
-    if len(keep_ranks) < len(present):
-        notes.append(f"{len(keep_ranks)} of {len(present)} simulated ranks")
-    wanted = set(keep_ranks)
-    chosen = [s for s in spans if s.rank in wanted]
-    mbs = [mb for s in chosen if (mb := microbatch_of(s)) is not None]
-    if mbs and max(mbs) >= max_microbatches:
-        early = [s for s in chosen if (mb := microbatch_of(s)) is not None and mb < max_microbatches]
-        t_end = max(s.end for s in early)
-        chosen = [s for s in chosen if s.start < t_end
-                  and ((mb := microbatch_of(s)) is None or mb < max_microbatches)]
-        notes.append(f"first {max_microbatches} of {max(mbs) + 1} micro-batches "
-                     f"(0 to {fmt_seconds(t_end)})")
-    if len(chosen) > max_spans:
-        chosen = sorted(chosen, key=lambda s: s.start)[:max_spans]
-        notes.append(f"first {max_spans} spans")
-    return chosen, "; ".join(notes)
-
-
 def idle_gaps(spans: Sequence[Span], stream: str = "compute", min_gap: float = 0.0) -> list[Span]:
     """Idle spans between the busy spans of ``stream`` on each rank (from 0 to the last end)."""
     out: list[Span] = []
@@ -208,11 +200,12 @@ def timeline_figure(
     rank_labels: Mapping[int, str] | None = None,
     title: str = "Pipeline timeline",
     add_idle: bool = True,
+    x_end: float | None = None,
 ) -> go.Figure:
     """Gantt chart of spans: one row per (rank, stream), one colour per category.
 
-    Draw what :func:`select_spans` kept; idle gaps on the compute stream are added unless the
-    engine already emitted idle spans.
+    Idle gaps on the compute stream are added unless the engine already emitted idle spans. With
+    ``x_end`` the axis shows the whole step, 0 to x_end, with a range slider under it to zoom.
     """
     spans = list(spans)
     if add_idle and not any(s.category == "idle" for s in spans):
@@ -225,26 +218,36 @@ def timeline_figure(
     def row(rank: int, stream: str) -> str:
         return f"{labels.get(rank, f'rank {rank}')} · {stream}"
 
+    lane = {rs: i for i, rs in enumerate(rows)}
     by_cat: dict[str, list[Span]] = {}
     for s in spans:
         by_cat.setdefault(_category(s), []).append(s)
     order = [c for c in SPAN_ORDER if c in by_cat] + sorted(c for c in by_cat if c not in SPAN_ORDER)
     fig = go.Figure()
     for cat in order:
-        group = by_cat[cat]
-        fig.add_trace(go.Bar(
-            name=cat, orientation="h",
-            base=[s.start for s in group], x=[s.end - s.start for s in group],
-            y=[row(s.rank, s.stream) for s in group],
-            marker={"color": COLORS.get(cat, "#888888"), "line": {"width": 0}},
-            hovertext=[f"{s.name}<br>{fmt_seconds(s.start)} to {fmt_seconds(s.end)}" for s in group],
-            hoverinfo="text+name",
-        ))
-    fig.update_layout(barmode="overlay", bargap=0.15)
-    fig.update_yaxes(categoryorder="array", categoryarray=[row(r, st) for r, st in rows],
-                     autorange="reversed")
+        group = by_cat[cat]  # one filled trace per category: every span a rectangle, one SVG path in all
+        start = np.array([s.start for s in group])
+        end = np.array([s.end for s in group])
+        y = np.array([lane[(s.rank, s.stream)] for s in group], dtype=float)
+        gap = np.full(len(group), np.nan)  # numpy arrays: plotly takes them without checking each number
+        xs = np.column_stack([start, end, end, start, gap]).ravel()
+        ys = np.column_stack([y - 0.4, y - 0.4, y + 0.4, y + 0.4, gap]).ravel()
+        color = COLORS.get(cat, "#888888")
+        fig.add_trace(go.Scatter(name=cat, legendgroup=cat, x=xs, y=ys, mode="none", fill="toself",
+                                 fillcolor=color, hoverinfo="skip"))
+        fig.add_trace(go.Scatter(  # the hover: an invisible point in the middle of each span
+            name=cat, legendgroup=cat, showlegend=False, x=(start + end) / 2, y=y, mode="markers",
+            marker={"color": color, "opacity": 0, "size": 6}, hoverinfo="text+name",
+            hovertext=np.array([f"{s.name}<br>{fmt_seconds(s.start)} to {fmt_seconds(s.end)}" for s in group],
+                               dtype=object)))
+    fig.update_yaxes(tickvals=list(range(len(rows))), ticktext=[row(r, st) for r, st in rows],
+                     range=[len(rows) - 0.5, -0.5], showgrid=False, zeroline=False)
     fig.update_xaxes(title="seconds from the start of the step")
-    return _layout(fig, title, height=max(260, 60 + 26 * len(rows)))
+    height = max(260, 60 + 26 * len(rows))
+    if x_end is not None:
+        fig.update_xaxes(range=[0.0, x_end], rangeslider={"visible": True, "thickness": 0.06, "range": [0.0, x_end]})
+        height += 120
+    return _layout(fig, title, height=height)
 
 
 # --- comparisons and sweeps -------------------------------------------------------------------
@@ -268,6 +271,19 @@ def compare_figure(a: Prediction, b: Prediction, labels: Sequence[str] = ("pinne
     return _layout(fig, f"Step time: {fmt_seconds(a.step_time_s)} vs {fmt_seconds(b.step_time_s)}", 280)
 
 
+def nice_step(span: float, ticks: int = 5) -> float:
+    """A round tick step (1, 2, 2.5 or 5 times a power of ten) for about ``ticks`` ticks over ``span``."""
+    raw = span / ticks if span > 0 else 1.0
+    mag = 10.0 ** math.floor(math.log10(raw))
+    return next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw * (1 - 1e-12))
+
+
+def nice_range(top: float, ticks: int = 5) -> tuple[tuple[float, float], float]:
+    """An axis from 0 to a round number at or above ``top``, and its round tick step."""
+    step = nice_step(top, ticks)
+    return (0.0, step * max(1, math.ceil(top / step - 1e-9))), step
+
+
 def sweep_figure(points: Sequence[SweepPoint], x_title: str, log_x: bool = False) -> go.Figure:
     """Step time (left axis) and MFU (right axis) against one knob; OOM points marked x."""
     ok = [p for p in points if p.step_time_s is not None]
@@ -287,8 +303,10 @@ def sweep_figure(points: Sequence[SweepPoint], x_title: str, log_x: bool = False
                   secondary_y=True)
     fig.update_xaxes(title=x_title, type="log" if log_x else "linear",
                      tickvals=xs, ticktext=[p.label for p in ok])
-    fig.update_yaxes(title="step time (s)", rangemode="tozero", secondary_y=False)
-    fig.update_yaxes(title="MFU (%)", rangemode="tozero", secondary_y=True)
+    (lo, hi), dtick = nice_range(max((p.step_time_s or 0.0 for p in ok), default=1.0))
+    fig.update_yaxes(title="step time (s)", range=[lo, hi], dtick=dtick, secondary_y=False)
+    (lo, hi), dtick = nice_range(max((100 * (p.mfu or 0.0) for p in ok), default=1.0))
+    fig.update_yaxes(title="MFU (%)", range=[lo, hi], dtick=dtick, showgrid=False, secondary_y=True)
     skipped = len(points) - len(ok)
     title = f"Step time and MFU vs {x_title}" + (f" ({skipped} invalid point(s) skipped)" if skipped else "")
     return _layout(fig, title)

@@ -16,6 +16,8 @@ import pytest
 import yaml
 from conftest import REPO
 
+from simdist.dashboard.text import md_unescape as unmd
+
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest
 
@@ -118,7 +120,7 @@ def test_an_uploaded_scenario_cannot_reach_a_server_file(server, field, kind):
     assert not bad & {str(Path(p).resolve()) if p.startswith("/") else p for p in opened}, opened
     assert not any("secret" in p or p.endswith("mistral-7b.json") for p in opened), opened
     section = "model" if field == "hf_config" else "plan"
-    errors = [e.value for e in at.sidebar.error]
+    errors = [unmd(e.value) for e in at.sidebar.error]
     assert any(e.startswith(f"{section}.{field}:") for e in errors), errors
     assert not any("SECRET" in t or "api_key" in t for t in texts(at))
     assert listing(server["tmp"], REPO) == before  # nothing created (no store, no file)
@@ -133,7 +135,7 @@ def test_a_file_uploaded_with_the_scenario_is_read_from_the_upload_only(server):
         upload(at, "mine.yaml", yaml.safe_dump(scenario(hf_config="config.json")).encode(),
                files=[("config.json", hf)])
     assert_no_traceback(at)
-    assert not at.sidebar.error, [e.value for e in at.sidebar.error]
+    assert not at.sidebar.error, [unmd(e.value) for e in at.sidebar.error]
     assert at.sidebar.number_input(key="m_num_kv_heads").value == 8  # mistral-7b's, from the upload
     reads = [p for p in opened if p.endswith("config.json")]
     assert reads and all("simdist-uploads-" in p for p in reads), reads
@@ -144,12 +146,12 @@ def test_a_name_not_uploaded_or_with_a_folder_is_refused(server):
     at = app()
     upload(at, "mine.yaml", yaml.safe_dump(scenario(hf_config="other.json")).encode(),
            files=[("config.json", b"{}")])
-    assert any(e.value.startswith("model.hf_config: other.json was not uploaded") for e in at.sidebar.error)
+    assert any(unmd(e.value).startswith("model.hf_config: other.json was not uploaded") for e in at.sidebar.error)
     at = app()
     upload(at, "mine.yaml", yaml.safe_dump(scenario(hf_config="config.json")).encode(),
            files=[("../config.json", b"{}")])
     assert_no_traceback(at)
-    assert any("is not a plain file name" in e.value for e in at.sidebar.error), [e.value for e in at.sidebar.error]
+    assert any("is not a plain file name" in unmd(e.value) for e in at.sidebar.error), [unmd(e.value) for e in at.sidebar.error]
 
 
 ALIAS_BOMB = ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
@@ -184,7 +186,7 @@ def test_hostile_scenario_uploads_show_messages_not_tracebacks(server, kind):
     at = app()
     upload(at, "hostile.yaml", HOSTILE_SCENARIOS[kind])
     assert_no_traceback(at)
-    shown = [e.value for e in at.sidebar.error] + [e.value for e in at.error] + [w.value for w in at.warning]
+    shown = [unmd(e.value) for e in at.sidebar.error] + [unmd(e.value) for e in at.error] + [unmd(w.value) for w in at.warning]
     shown += [m.value for e in at.expander if e.label.startswith("The loaded file has") for m in e.markdown]
     assert shown, f"{kind}: no message"
     assert all(":" in s for s in shown), shown  # "field: message"
@@ -211,7 +213,7 @@ def test_hostile_hugging_face_config_and_profile_uploads(server, kind):
     assert at.sidebar.error, kind
     at.sidebar.file_uploader(key="profile_upload").set_value(("p.json", HOSTILE_JSON[kind], "application/json")).run()
     assert_no_traceback(at)
-    assert any(e.value.startswith("profile: p.json is not a calibration profile") for e in at.sidebar.error)
+    assert any(unmd(e.value).startswith("profile: p.json is not a calibration profile") for e in at.sidebar.error)
 
 
 def test_the_run_store_is_not_editable_and_not_created_from_the_page(server):
@@ -234,7 +236,7 @@ def test_a_bug_shows_a_message_not_a_traceback(server, monkeypatch):
     at = app()
     at.sidebar.selectbox(key="src_file").select("llama3-8b-fsdp-8xh100.yaml").run()
     assert_no_traceback(at)
-    assert any("Something went wrong" in e.value and "RuntimeError" in e.value for e in at.error)
+    assert any("Something went wrong" in unmd(e.value) and "RuntimeError" in unmd(e.value) for e in at.error)
     assert not any(str(REPO) in t for t in texts(at))
 
 
@@ -252,7 +254,7 @@ def test_a_sweep_orders_a_bounded_number_of_predictions(server):
     at = app()
     at.text_input(key="sweep_values_nodes").set_value(", ".join(str(n) for n in range(1, 101))).run()
     assert_no_traceback(at)
-    assert any(e.value == "sweep values: 100 values; a sweep has at most 32" for e in at.error)
+    assert any(unmd(e.value) == "sweep values: 100 values; a sweep has at most 32" for e in at.error)
 
 
 def test_a_timeline_too_large_to_keep_is_dropped_with_a_message(server, monkeypatch):

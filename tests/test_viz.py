@@ -11,6 +11,7 @@ from conftest import REPO, base_scenario
 
 from simdist import viz
 from simdist.dashboard import diff, sweep, tables
+from simdist.dashboard.gantt import drawn_spans
 from simdist.predict import predict
 from simdist.results import Prediction, Span, StageMemoryReport
 from simdist.spec.scenario import scenario_from_dict
@@ -44,7 +45,8 @@ def pipeline_spans(stages: int = 2, microbatches: int = 4, t: float = 1.0) -> li
 
 
 @pytest.mark.parametrize("module", ["simdist.viz", "simdist.dashboard.knobs", "simdist.dashboard.diff",
-                                    "simdist.dashboard.sweep", "simdist.dashboard.tables"])
+                                    "simdist.dashboard.sweep", "simdist.dashboard.tables", "simdist.dashboard.gantt",
+                                    "simdist.dashboard.text", "simdist.dashboard.sweep_defaults"])
 def test_figures_and_dashboard_logic_do_not_import_streamlit(module: str) -> None:
     code = f"import sys, {module}; assert 'streamlit' not in sys.modules, '{module} imported streamlit'"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -95,29 +97,6 @@ def test_microbatch_of() -> None:
     assert viz.microbatch_of(Span(0, "dp", "allreduce dp 48 MiB", 0, 1)) is None
 
 
-def test_select_spans_keeps_first_microbatches_and_ranks() -> None:
-    spans = pipeline_spans(stages=4, microbatches=16)
-    kept, note = viz.select_spans(spans, ranks=[0, 2], max_microbatches=3)
-    assert {s.rank for s in kept} == {0, 2}
-    assert {viz.microbatch_of(s) for s in kept} <= {0, 1, 2, None}
-    t_end = max(s.end for s in kept if viz.microbatch_of(s) is not None)
-    assert all(s.start < t_end for s in kept)
-    assert "2 of 4 simulated ranks" in note and "first 3 of 16 micro-batches" in note
-
-
-def test_select_spans_small_plan_keeps_everything() -> None:
-    spans = pipeline_spans(stages=2, microbatches=4)
-    kept, note = viz.select_spans(spans, max_microbatches=8)
-    assert kept == spans and note == ""
-
-
-def test_select_spans_unknown_ranks_fall_back_and_cap() -> None:
-    spans = pipeline_spans(stages=3, microbatches=4)
-    kept, note = viz.select_spans(spans, ranks=[99], max_ranks=2, max_spans=5)
-    assert len(kept) == 5 and {s.rank for s in kept} <= {0, 1}
-    assert "first 5 spans" in note
-
-
 def test_idle_gaps() -> None:
     spans = [Span(0, "compute", "F mb0", 1.0, 2.0, "forward"), Span(0, "compute", "F mb1", 3.0, 4.0, "forward"),
              Span(0, "dp", "allreduce", 0.0, 5.0, "dp_comm")]
@@ -128,20 +107,23 @@ def test_idle_gaps() -> None:
 def test_timeline_figure_rows_and_categories() -> None:
     spans = pipeline_spans(stages=2, microbatches=2)
     fig = viz.timeline_figure(spans, rank_labels={0: "stage 0", 1: "stage 1"})
-    names = [t.name for t in fig.data]
+    names = [t.name for t in fig.data if t.showlegend is not False]  # each category once in the legend
     assert names[:2] == ["forward", "backward"] and "idle" in names and "pp_comm" in names
-    fwd = next(t for t in fig.data if t.name == "forward")
-    assert fwd.orientation == "h"
-    assert min(fwd.base) == 0.0 and all(d == pytest.approx(1.0) for d in fwd.x)
-    rows = list(fig.layout.yaxis.categoryarray)
+    hover = next(t for t in fig.data if t.name == "forward" and t.mode == "markers")
+    assert len(hover.hovertext) == 4 and "F mb0 chunk0" in hover.hovertext[0]  # one hover point per span
+    drawn = drawn_spans(fig)
+    fwd = [d for d in drawn if d[0] == "forward"]
+    assert min(start for _, _, start, _ in fwd) == 0.0 and all(e - s == pytest.approx(1.0) for _, _, s, e in fwd)
+    assert {lane for _, lane, _, _ in fwd} == {"stage 0 · compute", "stage 1 · compute"}
+    assert len(drawn) == len(spans) + len([t for t in drawn if t[0] == "idle"])  # every span, and the idle gaps
+    rows = list(fig.layout.yaxis.ticktext)
     assert rows[0] == "stage 0 · compute" and rows[-1] == "stage 1 · dp"
 
 
 def test_timeline_uses_engine_idle_spans_when_given() -> None:
     spans = [Span(0, "compute", "F mb0", 1.0, 2.0, "forward"), Span(0, "compute", "wait", 0.0, 1.0, "idle")]
     fig = viz.timeline_figure(spans)
-    idle = next(t for t in fig.data if t.name == "idle")
-    assert len(idle.x) == 1
+    assert [d for d in drawn_spans(fig) if d[0] == "idle"] == [("idle", "rank 0 · compute", 0.0, 1.0)]
 
 
 def test_compare_figure_and_deltas() -> None:
@@ -284,11 +266,12 @@ def test_timeline_from_the_discrete_event_engine() -> None:
     sc = scenario_from_dict(base_scenario(pp=4, global_batch_size=64))
     pred = predict(sc, engine="des")
     assert pred.spans
-    spans, note = viz.select_spans(pred.spans, ranks=[s * sc.plan.tp for s in range(sc.plan.pp)],
-                                   max_microbatches=4)
-    assert "first 4 of 32 micro-batches" in note
-    fig = viz.timeline_figure(spans)
+    from simdist.dashboard.gantt import step_gantt
+
+    gantt = step_gantt(pred.spans, [s * sc.plan.tp for s in range(sc.plan.pp)])
+    assert len(gantt.ranks) == 4 and gantt.end == pytest.approx(pred.step_time_s, rel=1e-3)
+    fig = viz.timeline_figure(gantt.spans, x_end=gantt.end)
     names = {t.name for t in fig.data}
     assert {"forward", "backward", "idle"} <= names
-    stages = {label.split(" · ")[0] for label in fig.layout.yaxis.categoryarray}
+    stages = {label.split(" · ")[0] for label in fig.layout.yaxis.ticktext}
     assert len(stages) == 4

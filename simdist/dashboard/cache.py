@@ -1,7 +1,9 @@
 """Predictions and sweeps cached across the dashboard's reruns (Streamlit caches).
 
 A knob change reruns the whole page; the prediction of a scenario already seen (same hash,
-name, engine and profile) comes from the cache, so going back to a plan is instant.
+name, engine and profile) comes from the cache, so going back to a plan is instant. A scenario
+not seen yet is drawn twice in one run: the closed form's metrics and charts at once
+(:func:`closed_form`, milliseconds), then the event engine's, which replace them when ready.
 """
 
 from __future__ import annotations
@@ -34,14 +36,36 @@ def cached_predict(key: str, _scenario: Scenario, engine: str,
     pred = predict(_scenario, profile=_profile, engine=engine, keep_spans=engine == "des")  # type: ignore[arg-type]
     if len(pred.spans) > MAX_KEPT_SPANS:
         pred = dataclasses.replace(pred, spans=(), extras={**pred.extras, "spans_dropped": len(pred.spans)})
+    _ready().add((key, engine))
     return pred
+
+
+@st.cache_resource(show_spinner=False)
+def _ready() -> set[tuple[str, str]]:
+    """(key, engine) of the predictions cached_predict has made (some may since be evicted)."""
+    return set()
+
+
+def prediction_key(scenario: Scenario, profile_key: str) -> str:
+    """The cache key of a scenario's prediction: its hash (what is simulated), name and profile."""
+    return f"{scenario.hash()}:{scenario.name}:{profile_key}"
+
+
+def is_ready(scenario: Scenario, engine: str, profile_key: str) -> bool:
+    """Whether this prediction was made before (then it comes from the cache at once, unless evicted)."""
+    return (prediction_key(scenario, profile_key), engine) in _ready()
+
+
+def closed_form(scenario: Scenario, profile: CalibrationProfile | None, profile_key: str) -> Prediction:
+    """The closed form's prediction (milliseconds): what the page shows while the event engine runs."""
+    return cached_predict(prediction_key(scenario, profile_key), scenario, "analytic", profile)
 
 
 def run_predict(scenario: Scenario, engine: str, profile: CalibrationProfile | None,
                 profile_key: str) -> tuple[Prediction, str]:
     """The prediction with the chosen engine, and a note; when the discrete-event engine fails
     on this scenario (a bug in it), the closed form's prediction with a note that says so."""
-    key = f"{scenario.hash()}:{scenario.name}:{profile_key}"
+    key = prediction_key(scenario, profile_key)
     if engine == "des":
         try:
             pred = cached_predict(key, scenario, "des", profile)

@@ -21,6 +21,7 @@ from simdist.dashboard.knobs import (
     link_presets,
     model_knobs,
 )
+from simdist.dashboard.text import md_escape, plural
 from simdist.dashboard.uploads import (
     forget_others,
     private_folder,
@@ -86,10 +87,10 @@ def load_source(scenario_dir: Path, uploads: Path) -> tuple[dict[str, Any], str,
         raw, notes = hf_base(cfg, upload.name)
     except ScenarioError as exc:
         for p in exc.problems:
-            st.sidebar.error(f"file: {upload.name} could not be read: {p}" if p.field == "file" else str(p))
+            st.sidebar.error(md_escape(f"file: {upload.name} could not be read: {p}" if p.field == "file" else str(p)))
         return previous
     for note in notes:
-        (st.sidebar.caption if raw else st.sidebar.error)(note)
+        (st.sidebar.caption if raw else st.sidebar.error)(md_escape(note))
     return (raw, upload_id, private_folder({}, uploads)) if raw else previous
 
 
@@ -189,8 +190,8 @@ def load_profile_upload(uploads: Path) -> tuple[CalibrationProfile | None, str]:
                 remove(folder)
     _, profile, problems = ss["_profile_loaded"]
     for message in problems:
-        st.sidebar.error(f"profile: {upload.name} is not a calibration profile: {message}")
+        st.sidebar.error(md_escape(f"profile: {upload.name} is not a calibration profile: {message}"))
     if profile is None:
         return None, ""
-    st.sidebar.caption(f"profile: {profile.device} ({len(profile.fitted_from)} measurements)")
+    st.sidebar.caption(md_escape(f"profile: {profile.device} ({plural(len(profile.fitted_from), 'measurement')})"))
     return profile, key

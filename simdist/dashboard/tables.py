@@ -45,6 +45,27 @@ def search_rows(result: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def store_summary(measurements: int, scenarios: int, compared: int, skipped: int, without_scenario: int) -> str:
+    """One sentence on the run store's measurements that adds up: every measurement is counted once
+    (compared, could not be compared, stored without its scenario, or an older run of a scenario)."""
+    from simdist.dashboard.text import plural
+
+    if not measurements:
+        return "No stored measurement yet: `simdist run FILE --nproc N` stores one."
+    older = measurements - compared - skipped - without_scenario
+    parts = [f"{compared:,} compared with its prediction" if compared == 1 else
+             f"{compared:,} compared with their predictions"]
+    if skipped:
+        parts.append(f"{skipped:,} could not be compared (the reasons are below)")
+    if without_scenario:
+        parts.append(f"{without_scenario:,} stored without its scenario (cannot be predicted)")
+    if older:
+        parts.append(f"{older:,} older {'run' if older == 1 else 'runs'} of the same "
+                     f"{'scenario' if scenarios == 1 else 'scenarios'} (the newest is compared)")
+    return (f"{plural(measurements, 'stored measurement')} of {plural(scenarios, 'scenario')}: "
+            + "; ".join(parts) + ".")
+
+
 def calibration_rows(comparisons: Iterable[Any]) -> list[dict[str, Any]]:
     """One row per measured scenario: measured and predicted step time, the error, the run's
     spread, and the error of each other quantity both sides have.

@@ -18,20 +18,21 @@ from simdist.calibrate.store import RunStore, default_db_path
 from simdist.dashboard.cache import cached_sweep
 from simdist.dashboard.diff import diff_fields, metric_deltas
 from simdist.dashboard.knobs import PLAN_KNOBS, knob_view
-from simdist.dashboard.sweep import SWEEPS, default_sweep_values, parse_values
-from simdist.dashboard.tables import calibration_rows, search_rows
+from simdist.dashboard.sweep import SWEEPS, parse_values
+from simdist.dashboard.sweep_defaults import valid_default_values
+from simdist.dashboard.tables import calibration_rows, search_rows, store_summary
+from simdist.dashboard.text import md_escape
 from simdist.dashboard.timelines import timelines_section
 from simdist.dashboard.uploads import shown
 from simdist.errors import ScenarioError
 from simdist.results import Prediction
 from simdist.search import Constraints, search
-from simdist.spec.plan import rank_coord
 from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import Scenario
-from simdist.trace.perfetto import chrome_trace
 from simdist.units import fmt_seconds
 
 ss = st.session_state
+ENGINE_NAMES = {"des": "discrete-event", "analytic": "closed form"}
 NUMBER_FORMATS = {  # table columns: seconds, fractions and GiB, readable
     "step_time_s": st.column_config.NumberColumn("step time (s)", format="%.3f"),
     "mfu": st.column_config.NumberColumn("MFU", format="percent"),
@@ -43,16 +44,26 @@ NUMBER_FORMATS = {  # table columns: seconds, fractions and GiB, readable
 }
 
 
+SEARCH_COLUMNS = {**{c: st.column_config.Column(c, width="small") for c in (
+    "rank", "tp", "pp", "dp", "cp", "ep", "vpp", "zero", "sp", "mbs", "fits")},
+    "schedule": st.column_config.TextColumn("schedule", width="small"),
+    "recompute": st.column_config.TextColumn("recompute", width="small"),
+    **{k: NUMBER_FORMATS[k] for k in ("step_time_s", "mfu", "peak_gib")}}
+
+
 def show_problems(exc: ScenarioError, base_dir: Path | None = None) -> None:
     """One error per problem, naming its field (an upload's private folder left out)."""
     for problem in exc.problems:
-        st.error(shown(str(problem), base_dir))
+        st.error(md_escape(shown(str(problem), base_dir)))
 
 
 # --- results ------------------------------------------------------------------------------------
 
 
-def results_tab(scenario: Scenario, pred: Prediction, note: str) -> None:
+def results_tab(scenario: Scenario, pred: Prediction, note: str, pending: bool = False) -> None:
+    """The headline: metrics, the memory verdict, the plan, a note. ``pending``: these are the
+    closed form's numbers, shown while the discrete-event engine runs (replaced when it is done:
+    both passes draw the same elements, so that the second replaces each of the first's)."""
     c1, c2, c3, c4 = st.columns(4)
     c1.metric("Step time", fmt_seconds(pred.step_time_s))
     c2.metric("Tokens/s", f"{pred.tokens_per_s:,.0f}")
@@ -62,53 +73,29 @@ def results_tab(scenario: Scenario, pred: Prediction, note: str) -> None:
         st.badge(f"fits: {pred.peak_gib:.1f} of {pred.capacity_gib:.0f} GiB", icon=":material/check:", color="green")
     else:
         st.badge(f"out of memory: {pred.peak_gib:.1f} of {pred.capacity_gib:.0f} GiB", icon=":material/error:", color="red")
-    st.caption(f"{scenario.world_size} GPUs · tp {scenario.plan.tp} · pp {scenario.plan.pp} · "
-               f"dp {scenario.plan.dp} · {scenario.plan.num_microbatches} micro-batches per pipeline "
-               f"· bubble {pred.bubble_fraction:.1%} · engine {pred.engine}")
-    if note:
-        st.warning(note)
+    st.caption(md_escape(f"{scenario.world_size} GPUs · tp {scenario.plan.tp} · pp {scenario.plan.pp} · "
+                         f"dp {scenario.plan.dp} · {scenario.plan.num_microbatches} micro-batches per pipeline "
+                         f"· bubble {pred.bubble_fraction:.1%} · engine {ENGINE_NAMES.get(pred.engine, pred.engine)}"))
+    # one element in both passes (a block redrawn in the same run keeps children it is not given)
+    notice = st.empty()
+    if pending:
+        notice.info("Closed-form numbers; the discrete-event engine is simulating the step (its numbers and "
+                    "the timeline replace these when it is done).", icon=":material/hourglass_top:")
+    elif note:
+        notice.warning(md_escape(note))
+
+
+def results_figures(pred: Prediction, kind: str, final: bool = True) -> None:
+    """The breakdown and memory charts (``final``: the chosen engine's, with their keys)."""
     c1, c2 = st.columns(2)
-    kind = c1.radio("Breakdown as", ["bar", "pie"], horizontal=True, key="breakdown_kind")
-    c1.plotly_chart(viz.breakdown_figure(pred, kind), key="fig_breakdown")
-    c2.plotly_chart(viz.memory_figure(pred), key="fig_memory")
-    timeline(scenario, pred)
+    c1.plotly_chart(viz.breakdown_figure(pred, kind), key="fig_breakdown" if final else None)
+    c2.plotly_chart(viz.memory_figure(pred), key="fig_memory" if final else None)
+
+
+def assumptions(pred: Prediction) -> None:
     with st.expander("Assumptions"):
         for line in pred.assumptions:
-            st.markdown(f"- {line}")
-
-
-def timeline(scenario: Scenario, pred: Prediction) -> None:
-    st.subheader("Pipeline timeline")
-    if not pred.spans:
-        dropped = pred.extras.get("spans_dropped")
-        st.info(f"This step has {dropped:,} spans, more than the page keeps: `simdist trace FILE` writes them "
-                "for https://ui.perfetto.dev." if dropped else
-                "The timeline comes from the discrete-event engine's spans; this prediction has none "
-                f"(engine: {pred.engine}).")
-        return
-    plan = scenario.plan
-    n = 1
-    if plan.num_microbatches > 1:
-        n = st.slider("micro-batches shown", 1, min(64, plan.num_microbatches),
-                      min(8, plan.num_microbatches), key="timeline_mbs")
-    reps = [s * plan.cp * plan.tp for s in range(plan.pp)]  # (dp 0, stage s, cp 0, tp 0)
-    spans, left_out = viz.select_spans(pred.spans, ranks=reps, max_microbatches=n)
-    labels = {}
-    for r in {s.rank for s in spans}:
-        c = rank_coord(r, plan) if 0 <= r < scenario.world_size else None
-        labels[r] = f"stage {c.pp} (rank {r})" if c else f"rank {r}"
-    st.plotly_chart(viz.timeline_figure(spans, labels), key="fig_timeline")
-    if left_out:
-        st.caption(f"Showing {left_out}.")
-
-    def trace_json() -> str:  # built only when the button is pressed
-        data = chrome_trace(pred.spans, stage_of=lambda r: rank_coord(r, plan).pp,
-                            metadata={"scenario": scenario.name, "engine": pred.engine})
-        return json.dumps(data)
-
-    st.download_button("Download Perfetto trace", trace_json, file_name=f"{scenario.name}.trace.json",
-                       mime="application/json", key="dl_trace",
-                       help="every simulated span; open it in https://ui.perfetto.dev")
+            st.markdown(f"- {md_escape(line)}")
 
 
 # --- what-if ------------------------------------------------------------------------------------
@@ -130,19 +117,24 @@ def whatif_tab(raw: dict[str, Any], base_dir: Path, scenario: Scenario, pred: Pr
     c1, c2 = st.columns([1, 2])
     sweep = c1.selectbox("vary", list(SWEEPS), key="sweep")
     current = {"nodes": ss.c_num_nodes, "micro-batch size": ss.p_mbs}.get(sweep)
-    defaults = default_sweep_values(sweep, current)
-    text = c2.text_input("values (comma-separated)", ", ".join(map(str, defaults)), key=f"sweep_values_{sweep}")
+    defaults = ", ".join(map(str, valid_default_values(raw, base_dir, sweep, current)))
+    key = f"sweep_values_{sweep}"
+    if ss.get(key) is None or ss.get(key) == ss.get(f"_{key}_default"):  # not edited: follows the knobs
+        ss[key] = defaults
+    ss[f"_{key}_default"] = defaults
+    text = c2.text_input("values (comma-separated)", key=key,
+                         help="by default, valid values around the current one, the current one included")
     try:
         values = parse_values(text, sweep)
     except ValueError as exc:
-        st.error(f"sweep values: {exc}")
+        st.error(md_escape(f"sweep values: {exc}"))
         return
     points = cached_sweep(json.dumps(raw, sort_keys=True), str(base_dir), sweep, json.dumps(values),
                           ss["_profile_key"], profile)
     st.plotly_chart(viz.sweep_figure(points, sweep, log_x=True), key="fig_sweep")
     for p in points:
         if p.problem:
-            st.caption(f"{sweep} = {p.label}: {p.problem}")
+            st.caption(md_escape(f"{sweep} = {p.label}: {p.problem}"))
 
 
 def compare(pinned: dict[str, Any], view: dict[str, Any], pred: Prediction) -> None:
@@ -192,18 +184,17 @@ def calibration_tab(profile: CalibrationProfile | None) -> None:
     except (OSError, sqlite3.Error) as exc:  # a broken store (StoreError is an sqlite3.Error)
         st.warning(f"Could not read the server's run store ({type(exc).__name__}).")
         return
-    scenarios = len({r.scenario_hash for r in measurements})
-    st.caption(f"{len(measurements)} measurement(s) of {scenarios} scenario(s)")
     rows = calibration_rows(comparisons)
+    newest = {r.scenario_hash: r for r in measurements}  # compare_stored compares the newest of each
+    without = sum(1 for r in newest.values() if not r.scenario_yaml)
+    summary = store_summary(len(measurements), len(newest), len(rows), len(skipped), without)
+    (st.caption if rows else st.info)(summary)
     if rows:
         st.plotly_chart(viz.calibration_figure(rows), key="fig_calibration")
-        st.dataframe(rows, hide_index=True, key="calibration_table", column_config=NUMBER_FORMATS)
-    elif measurements:
-        st.info("No stored measurement could be compared with its prediction (the reasons are below).")
-    else:
-        st.info("No stored measurement yet: `simdist run FILE --nproc N` stores one.")
+        st.dataframe(rows, hide_index=True, key="calibration_table", column_config=NUMBER_FORMATS,
+                     width="stretch")
     for line in skipped:
-        st.caption(f"skipped {line}")
+        st.caption(md_escape(f"skipped {line}"))
     timelines_section(store, profile)  # predicted and measured timelines, simdist.dashboard.timelines
 
 
@@ -252,12 +243,15 @@ def search_tab(scenario: Scenario, profile: CalibrationProfile | None) -> None:
     st.caption(f"{d['evaluated']:,} plans evaluated, {d['feasible']:,} fit, in {d['seconds']:.1f} s; "
                f"top ranked by the {d['engine']} engine")
     for note in d["notes"]:
-        st.caption(note)
+        st.caption(md_escape(note))
     rows = search_rows(d)
     if not rows:
         st.warning("No plan fits in memory.")
         return
-    st.dataframe(rows, hide_index=True, key="search_table", column_config=NUMBER_FORMATS)
+    # every column narrow and the table as wide as the page: nothing scrolls out of view at 1400 px
+    # (the long "label" column repeats the plan columns; it stays in the chart's hover)
+    shown = [{k: v for k, v in r.items() if k not in ("label", "engine")} for r in rows]
+    st.dataframe(shown, hide_index=True, key="search_table", width="stretch", column_config=SEARCH_COLUMNS)
     baseline = search_rows([d["baseline"]])[0] if d["baseline"] else None
     st.plotly_chart(viz.search_figure(rows, d["capacity_gib"], baseline), key="fig_search")
     c1, c2 = st.columns([1, 3])

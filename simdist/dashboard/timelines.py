@@ -71,14 +71,18 @@ def timelines_section(store: Any, profile: Any) -> None:
 
     from simdist.calibrate.compare import as_run_dict
     from simdist.calibrate.timelines import measured_spans, predicted_spans, two_timelines
+    from simdist.dashboard.text import md_escape
     from simdist.errors import ScenarioError
     from simdist.spec.measurement import Measurement
     from simdist.spec.scenario import scenario_from_dict
 
-    runs = [r for r in store.runs("measurement") if r.scenario_yaml and (r.payload or {}).get("timeline")]
+    stored = store.runs("measurement")
+    runs = [r for r in stored if r.scenario_yaml and (r.payload or {}).get("timeline")]
     st.subheader("Predicted and measured timelines")
     if not runs:
-        st.caption("No stored measurement has a timeline yet: `simdist run FILE --nproc N` (add `--trace DIR` "
+        which = "No stored measurement has" if not stored else (
+            "The stored measurement has no" if len(stored) == 1 else f"None of the {len(stored):,} stored measurements has")
+        st.caption(f"{which} timeline with its scenario yet: `simdist run FILE --nproc N` (add `--trace DIR` "
                    "for the collectives) keeps one.")
         return
     labels = {f"{r.name} (run {r.id}, {r.created})": r for r in reversed(runs)}
@@ -88,7 +92,7 @@ def timelines_section(store: Any, profile: Any) -> None:
         sc = scenario_from_dict(as_run_dict(yaml.safe_load(run.scenario_yaml), m.extras.get("as_run") or {}))
         predicted, step = predicted_spans(sc, profile)
     except ScenarioError as exc:
-        st.warning(f"Cannot predict {run.name}: {exc.problems[0]}")
+        st.warning(md_escape(f"Cannot predict {run.name}: {exc.problems[0]}"))
         return
     measured = measured_spans(m, m.extras.get("trace_dir"))
     st.caption(f"predicted step {step:.4g} s, measured median step {m.step_time_s:.4g} s"
