@@ -12,7 +12,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from simdist.cli.inputs import add_profile_argument, load_profile_arg
+from simdist.cli.inputs import add_profile_argument, add_set_argument, load_profile_arg, load_scenario_arg
 from simdist.errors import Collector, Problem, ScenarioError
 from simdist.spec.plan import RECOMPUTE, SCHEDULES
 
@@ -29,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "search the rest of the plan for the fastest one that fits.")
     p.epilog = "Exit code 0: plans found; 1: no plan fits; 2: bad input."
     p.add_argument("file", help="scenario YAML file")
+    add_set_argument(p)
     p.add_argument("--top", default="10", metavar="K", help="plans to show (default 10)")
     p.add_argument("--json", action="store_true", help="print the contract's JSON object")
     p.add_argument("--csv", metavar="FILE", help="write every evaluated plan to FILE")
@@ -158,10 +159,9 @@ def constraints_from_args(args: argparse.Namespace) -> tuple[Constraints, int | 
 
 def main(args: argparse.Namespace) -> int:
     from simdist.search import search
-    from simdist.spec.scenario import load_scenario
 
     constraints, workers, problems = constraints_from_args(args)
-    scenario = load_scenario(args.file)
+    scenario = load_scenario_arg(args)
     flagged = {p.field for p in problems}
     problems += [p for p in constraints.problems(scenario) if p.field not in flagged]
     if problems:
