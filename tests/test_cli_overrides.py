@@ -9,7 +9,13 @@ from conftest import DATA
 
 from simdist.cli import main
 from simdist.errors import ScenarioError
-from simdist.spec.overrides import apply_sets, is_hf_config, load_scenario_with, parse_sets, write_merged
+from simdist.spec.overrides import (
+    apply_sets,
+    is_hf_config,
+    load_scenario_with,
+    parse_sets,
+    write_merged,
+)
 
 GPT3 = "scenarios/gpt3-175b-1024xa100.yaml"
 

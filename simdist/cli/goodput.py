@@ -12,7 +12,12 @@ import json
 import math
 from typing import Any
 
-from simdist.cli.inputs import add_profile_argument, add_set_argument, load_profile_arg, load_scenario_arg
+from simdist.cli.inputs import (
+    add_profile_argument,
+    add_set_argument,
+    load_profile_arg,
+    load_scenario_arg,
+)
 from simdist.errors import Problem, ScenarioError
 
 # multiples of the optimum to tabulate, and round intervals users think in

@@ -12,7 +12,12 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from simdist.cli.inputs import add_profile_argument, add_set_argument, load_profile_arg, load_scenario_arg
+from simdist.cli.inputs import (
+    add_profile_argument,
+    add_set_argument,
+    load_profile_arg,
+    load_scenario_arg,
+)
 from simdist.errors import Collector, Problem, ScenarioError
 from simdist.spec.plan import RECOMPUTE, SCHEDULES
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from simdist.cli.inputs import add_profile_argument, add_set_argument, add_straggler_arguments, load_inputs
+from simdist.cli.inputs import (
+    add_profile_argument,
+    add_set_argument,
+    add_straggler_arguments,
+    load_inputs,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
