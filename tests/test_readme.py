@@ -127,7 +127,7 @@ def _check(steps: list[tuple[str, list[str]]], cwd: Path, env: dict[str, str]) -
             check_form(argv)
             continue
         if how == "help":
-            r = simdist(argv[:2] + ["--help"], cwd, env, timeout=120)
+            r = simdist([*argv[:2], "--help"], cwd, env, timeout=120)
             if argv[1] == "run":
                 check_run_plan(argv)
             for a in argv[2:]:
@@ -176,7 +176,7 @@ def test_validate_help_states_the_true_default_data(monkeypatch):
 
 def test_the_doc_test_catches_a_wrong_nproc():
     """The check that keeps the tour honest: tiny-3d needs 8 processes, not 4."""
-    with pytest.raises(AssertionError, match="nproc|processes|world"):
+    with pytest.raises(AssertionError, match=r"nproc|processes|world"):
         check_run_plan(["simdist", "run", "scenarios/tiny-3d.yaml", "--nproc", "4", "--steps", "5"])
     check_run_plan(["simdist", "run", "scenarios/tiny-3d.yaml", "--nproc", "8"])
     r = simdist(["simdist", "list", "gpus", "|", "clusters"], REPO, dict(os.environ))
