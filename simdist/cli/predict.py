@@ -42,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="scenario YAML file")
     p.add_argument("--json", action="store_true", help="print the contract's JSON object")
     p.add_argument("--engine", default="des", choices=("des", "analytic"))
+    p.add_argument("--tokens", metavar="N", help="also price a run to N tokens (300e9, 300B, 15T; default: "
+                   "reliability.train_tokens when given)")
     add_set_argument(p)
     add_straggler_arguments(p)
     add_profile_argument(p)
@@ -50,16 +52,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from simdist.economics import cost_lines, parse_tokens, run_cost
     from simdist.predict import predict
 
+    tokens = parse_tokens(args.tokens) if args.tokens else None
     scenario, profile, stragglers, fidelity = load_inputs(args)
     pred = predict(scenario, profile=profile, engine=args.engine, fidelity=fidelity,
                    keep_spans=False, stragglers=stragglers)
     if pred.engine != args.engine:
         why = next((a for a in pred.assumptions if a.startswith("closed form used")), "closed form used")
         print(f"note: {why}", file=sys.stderr)
-    if args.json:
-        print(to_json(pred.to_dict()))
+    cost = run_cost(scenario, pred, tokens)
+    if args.json:  # the contract's object, plus "cost" (a new key: the others never change)
+        print(to_json({**pred.to_dict(), "cost": cost.to_dict()}))
     else:
         from simdist.table import prediction_report
 
@@ -67,6 +72,7 @@ def main(args: argparse.Namespace) -> int:
         band = profile.band_text(pred.step_time_s) if profile is not None else None
         if band:
             print(band)
+        print("\n".join(cost_lines(cost)))
     if not args.no_store:
         store_prediction(args.db, args, pred)
     return 0

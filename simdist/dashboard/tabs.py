@@ -65,6 +65,11 @@ def results_tab(scenario: Scenario, pred: Prediction, note: str) -> None:
     st.caption(f"{scenario.world_size} GPUs · tp {scenario.plan.tp} · pp {scenario.plan.pp} · "
                f"dp {scenario.plan.dp} · {scenario.plan.num_microbatches} micro-batches per pipeline "
                f"· bubble {pred.bubble_fraction:.1%} · engine {pred.engine}")
+    from simdist.economics import cost_lines, run_cost  # $ per step and GPU energy (issue 18)
+
+    cost = run_cost(scenario, pred)
+    st.metric("Cost per step", "no price" if cost.usd_per_step is None else f"${cost.usd_per_step:,.2f}",
+              help=" · ".join(cost_lines(cost)))
     if note:
         st.warning(note)
     c1, c2 = st.columns(2)
