@@ -22,9 +22,14 @@ def add_set_argument(p: argparse.ArgumentParser) -> None:
 
 def load_scenario_arg(args: argparse.Namespace) -> Scenario:
     """The scenario named by ``args.file`` with its ``--set`` fields applied."""
+    import sys
+
     from simdist.spec.overrides import load_scenario_with
 
-    return load_scenario_with(args.file, getattr(args, "set", None) or ())
+    scenario = load_scenario_with(args.file, getattr(args, "set", None) or ())
+    for note in scenario.notes:  # e.g. the DeepSpeed config keys that are not simulated
+        print(f"note: {note}", file=sys.stderr)
+    return scenario
 
 
 def scenario_text(args: argparse.Namespace) -> str:
