@@ -296,7 +296,7 @@ def test_cli_json_follows_the_contract(small_file, tmp_path):
 def test_cli_table(small_file):
     res = run_cli("search", small_file, "--top", "3", "--engine", "analytic", "--max-tp", "4")
     assert res.returncode == 0, res.stderr
-    for word in ("step time", "MFU", "peak GiB", "rejected", "dominated", "the plan in"):
+    for word in ("step time", "MFU", "peak (GiB)", "rejected", "dominated", "the plan in"):
         assert word in res.stdout
 
 

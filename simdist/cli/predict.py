@@ -68,11 +68,10 @@ def main(args: argparse.Namespace) -> int:
     else:
         from simdist.table import prediction_report
 
-        print(prediction_report(pred))
+        print(prediction_report(pred, cost_lines(cost)))
         band = profile.band_text(pred.step_time_s) if profile is not None else None
         if band:
             print(band)
-        print("\n".join(cost_lines(cost)))
     if not args.no_store:
         store_prediction(args.db, args, pred)
     return 0

@@ -275,16 +275,14 @@ def cost_dict(result: SearchResult, price: float | None, tokens: float | None, r
 
 # --- the table ----------------------------------------------------------------------------
 
-_HEADERS = ["#", "step time", "MFU", "peak GiB", "tp", "pp", "dp", "cp", "ep", "v", "schedule", "zero", "sp",
+_HEADERS = ["#", "step time", "MFU", "peak (GiB)", "tp", "pp", "dp", "cp", "ep", "v", "schedule", "zero", "sp",
             "recompute", "mbs", "engine", "variants"]
 
 
-def _row(rank: int | None, p: PlanResult, dollars: list[str]) -> list[Any]:
-    from simdist.units import fmt_seconds
-
+def _row(rank: int | None, p: PlanResult, dollars: list[str], seconds_per_unit: float) -> list[Any]:
     c = p.candidate
     variants = f"{p.variants} ({', '.join(p.equivalent)})" if p.variants > 1 else "1"
-    return [rank, fmt_seconds(p.step_time_s) if p.step_time_s else "-", *dollars,
+    return [rank, f"{p.step_time_s / seconds_per_unit:,.3f}" if p.step_time_s else "-", *dollars,
             f"{p.mfu:.1%}" if p.mfu is not None else "-", f"{p.peak_gib:.1f}", c.tp, c.pp, c.dp, c.cp, c.ep, c.v,
             c.schedule, c.zero, "yes" if c.sp else "no", c.recompute, c.mbs, p.engine or "-", variants]
 
@@ -302,7 +300,11 @@ def report(result: SearchResult, source: str = "FILE", price: float | None = Non
              f"({r.plans_per_s:,.0f} plans/s); {r.feasible:,} fit; top plans timed by the "
              + ("discrete-event engine" if r.engine == "des" else "closed-form engine"), ""]
     if r.plans:
+        from simdist.table import time_unit
+
+        unit, per = time_unit(max(p.step_time_s or 0.0 for p in r.plans))
         headers, rows = list(_HEADERS), []
+        headers[1] = f"step time ({unit})"
         if price is not None:
             headers[2:2] = ["$ per step"] + ([f"$ to {tokens:,.3g} tokens"] if tokens else [])
         for p in r.plans:
@@ -312,7 +314,7 @@ def report(result: SearchResult, source: str = "FILE", price: float | None = Non
                 dollars.append(f"{step:,.4g}" if step is not None else "-")
                 if tokens:
                     dollars.append(f"{step * tokens / tokens_per_step:,.0f}" if step is not None else "-")
-            rows.append(_row(p.rank, p, dollars))
+            rows.append(_row(p.rank, p, dollars, per))
         lines.append(table(headers, rows, align="rr" + "r" * (len(headers) - len(_HEADERS)) + "rrrrrrrrlrlrrll"))
     else:
         lines.append("no plan fits: try a larger --memory-headroom margin, more pipeline stages, or recompute")
