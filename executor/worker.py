@@ -22,8 +22,9 @@ rank 0 measures the restart time (:func:`executor.report.restart_history`).
 Timeouts: the process groups (the mesh's sub-groups too, see
 :func:`executor.parallelize.build_mesh`) are created with a generous timeout
 (:data:`SETUP_TIMEOUT_S`, or ``--pg-timeout`` if longer) for start-up, resume and checkpoint
-saves, whose length depends on how busy the machine is; while training steps run they hold
-``--pg-timeout``, so that a hung peer is detected quickly (torchtitan shortens its timeouts after
+saves, whose length depends on how busy the machine is; once every rank has passed a barrier
+after them (so the first rank ready never waits on a slower one with the short timeout), training
+steps hold ``--pg-timeout``, so that a hung peer is detected quickly (torchtitan shortens its timeouts after
 the first step the same way). Process life (torch 2.13 on CPU/gloo, measured): every worker ends with
 flush + ``destroy_process_group`` + ``os._exit`` (a plain interpreter exit sometimes aborts
 after destroy_process_group on gloo, and torchrun then reports the job failed).
@@ -209,7 +210,7 @@ class Worker:
             pm.optimizer.pull_initial()
         self.step = start
         self.event("resumed")
-        set_timeouts(self.args.pg_timeout)
+        self.all_ready(device)
         census = CollectiveCensus()
         wire: dict[str, int] | None = None
         for step in range(start, total):
@@ -241,7 +242,7 @@ class Worker:
                 set_timeouts(max(self.args.pg_timeout, SETUP_TIMEOUT_S))
                 ckpt.save(step + 1, state, {"records": records, "saves": ckpt.saves + 1,
                                             "save_s": ckpt.save_s})
-                set_timeouts(self.args.pg_timeout)
+                self.all_ready(device)
         self.beat("report")
         saved = probe.saved.peak if probe.saved else 0
         gathered = probe.gathered.peak if probe.gathered else 0
@@ -278,7 +279,7 @@ class Worker:
         server.send_initial()
         self.step = start
         self.event("resumed")
-        set_timeouts(self.args.pg_timeout)
+        self.all_ready(device)
         if server.asynchronous:
             self.beat("serve", start)
             self.maybe_inject_fault(start)
@@ -292,7 +293,7 @@ class Worker:
                     self.beat("checkpoint", step)
                     set_timeouts(max(self.args.pg_timeout, SETUP_TIMEOUT_S))
                     ckpt.save(step + 1, state, {})
-                    set_timeouts(self.args.pg_timeout)
+                    self.all_ready(device)
         self.beat("report")
         self.finish(scenario, {"role": "server", "global_rank": self.rank, **server.report()}, device, backend)
 
@@ -308,6 +309,12 @@ class Worker:
             if self.args.out:
                 measurement.save(Path(self.args.out))
         self.beat("done")
+
+    def all_ready(self, device: torch.device) -> None:
+        """Every rank has resumed (or saved) before any shortens its timeouts to --pg-timeout: a
+        peer slowed by a busy machine is waited for with the setup timeout, never taken for a hang."""
+        self.barrier(device, None)
+        set_timeouts(self.args.pg_timeout)
 
     def barrier(self, device: torch.device, group: dist.ProcessGroup | None) -> None:
         if device.type == "cuda":

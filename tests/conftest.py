@@ -53,14 +53,16 @@ def run_cli(*args: str):
 
 def pytest_collection_modifyitems(config, items):
     """The executor's tests marked ``slow`` (most torchrun launches: every plan kind, faults and
-    restarts, the optimizer sweep, multi-node) run when asked for, as CI does: with any ``-m``
+    restarts, the optimizer sweep, multi-node) and the README's long commands run when asked for, as CI does: with any ``-m``
     expression (``-m slow``, ``-m distributed``, ...) or ``SIMDIST_SLOW=1``; the plain ``pytest``
     run keeps a quick representative set of them, so that it stays under ten minutes on a
     2-core machine."""
     if os.environ.get("SIMDIST_SLOW") or config.getoption("markexpr"):
         return
     executor_tests = Path(__file__).resolve().parent / "executor"
-    slow = [item for item in items if "slow" in item.keywords and executor_tests in Path(str(item.fspath)).parents]
+    readme_test = Path(__file__).resolve().parent / "test_readme.py"
+    slow = [item for item in items if "slow" in item.keywords
+            and (executor_tests in Path(str(item.fspath)).parents or Path(str(item.fspath)) == readme_test)]
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item not in slow]

@@ -160,3 +160,44 @@ def test_import_accelerate_deepspeed_config_file_keeps_its_batch(tmp_path):
     p = d["plan"]
     assert (p["global_batch_size"], p["micro_batch_size"], p["zero_stage"]) == (256, 8, 2)  # from the file
     assert p["ddp_bucket_size"] == "1000000000 B" and p["offload"]["optimizer"] == "cpu"
+
+
+def test_activation_checkpointing_means_full_recompute_and_its_options_are_listed_as_ignored():
+    sc = scenario("ds_activation_checkpointing.json")
+    assert sc.plan.recompute == "full"
+    assert scenario("ds_zero3_offload_auto.json").plan.recompute != "full"  # no section: the plan's default
+    assert scenario("ds_activation_checkpointing.json", recompute="selective").plan.recompute == "selective"
+    (note,) = sc.notes
+    for key in ("activation_checkpointing.partition_activations", "activation_checkpointing.cpu_checkpointing",
+                "activation_checkpointing.profile", "scheduler", "zero_optimization.stage3_max_live_parameters"):
+        assert key in note
+    assert "zero_optimization.stage," not in note and "bf16" not in note
+
+
+def test_every_ignored_key_is_listed():
+    from simdist.io.deepspeed import ignored_keys
+
+    cfg = json.loads((DS / "ds_zero3_offload_auto.json").read_text())
+    assert ignored_keys(cfg) == [
+        "gradient_clipping", "optimizer.params", "zero_optimization.offload_optimizer.pin_memory",
+        "zero_optimization.offload_param.pin_memory", "zero_optimization.contiguous_gradients",
+        "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.stage3_param_persistence_threshold",
+        "zero_optimization.stage3_gather_16bit_weights_on_model_save", "steps_per_print", "wall_clock_breakdown"]
+
+
+def test_unknown_activation_checkpointing_key_is_named():
+    c = Collector()
+    plan_fields({"activation_checkpointing": {"partition_activation": True}}, {}, 8, c)
+    assert [p.field for p in c.problems] == ["activation_checkpointing.partition_activation"]
+
+
+def test_ignored_keys_reach_predict_and_import(tmp_path):
+    d = {"name": "t", "model": {"preset": "llama2-7b"}, "cluster": {"preset": "dgx-a100-80gb", "num_nodes": 1},
+         "plan": {"deepspeed_config": str(DS / "ds_activation_checkpointing.json")}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
+    r = run_cli("predict", str(tmp_path / "s.yaml"), "--engine", "analytic", "--no-store")
+    assert r.returncode == 0 and "note: plan.deepspeed_config: not simulated, ignored:" in r.stderr
+    r = run_cli("import", str(DS / "ds_activation_checkpointing.json"), "--model", "llama2-7b",
+                "--cluster", "dgx-a100-80gb", "--global-batch-size", "32")
+    assert r.returncode == 0, r.stderr
+    assert "# plan.deepspeed_config: not simulated, ignored: " in r.stdout and "recompute: full" in r.stdout

@@ -135,10 +135,13 @@ def compare_stored(store: RunStore, profile: CalibrationProfile | None, scenario
     """The newest stored measurement of each scenario against its prediction, and one line per
     stored measurement that could not be compared (naming it and the problem)."""
     latest = {}
+    skipped = []
     for r in store.runs("measurement", scenario_hash):
         if r.scenario_yaml:
             latest[r.scenario_hash] = r
-    comparisons, skipped = [], []
+        else:
+            skipped.append(f"{r.name} (run {r.id}): stored without its scenario's text, so it cannot be predicted")
+    comparisons = []
     for r in latest.values():
         try:
             comparisons.append(compare_one(r.payload, r.scenario_yaml or "", profile))

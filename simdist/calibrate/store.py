@@ -140,9 +140,10 @@ class RunStore:
         if kind:
             query += " AND kind = ?"
             args.append(kind)
-        if scenario_hash:
-            query += " AND scenario_hash LIKE ?"
-            args.append(scenario_hash + "%")
+        if scenario_hash:  # a hash prefix or the scenario's name
+            query += " AND (scenario_hash LIKE ? ESCAPE '\\' OR name = ?)"
+            args += [scenario_hash.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%",
+                     scenario_hash]
         with self._connect() as conn:
             rows = conn.execute(query + " ORDER BY id", args).fetchall()
         out = []
@@ -155,6 +156,13 @@ class RunStore:
                 raise StoreError(f"{_show(self.path)}: run {r[0]} holds a payload that is not a JSON object")
             out.append(StoredRun(*r[:10], payload=payload))
         return out
+
+    def remove(self, ids: list[int]) -> list[int]:
+        """Delete the runs with these ids (one transaction); returns the ids that were there."""
+        with self._connect() as conn:
+            found = [i for i in ids if conn.execute("SELECT 1 FROM runs WHERE id = ?", (i,)).fetchone()]
+            conn.executemany("DELETE FROM runs WHERE id = ?", [(i,) for i in found])
+        return found
 
 
 # --- the path, checked before SQLite opens it -------------------------------------------------

@@ -23,7 +23,7 @@ QUANTITIES = ("step_time_s", "forward_s", "backward_s", "optimizer_s", "comm_s",
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", help="calibration profile to predict with")
     p.add_argument("--html", help="write a plotly chart of predicted vs measured (HTML)")
-    p.add_argument("--scenario", help="only this scenario hash (or prefix)")
+    p.add_argument("--scenario", help="only this scenario: its name or its hash (or a hash prefix)")
     p.add_argument("--trace", metavar="OUT.json",
                    help="write the predicted and measured timelines in one Perfetto trace (one file per scenario: "
                         "OUT-<name>.json when several) and add per-phase rows to the table")
@@ -49,7 +49,13 @@ def main(args: argparse.Namespace) -> int:
                            **({"phases": phases[c.scenario_hash]} if c.scenario_hash in phases else {})}
                           for c in comps], indent=2))
     elif not comps:
-        print(f"no measurements in {store.path}: run `simdist run FILE --nproc N` first")
+        stored = len(store.runs("measurement", args.scenario))
+        which = f" of scenario {args.scenario!r}" if args.scenario else ""
+        if stored:
+            print(f"{stored} measurement(s){which} stored in {store.path}, none could be compared: "
+                  "the reasons are above")
+        else:
+            print(f"no measurements{which} in {store.path}: run `simdist run FILE --nproc N` first")
     else:
         rows = []
         for c in comps:

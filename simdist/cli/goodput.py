@@ -12,7 +12,12 @@ import json
 import math
 from typing import Any
 
-from simdist.cli.inputs import add_profile_argument, load_profile_arg
+from simdist.cli.inputs import (
+    add_profile_argument,
+    add_set_argument,
+    load_profile_arg,
+    load_scenario_arg,
+)
 from simdist.errors import Problem, ScenarioError
 
 # multiples of the optimum to tabulate, and round intervals users think in
@@ -23,6 +28,7 @@ _ROUND_S = (5 * 60, 15 * 60, 30 * 60, 3600, 3 * 3600, 6 * 3600, 24 * 3600)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="scenario YAML with a reliability section")
     p.add_argument("--engine", default="analytic", choices=("des", "analytic"))
+    add_set_argument(p)
     add_profile_argument(p)
     p.add_argument("--html", help="write a plotly chart of goodput against the interval (HTML)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
@@ -76,11 +82,10 @@ def figure(data: dict[str, Any]) -> Any:
 
 def main(args: argparse.Namespace) -> int:
     from simdist.predict import predict
-    from simdist.spec.scenario import load_scenario
     from simdist.table import table
     from simdist.units import fmt_seconds
 
-    sc = load_scenario(args.file)
+    sc = load_scenario_arg(args)
     if sc.reliability is None:
         raise ScenarioError(Problem("reliability", "is required for `simdist goodput` (gpu_mtbf, "
                                     "checkpoint_bandwidth, ...; see docs/scenario-format.md)"))

@@ -12,6 +12,40 @@ if TYPE_CHECKING:
     from simdist.spec.scenario import Scenario
 
 
+SET_HELP = ("set one scenario field, e.g. --set plan.tp=4 --set cluster.num_nodes=32 (repeatable; "
+            "VALUE is read as YAML: 4, true, '300 GB/s'; checked like the file)")
+
+
+def add_set_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="set", help=SET_HELP)
+
+
+def load_scenario_arg(args: argparse.Namespace) -> Scenario:
+    """The scenario named by ``args.file`` with its ``--set`` fields applied."""
+    import sys
+
+    from simdist.spec.overrides import load_scenario_with
+
+    scenario = load_scenario_with(args.file, getattr(args, "set", None) or ())
+    for note in scenario.notes:  # e.g. the DeepSpeed config keys that are not simulated
+        print(f"note: {note}", file=sys.stderr)
+    return scenario
+
+
+def scenario_text(args: argparse.Namespace) -> str:
+    """The scenario's text as it ran: the file's, or with ``--set`` the merged YAML."""
+    from pathlib import Path
+
+    sets = getattr(args, "set", None) or ()
+    if not sets:
+        return Path(args.file).read_text(encoding="utf-8")
+    import yaml
+
+    from simdist.spec.overrides import scenario_data
+
+    return yaml.safe_dump(scenario_data(args.file, sets), sort_keys=False)
+
+
 def add_profile_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", help="calibration profile JSON from `simdist calibrate`")
 
@@ -77,9 +111,7 @@ def check_stragglers(stragglers: dict[int, float], scenario: Scenario) -> None:
 
 def load_inputs(args: argparse.Namespace) -> tuple[Scenario, CalibrationProfile | None, dict[int, float], str]:
     """The scenario, profile, stragglers and fidelity that `predict` and `trace` share."""
-    from simdist.spec.scenario import load_scenario
-
-    scenario = load_scenario(args.file)
+    scenario = load_scenario_arg(args)
     profile = load_profile_arg(args.profile)
     stragglers = parse_stragglers(args.straggler)
     check_stragglers(stragglers, scenario)

@@ -7,7 +7,13 @@ import json
 import sys
 from typing import Any
 
-from simdist.cli.inputs import add_profile_argument, add_straggler_arguments, load_inputs
+from simdist.cli.inputs import (
+    add_profile_argument,
+    add_set_argument,
+    add_straggler_arguments,
+    load_inputs,
+    scenario_text,
+)
 
 LIMITS_HELP = (
     "Input limits: a scenario file, hf_config or deepspeed_config is at most {mib} MiB, nested at most "
@@ -36,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="scenario YAML file")
     p.add_argument("--json", action="store_true", help="print the contract's JSON object")
     p.add_argument("--engine", default="des", choices=("des", "analytic"))
+    p.add_argument("--tokens", metavar="N", help="also price a run to N tokens (300e9, 300B, 15T; default: "
+                   "reliability.train_tokens when given)")
+    add_set_argument(p)
     add_straggler_arguments(p)
     add_profile_argument(p)
     p.add_argument("--db", help="run store (SQLite) to record the prediction in")
@@ -43,25 +52,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from simdist.economics import cost_lines, parse_tokens, run_cost
     from simdist.predict import predict
 
+    tokens = parse_tokens(args.tokens) if args.tokens else None
     scenario, profile, stragglers, fidelity = load_inputs(args)
     pred = predict(scenario, profile=profile, engine=args.engine, fidelity=fidelity,
                    keep_spans=False, stragglers=stragglers)
     if pred.engine != args.engine:
         why = next((a for a in pred.assumptions if a.startswith("closed form used")), "closed form used")
         print(f"note: {why}", file=sys.stderr)
-    if args.json:
-        print(to_json(pred.to_dict()))
+    cost = run_cost(scenario, pred, tokens)
+    if args.json:  # the contract's object, plus "cost" (a new key: the others never change)
+        print(to_json({**pred.to_dict(), "cost": cost.to_dict()}))
     else:
         from simdist.table import prediction_report
 
-        print(prediction_report(pred))
+        print(prediction_report(pred, cost_lines(cost)))
         band = profile.band_text(pred.step_time_s) if profile is not None else None
         if band:
             print(band)
     if not args.no_store:
-        store_prediction(args.db, args.file, pred)
+        store_prediction(args.db, args, pred)
     return 0
 
 
@@ -76,15 +88,14 @@ def to_json(data: Any) -> str:
         raise ScenarioError(Problem("output", f"the prediction holds a number JSON cannot carry ({exc})")) from None
 
 
-def store_prediction(db: str | None, file: str, pred: Any) -> None:
+def store_prediction(db: str | None, args: argparse.Namespace, pred: Any) -> None:
     """Keep every prediction in the run store; a store problem never fails the prediction."""
     import sqlite3
-    from pathlib import Path
 
     from simdist.calibrate.store import RunStore
 
     try:
-        RunStore(db).add("prediction", pred.to_dict(), Path(file).read_text(encoding="utf-8"),
+        RunStore(db).add("prediction", pred.to_dict(), scenario_text(args),
                          engine=pred.engine, profile=pred.profile)
     except (OSError, sqlite3.Error) as exc:
         print(f"warning: prediction not stored ({exc})", file=sys.stderr)

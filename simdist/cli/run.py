@@ -13,12 +13,14 @@ import sys
 from pathlib import Path
 
 from executor.launch import add_run_arguments, execute
+from simdist.cli.inputs import add_set_argument
 from simdist.spec.measurement import Measurement
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """FILE, --nproc, --steps, --warmup, --out, ... (the executor's), then --db and --no-store."""
     add_run_arguments(p)
+    add_set_argument(p)
     p.add_argument("--db", default=None, help="run store (SQLite) to record the measurement in "
                    "(default: $SIMDIST_DB or the user's data directory)")
     p.add_argument("--no-store", action="store_true", help="do not record the measurement in the run store")
@@ -26,10 +28,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Exit code 0 (measured), 1 (the run failed) or 2 (refused before launch)."""
-    opts = {k: v for k, v in vars(args).items() if k not in ("db", "no_store", "func")}
-    outcome = execute(opts)
-    if outcome.measurement is not None and not args.no_store:
-        store_measurement(outcome.measurement, args.file, args.db)
+    opts = {k: v for k, v in vars(args).items() if k not in ("db", "no_store", "func", "set")}
+    merged = None
+    if args.set:  # the workers read a file: the scenario with --set applied, written beside the run
+        from simdist.spec.overrides import write_merged
+
+        merged = write_merged(args.file, args.set)
+        opts["file"] = str(merged)
+    try:
+        outcome = execute(opts)
+        if outcome.measurement is not None and not args.no_store:
+            store_measurement(outcome.measurement, opts["file"], args.db)
+    finally:
+        if merged is not None and args.print_launch:  # the printed commands name it: keep it
+            print(f"note: the scenario with --set applied is {merged}", file=sys.stderr)
+        elif merged is not None:
+            merged.unlink(missing_ok=True)
     return outcome.code
 
 

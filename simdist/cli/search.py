@@ -12,7 +12,12 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from simdist.cli.inputs import add_profile_argument, load_profile_arg
+from simdist.cli.inputs import (
+    add_profile_argument,
+    add_set_argument,
+    load_profile_arg,
+    load_scenario_arg,
+)
 from simdist.errors import Collector, Problem, ScenarioError
 from simdist.spec.plan import RECOMPUTE, SCHEDULES
 
@@ -29,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "search the rest of the plan for the fastest one that fits.")
     p.epilog = "Exit code 0: plans found; 1: no plan fits; 2: bad input."
     p.add_argument("file", help="scenario YAML file")
+    add_set_argument(p)
     p.add_argument("--top", default="10", metavar="K", help="plans to show (default 10)")
     p.add_argument("--json", action="store_true", help="print the contract's JSON object")
     p.add_argument("--csv", metavar="FILE", help="write every evaluated plan to FILE")
@@ -56,6 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "analytic (the closed form alone)")
     p.add_argument("--keep-dominated", action="store_true",
                    help="also rank plans another plan beats on both step time and memory")
+    p.add_argument("--rank-by", default="time", choices=("time", "cost"),
+                   help="order the plans by step time or by dollars per step (cluster.usd_per_gpu_hour; the "
+                        "search keeps the cluster, so the two orders agree and cost adds the dollars)")
+    p.add_argument("--tokens", metavar="N", help="also price a run to N tokens per plan (300e9, 300B, 15T)")
     p.add_argument("--workers", metavar="N", help="worker processes (default: the CPUs available)")
     add_profile_argument(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
@@ -157,11 +167,17 @@ def constraints_from_args(args: argparse.Namespace) -> tuple[Constraints, int | 
 
 
 def main(args: argparse.Namespace) -> int:
+    from simdist.economics import parse_tokens
     from simdist.search import search
-    from simdist.spec.scenario import load_scenario
 
     constraints, workers, problems = constraints_from_args(args)
-    scenario = load_scenario(args.file)
+    tokens = None
+    if args.tokens:
+        try:
+            tokens = parse_tokens(args.tokens)
+        except ScenarioError as exc:
+            problems += exc.problems
+    scenario = load_scenario_arg(args)
     flagged = {p.field for p in problems}
     problems += [p for p in constraints.problems(scenario) if p.field not in flagged]
     if problems:
@@ -172,14 +188,21 @@ def main(args: argparse.Namespace) -> int:
                         workers=workers)
     finally:
         bars.close()
+    price = scenario.cluster.usd_per_gpu_hour
+    per_step = scenario.plan.global_batch_size * scenario.model.seq_length  # tokens per step
+    if args.rank_by == "cost":
+        if price is None:
+            raise ScenarioError(Problem("--rank-by", "cost needs cluster.usd_per_gpu_hour (the cluster "
+                                        "preset has no price: give one with --set cluster.usd_per_gpu_hour=2.5)"))
+        rank_by_cost(result, price)
     if args.csv:
         write_csv(args.csv, result.to_rows("all"))
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+    if args.json:  # the contract's object plus "cost" (new keys only)
+        print(json.dumps({**result.to_dict(), "cost": cost_dict(result, price, tokens, args.rank_by, per_step)}, indent=2))
     else:
-        print(report(result, args.file))
+        print(report(result, args.file, price, tokens, per_step))
     return 0 if result.plans else EXIT_NONE_FITS
 
 
@@ -217,23 +240,55 @@ def write_csv(path: str, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
+# --- cost -------------------------------------------------------------------------------------
+
+
+def usd_per_step(p: PlanResult, world_size: int, price: float | None) -> float | None:
+    """Dollars per step: world_size x step time / 3600 x price (simdist.economics)."""
+    if price is None or not p.step_time_s:
+        return None
+    return world_size * p.step_time_s / 3600 * price
+
+
+def rank_by_cost(result: SearchResult, price: float) -> None:
+    """Order the top plans by dollars per step (ties: step time) and number them again."""
+    ordered = sorted(result.plans, key=lambda p: (usd_per_step(p, result.world_size, price) or float("inf"),
+                                                  p.step_time_s or float("inf")))
+    for i, p in enumerate(ordered, 1):
+        p.rank = i
+    result.plans[:] = ordered
+
+
+def cost_dict(result: SearchResult, price: float | None, tokens: float | None, rank_by: str,
+              tokens_per_step: int) -> dict[str, Any]:
+    """Per ranked plan: dollars per step and, with ``tokens``, to train to that many tokens."""
+    plans = []
+    for p in result.plans:
+        step = usd_per_step(p, result.world_size, price)
+        row: dict[str, Any] = {"rank": p.rank, "usd_per_step": step}
+        if tokens is not None:
+            row["usd_to_tokens"] = step * tokens / tokens_per_step if step is not None else None
+            row["days_to_tokens"] = (p.step_time_s or 0.0) * tokens / tokens_per_step / 86400
+        plans.append(row)
+    return {"rank_by": rank_by, "usd_per_gpu_hour": price, "tokens": tokens, "plans": plans}
+
+
 # --- the table ----------------------------------------------------------------------------
 
-_HEADERS = ["#", "step time", "MFU", "peak GiB", "tp", "pp", "dp", "cp", "ep", "v", "schedule", "zero", "sp",
+_HEADERS = ["#", "step time", "MFU", "peak (GiB)", "tp", "pp", "dp", "cp", "ep", "v", "schedule", "zero", "sp",
             "recompute", "mbs", "engine", "variants"]
 
 
-def _row(rank: int | None, p: PlanResult) -> list[Any]:
-    from simdist.units import fmt_seconds
-
+def _row(rank: int | None, p: PlanResult, dollars: list[str], seconds_per_unit: float) -> list[Any]:
     c = p.candidate
     variants = f"{p.variants} ({', '.join(p.equivalent)})" if p.variants > 1 else "1"
-    return [rank, fmt_seconds(p.step_time_s) if p.step_time_s else "-",
+    return [rank, f"{p.step_time_s / seconds_per_unit:,.3f}" if p.step_time_s else "-", *dollars,
             f"{p.mfu:.1%}" if p.mfu is not None else "-", f"{p.peak_gib:.1f}", c.tp, c.pp, c.dp, c.cp, c.ep, c.v,
             c.schedule, c.zero, "yes" if c.sp else "no", c.recompute, c.mbs, p.engine or "-", variants]
 
 
-def report(result: SearchResult, source: str = "FILE") -> str:
+def report(result: SearchResult, source: str = "FILE", price: float | None = None,
+           tokens: float | None = None, tokens_per_step: int = 0) -> str:
     """The human-readable search report: header, top plans, rejections, the file's own plan."""
     from simdist.table import table
 
@@ -245,14 +300,33 @@ def report(result: SearchResult, source: str = "FILE") -> str:
              f"({r.plans_per_s:,.0f} plans/s); {r.feasible:,} fit; top plans timed by the "
              + ("discrete-event engine" if r.engine == "des" else "closed-form engine"), ""]
     if r.plans:
-        rows = [_row(p.rank, p) for p in r.plans]
-        lines.append(table(_HEADERS, rows, align="rrrrrrrrrrlrlrrll"))
+        from simdist.table import time_unit
+
+        unit, per = time_unit(max(p.step_time_s or 0.0 for p in r.plans))
+        headers, rows = list(_HEADERS), []
+        headers[1] = f"step time ({unit})"
+        if price is not None:
+            headers[2:2] = ["$ per step"] + ([f"$ to {tokens:,.3g} tokens"] if tokens else [])
+        for p in r.plans:
+            dollars = []
+            step = usd_per_step(p, r.world_size, price)
+            if price is not None:
+                dollars.append(f"{step:,.4g}" if step is not None else "-")
+                if tokens:
+                    dollars.append(f"{step * tokens / tokens_per_step:,.0f}" if step is not None else "-")
+            rows.append(_row(p.rank, p, dollars, per))
+        lines.append(table(headers, rows, align="rr" + "r" * (len(headers) - len(_HEADERS)) + "rrrrrrrrlrlrrll"))
     else:
         lines.append("no plan fits: try a larger --memory-headroom margin, more pipeline stages, or recompute")
     rej = r.rejected
     lines += ["", f"rejected: {rej['invalid']:,} invalid, {rej['does_not_fit']:,} do not fit, "
               f"{rej['dominated']:,} dominated (another plan is faster and no bigger); "
               f"{rej['equivalent']:,} equivalent variants grouped"]
+    if r.invalid_by_rule:
+        lines.append("invalid grid points, by reason:")
+        lines += [f"  {n:>12,}  {why}" for why, n in sorted(r.invalid_by_rule.items(), key=lambda kv: -kv[1])]
+    if price is not None:
+        lines.append(f"cost at ${price:,.2f} per GPU-hour (cluster.usd_per_gpu_hour): GPUs x step time x price")
     lines += _baseline_lines(r, source)
     return "\n".join(lines)
 

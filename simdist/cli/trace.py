@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from simdist.cli.inputs import add_profile_argument, add_straggler_arguments, load_inputs
+from simdist.cli.inputs import (
+    add_profile_argument,
+    add_set_argument,
+    add_straggler_arguments,
+    load_inputs,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -12,6 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "(see `simdist predict --help`) is refused with exit code 2, naming the input to reduce.")
     p.add_argument("file", help="scenario YAML")
     p.add_argument("-o", "--output", default="trace.json", help="trace file to write (default trace.json)")
+    add_set_argument(p)
     add_profile_argument(p)
     add_straggler_arguments(p)
 

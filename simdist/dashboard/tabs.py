@@ -76,6 +76,11 @@ def results_tab(scenario: Scenario, pred: Prediction, note: str, pending: bool =
     st.caption(md_escape(f"{scenario.world_size} GPUs · tp {scenario.plan.tp} · pp {scenario.plan.pp} · "
                          f"dp {scenario.plan.dp} · {scenario.plan.num_microbatches} micro-batches per pipeline "
                          f"· bubble {pred.bubble_fraction:.1%} · engine {ENGINE_NAMES.get(pred.engine, pred.engine)}"))
+    from simdist.economics import cost_lines, run_cost  # $ per step and GPU energy (issue 18)
+
+    cost = run_cost(scenario, pred)
+    st.metric("Cost per step", "no price" if cost.usd_per_step is None else f"${cost.usd_per_step:,.2f}",
+              help=md_escape(" · ".join(cost_lines(cost))))
     # one element in both passes (a block redrawn in the same run keeps children it is not given)
     notice = st.empty()
     if pending:

@@ -9,7 +9,18 @@ What is read (DeepSpeed docs, "DeepSpeed Configuration JSON"):
   reduce_bucket_size (elements), zero_hpz_partition_size (ZeRO++ hpZ: a secondary weight copy
   sharded within groups of that size -> ``zero_hpz_partition_size``), zero_quantized_weights
   (qwZ), zero_quantized_gradients (qgZ -> int8 gradient compression);
-- optimizer.type -> optimizer.
+- optimizer.type -> optimizer;
+- activation_checkpointing: the section configures DeepSpeed's activation checkpointing
+  (``deepspeed.checkpointing``), which a model that writes it trains with: each layer keeps only
+  its input and recomputes the rest in backward -> ``recompute: full``. Its options are not
+  simulated and are listed as ignored: ``partition_activations`` (the kept inputs split over the
+  model-parallel ranks), ``cpu_checkpointing`` (kept inputs moved to host memory),
+  ``contiguous_memory_optimization``, ``number_checkpoints``,
+  ``synchronize_checkpoint_boundary``, ``profile``.
+
+Every key present that no plan field comes from is listed by :func:`ignored_keys` (dotted, e.g.
+``scheduler``, ``gradient_clipping``, ``zero_optimization.stage3_max_live_parameters``): the
+loader passes the list on as a note, ``simdist import`` writes it into the scenario.
 
 ``"auto"`` values are the Hugging Face Trainer convention: the value comes from the rest of the
 scenario, so "auto" reads as "not given here" and the plan's own field (or DeepSpeed's derivation
@@ -83,7 +94,45 @@ def plan_fields(data: Mapping[str, Any], plan_data: Mapping[str, Any], world_siz
     _optimizer(data, out, c)
     _zero(data, plan_data, out, c)
     _batch(data, plan_data, world_size, out, c)
+    _activation_checkpointing(data, out, c)
     return out
+
+
+# keys whose value some plan field comes from (the rest of a present section is ignored)
+READ = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+        "bf16.enabled", "fp16.enabled", "optimizer.type", "zero_optimization.stage",
+        "zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device",
+        "zero_optimization.cpu_offload", "zero_optimization.overlap_comm",
+        "zero_optimization.reduce_bucket_size", "zero_optimization.zero_hpz_partition_size",
+        "zero_optimization.zero_quantized_weights", "zero_optimization.zero_quantized_gradients",
+        "activation_checkpointing"}
+_NESTED = ("bf16", "fp16", "optimizer", "zero_optimization", "zero_optimization.offload_optimizer",
+           "zero_optimization.offload_param", "activation_checkpointing")
+ACTIVATION_CHECKPOINTING_KEYS = {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+                                 "number_checkpoints", "synchronize_checkpoint_boundary", "profile"}
+
+
+def ignored_keys(data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Every key of the config that no plan field is read from, dotted, in the file's order."""
+    out = []
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if dotted in _NESTED and isinstance(value, Mapping):
+            out += ignored_keys(value, dotted + ".")
+        elif dotted not in READ:
+            out.append(dotted)
+    return out
+
+
+def _activation_checkpointing(data: Mapping[str, Any], out: dict[str, Any], c: Collector) -> None:
+    if "activation_checkpointing" not in data:
+        return
+    ac = section(data, "activation_checkpointing", c)
+    for key in ac:
+        if key not in ACTIVATION_CHECKPOINTING_KEYS:
+            c.add(f"activation_checkpointing.{str(key)[:60]}", "unknown DeepSpeed config key")
+    if isinstance(data.get("activation_checkpointing"), Mapping):
+        out["recompute"] = "full"  # each layer keeps its input, recomputes the rest in backward
 
 
 def _precision(data: Mapping[str, Any], out: dict[str, Any], c: Collector) -> None:

@@ -60,6 +60,9 @@ class GpuSpec:
     # run than FlashAttention-2, whose speed `efficiency.attention` is (1.0: the same kernel class)
     fused_attention_speedup: float = spec_field(1.0, check="at_least_1", compare=False, since="1.2",
                                                 doc="cuDNN / FlashAttention-3 attention over FlashAttention-2")
+    # v1.2 extension, not simulated (prices the run): the datasheet's maximum board power (TDP)
+    board_power_w: float | None = spec_field(None, check="positive", compare=False, since="1.2", hashed=False,
+                                             doc="maximum board power in watts (the datasheet's TDP)")
 
     def __post_init__(self) -> None:
         validate(self)
@@ -172,6 +175,9 @@ class ClusterSpec:
     # v1.2: what NCCL may run (simdist.analytic.nccl)
     in_network_reduction: bool = spec_field(False, since="1.2",
                                             doc="SHARP reduction in the network switches (NCCL CollNet)")
+    # v1.2 extension, not simulated (prices the run): what one GPU-hour of this cluster costs
+    usd_per_gpu_hour: float | None = spec_field(None, check="positive", compare=False, since="1.2", hashed=False,
+                                                doc="price of one GPU-hour in US dollars (cost of a step and a run)")
     nccl_algorithms: str | None = spec_field(None, since="1.2",
                                              doc="NCCL_ALGO-style list of the algorithms NCCL may use "
                                                  "(ring, tree, pat, nvls, nvlstree, collnet; ^ excludes)")

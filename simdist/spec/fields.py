@@ -52,7 +52,8 @@ def spec_field(default: Any = MISSING, *, default_factory: Any = MISSING, key: s
                compare: bool = True, internal: bool = False, scale: float = 1.0,
                keys: tuple[str, ...] = (), auto: str | None = None, numeric_text: bool = False,
                shorthand: Callable[[Any], Any] | None = None, null_is_default: bool = False,
-               yaml_required: bool = False, prepare: Callable[[Any, Collector], Any] | None = None) -> Any:
+               yaml_required: bool = False, prepare: Callable[[Any, Collector], Any] | None = None,
+               hashed: bool = True) -> Any:
     """A dataclass field with its scenario-file description.
 
     ``key``: YAML key (dotted: inside another section); ``unit``: the value is a quantity with
@@ -64,11 +65,12 @@ def spec_field(default: Any = MISSING, *, default_factory: Any = MISSING, key: s
     as text ("2e12"); ``shorthand``: turns a non-mapping value into a mapping; ``null_is_default``:
     ``null`` means "absent"; ``yaml_required``: required whenever the section is written;
     ``prepare``: rewrites the YAML value first (a catalog name -> its entry), reporting into the
-    collector and returning None when it cannot."""
+    collector and returning None when it cannot; ``hashed=False``: not part of the scenario hash
+    (a figure that prices the run, such as its dollars per GPU-hour, not one that is simulated)."""
     meta = {"key": key, "unit": unit, "check": check, "doc": doc, "since": since, "internal": internal,
             "scale": scale, "keys": keys, "auto": auto, "numeric_text": numeric_text,
             "shorthand": shorthand, "null_is_default": null_is_default, "yaml_required": yaml_required,
-            "prepare": prepare}
+            "prepare": prepare, "hashed": hashed}
     if default_factory is not MISSING:
         return field(default_factory=default_factory, compare=compare, metadata=meta)
     return field(default=default, compare=compare, metadata=meta)
@@ -248,6 +250,8 @@ def legacy_view(obj: Any) -> dict[str, Any]:
             reference = None
     for fs in spec_fields(cls):
         v = getattr(obj, fs.name)
+        if not fs.meta.get("hashed", True):
+            continue
         if fs in newer and reference is not None and _same(v, getattr(reference, fs.name)):
             continue
         out[fs.name] = legacy_view(v) if is_dataclass(v) and not isinstance(v, type) else copy.deepcopy(v)

@@ -54,6 +54,7 @@ def import_config(path: Path, model: str, cluster: str, *, nodes: int | None = N
         c.raise_if_any()
     d = {"name": name or path.stem, "model": {"preset": model}, "cluster": cl, "plan": plan}
     sc = scenario_from_dict(d)  # validates everything, resolves the DeepSpeed config
+    notes += sc.notes  # the config keys no plan field comes from
     d["plan"] = plan_to_yaml(sc.plan)
     d["cluster"] = dict(cl)
     return d, notes

@@ -44,6 +44,8 @@ class Scenario:
     reliability: Reliability | None = None
     requires_profile: bool = False  # the `local` cluster: speed only from a calibration profile
     source_path: str | None = field(default=None, compare=False)
+    # what loading it left out, for the user (e.g. the DeepSpeed config keys no field is read from)
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def world_size(self) -> int:
@@ -53,6 +55,7 @@ class Scenario:
         """Resolved, SI-unit view of the scenario (for caching and reports)."""
         d = asdict(self)
         d.pop("source_path", None)
+        d.pop("notes", None)
         d["model"].pop("source", None)
         d["cluster"]["gpu"].pop("source", None)
         return d
@@ -119,7 +122,8 @@ def scenario_from_dict(data: Mapping[str, Any], base_dir: str | Path = ".") -> S
 
     model = _model(data["model"], base, c)
     cluster, requires_profile = _cluster(data["cluster"], c)
-    plan, dp_given = _plan(data["plan"], base, cluster, c)
+    notes: list[str] = []
+    plan, dp_given = _plan(data["plan"], base, cluster, c, notes)
     reliability = None
     if data.get("reliability") is not None:
         rc = Collector("reliability")
@@ -136,7 +140,7 @@ def scenario_from_dict(data: Mapping[str, Any], base_dir: str | Path = ".") -> S
     c.raise_if_any()
     assert model and cluster and plan
     return Scenario(name=str(name), model=model, cluster=cluster, plan=plan, reliability=reliability,
-                    requires_profile=requires_profile)
+                    requires_profile=requires_profile, notes=tuple(notes))
 
 
 def _preset(raw: Mapping[str, Any], entries: Mapping[str, Any], what: str, c: Collector) -> str | None:
@@ -217,7 +221,7 @@ def _cluster(raw: Mapping[str, Any], outer: Collector) -> tuple[ClusterSpec | No
 
 
 def _plan(raw: Mapping[str, Any], base: Path, cluster: ClusterSpec | None,
-          outer: Collector) -> tuple[ParallelPlan | None, bool]:
+          outer: Collector, notes: list[str]) -> tuple[ParallelPlan | None, bool]:
     c = Collector("plan")
     plan_data = {k: v for k, v in raw.items() if k != "deepspeed_config"}
     path = _path(raw, "deepspeed_config", base, c)
@@ -227,6 +231,9 @@ def _plan(raw: Mapping[str, Any], base: Path, cluster: ClusterSpec | None,
             cfg = read_json_object(path, "plan.deepspeed_config")
             world = cluster.world_size if cluster else None
             plan_data = {**ds_io.plan_fields(cfg, plan_data, world, dc), **plan_data}
+            ignored = ds_io.ignored_keys(cfg)
+            if ignored:
+                notes.append(f"plan.deepspeed_config: not simulated, ignored: {', '.join(ignored)}")
         except ScenarioError as exc:
             dc.extend(exc)
         c.problems.extend(dc.problems)
