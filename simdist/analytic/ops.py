@@ -23,7 +23,7 @@ from functools import cache
 from typing import Literal
 
 from simdist.analytic import fp8
-from simdist.spec.frameworks import framework_of
+from simdist.spec.frameworks import attention_kernel, framework_of
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
@@ -44,7 +44,7 @@ class Compute:
     k: int = 0
     batch: int = 1  # batched GEMM / attention heads x micro-batch
     fp8: bool = False  # a GEMM run in FP8 (simdist.analytic.fp8); otherwise in the plan's 16/32-bit type
-    native: bool = False  # attention by the framework's own fused kernel (cuDNN), not FlashAttention-2
+    kernel: str = "flash2"  # attention: the fused kernel class (simdist.spec.frameworks.attention_kernel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +162,7 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
         flops = 4.0 * tokens * keys * q * (2.5 if bwd else 1.0)
         ops.append(Compute("flash attention" + (" bwd" if bwd else ""), "attention", flops,
                            m=s, n=s * cp, k=hd, batch=b * heads,
-                           native=framework_of(plan.framework).native_attention))
+                           kernel=attention_kernel(plan)))
     else:
         # explicit attention: QK^T and AV batched GEMMs plus the fused scale-mask-softmax,
         # its dropout, all over the s x s scores (Megatron-LM 2021)

@@ -9,7 +9,8 @@ weak scaling, Llama 3 405B): those take the fastest setting that fits among the 
 
 Families (by the row's framework):
 
-- MosaicML llm-foundry: PyTorch FSDP, MPT models (ALiBi, no biases, tied embeddings);
+- MosaicML llm-foundry: PyTorch FSDP, MPT models (ALiBi, no biases, tied embeddings), attention
+  by FlashAttention in Triton (the benchmark script's ``--attn_impl triton``);
 - Megatron-LM (2020, SC'21, DeepSpeed ZeRO-3 comparison) and Megatron-Core r0.8 (weak scaling):
   GPT models with Megatron's flags as each source states them;
 - NeMo / Megatron-Bridge performance summaries (``framework: nemo``): Llama models, dimensions
@@ -143,7 +144,10 @@ def row_defaults(row: dict[str, str]) -> list[str]:
             out.append("2 stages per rank (torchtitan's default split)")
         if "fp8" in precision:
             out.append("fp8_recipe: torchao tensorwise (torchtitan's float8 default)")
-        out.append("torch.compile and the 500 W power limit not modelled")
+        out.append("GPU h100-sxm-96gb: HBM2e at 2.4 TB/s, compute peaks at the 500 W power limit; "
+                   "torch.compile not modelled")
+    elif fam == "mosaic":
+        out.append("attention_kernel=triton (llm-foundry benchmarks: --attn_impl triton, ALiBi)")
     elif fam == "llama3":
         out.append("framework pytorch: FSDP with optimizer and gradients sharded (zero_stage 2)")
         out.append("global batch = 16M tokens / seq_len; no recompute (paper)")
@@ -315,6 +319,10 @@ def _legacy(row: dict[str, str]) -> dict[str, Any]:
         "overlap_grad_reduce": not megatron_2021 and "2020" not in framework,
         "fp32_grad_accumulation": megatron_2021 or mcore,
     }
+    if mosaic:  # llm-foundry's benchmark runs (scripts/train/benchmarking/submit_benchmarks.py
+        # --attn_impl, default 'triton'; the MPT yamls' attn_config.attn_impl: triton): ALiBi needs
+        # the attention-bias input of FlashAttention in Triton
+        plan["attention_kernel"] = "triton"
     if "DeepSpeed" in framework and zero == 3:
         plan["zero3_fetch"] = "module"  # DeepSpeed gathers each submodule's parameters on its own
     if mcore:  # --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap, distributed optimizer;
