@@ -48,9 +48,9 @@ def test_framework_defaults_and_the_field_wins():
 
 
 def test_kernel_needs_fused_attention_and_a_known_name():
-    with pytest.raises(ScenarioError, match="plan.attention_kernel: only applies with flash_attention true"):
+    with pytest.raises(ScenarioError, match=r"plan\.attention_kernel: only applies with flash_attention true"):
         sc(attention_kernel="cudnn", flash_attention=False)
-    with pytest.raises(ScenarioError, match="plan.attention_kernel: 'fa9' is not one of flash2, cudnn, triton"):
+    with pytest.raises(ScenarioError, match=r"plan\.attention_kernel: 'fa9' is not one of flash2, cudnn, triton"):
         sc(attention_kernel="fa9")
 
 

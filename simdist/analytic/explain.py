@@ -5,7 +5,7 @@ plan axis (at the size of that kind's largest call)."""
 
 from __future__ import annotations
 
-from simdist.analytic import fp8
+from simdist.analytic import eager, fp8
 from simdist.analytic.collectives import collective_choice, layout_for_axis
 from simdist.analytic.cost import TRITON_FA_SLOWDOWN
 from simdist.analytic.ops import Comm, embedding_ops, head_ops, layer_ops
@@ -44,6 +44,10 @@ def framework_lines(d: StepDescription) -> list[str]:
                    f"unset; recompute: selective recomputes {policy[fw.selective_recompute]}")
     if plan.flash_attention:
         out.append(attention_kernel_line(plan, d.scenario.cluster.gpu))
+    if not eager.fused(plan):
+        origin = "as set" if plan.fused_elementwise is not None else "the framework's default"
+        out.append(f"elementwise ops eager ({origin}): one kernel per PyTorch op, RMSNorm {eager.RMSNORM:g}x, RoPE "
+                   f"{eager.ROPE:g}x, SwiGLU {eager.SWIGLU['fwd']:.2g}x the fused HBM traffic")
     if plan.precision == "fp8":
         out.append(fp8.description(plan, d.scenario.cluster.gpu.name))
     dp = d.stages[0].dp

@@ -33,7 +33,8 @@ this module only says which rule a plan gets, so the executor and the simulator 
   the attention outputs), torchao float8 with tensorwise dynamic scaling (torchtitan
   @ba24697, torchtitan/float8.py, parallelize_llama.py); with pipeline parallelism FSDP2 neither
   reshards after forward nor reduces before the last micro-batch (torch.distributed.pipelining
-  stage.backward_maybe_with_nosync).
+  stage.backward_maybe_with_nosync); elementwise ops eager (its train configs' ``compile = false``:
+  simdist.analytic.eager).
 - ``deepspeed``: DeepSpeed ZeRO defaults: ``reduce_bucket_size`` 5e8 elements, each submodule's
   parameters fetched on their own under ZeRO-3, ``overlap_comm`` on for ZeRO-3 only.
 """
@@ -60,6 +61,7 @@ class Framework:
     fp8_recipe: str  # "te-default" (Transformer Engine's, by GPU) or a recipe name
     fsdp_pipeline_no_sync: bool = False  # FSDP under PP: gather once, reduce at the last micro-batch
     attention_kernel: str = "flash2"  # plan.attention_kernel when unset: "flash2" | "cudnn" | "triton"
+    fused_elementwise: bool = True  # plan.fused_elementwise when unset (torchtitan: compile off by default)
     overlap_p2p: bool = False  # interleaved schedule: pipeline sends overlap compute (isend/irecv)
     description: str = ""
 
@@ -72,6 +74,7 @@ FRAMEWORKS: dict[str, Framework] = {
     "pytorch": Framework("pytorch", "ddp", "attention-core", "tensorwise",
                          description="PyTorch DDP / FSDP defaults"),
     "torchtitan": Framework("torchtitan", "ddp", "op-level", "tensorwise", fsdp_pipeline_no_sync=True,
+                            fused_elementwise=False,
                             description="torchtitan (FSDP2, per-op selective AC, torchao float8)"),
     "deepspeed": Framework("deepspeed", "deepspeed", "attention-core", "te-default",
                            description="DeepSpeed ZeRO defaults"),

@@ -134,6 +134,9 @@ class ParallelPlan:
         None, since="1.2", doc="fused attention kernel class (flash_attention): flash2 (FlashAttention-2, SDPA), "
                                "cudnn (Transformer Engine's cuDNN fused attention), triton (FlashAttention in "
                                "Triton); default the framework's")
+    fused_elementwise: bool | None = spec_field(
+        None, since="1.2", doc="elementwise ops (norms, RoPE, activations) in fused kernels (Transformer Engine, "
+                               "torch.compile) or eager, one kernel per op; default the framework's")
     zero_hpz_partition_size: int = spec_field(0, check="positive", since="1.2",
                                               doc="ZeRO++ hpZ: secondary weight copy sharded in groups of this size")
 
