@@ -62,6 +62,8 @@ EXECUTOR_READS: dict[str, str] = {
 SIMULATOR_ONLY: dict[str, str] = {
     "plan.fp8_recipe": "only with precision fp8, which the executor refuses",
     "plan.framework": "fills unset fields with a framework's defaults when the scenario is read; nothing left to run",
+    "plan.fused_elementwise": "names GPU kernel fusion (torch.compile / Transformer Engine); the CPU run is eager",
+    "plan.attention_kernel": "names a GPU attention kernel class; on CPU SDPA has one fused kernel (flash_attention)",
 }
 ATTRIBUTES = {"plan.ddp_bucket_size": "ddp_bucket_size_bytes"}  # YAML key -> attribute, where they differ
 

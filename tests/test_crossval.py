@@ -91,3 +91,14 @@ def test_memory_columns_use_the_registered_memory_model(cases):
     assert core.memory_rows == 9
     assert core.memory_cross_validated == pytest.approx(1.0)  # predicted 20 GiB for 10
     assert core.memory_in_sample < core.memory_cross_validated
+
+
+def test_the_objective_weights_each_source_group_once(cases):
+    """A table repeated ten times moves the fit no more than once: the objective is the mean over
+    groups of each group's mean |log error| (simdist.validate.fit.objective)."""
+    a = [c for c in cases if c.group.startswith("Megatron-Core H100")][:3]
+    b = [c for c in cases if c.group.startswith("torchtitan Llama 3.1 H100")][:2]
+    eff = {"gemm": 0.5, "attention": 0.3}
+    assert objective(a + b * 10, eff) == pytest.approx(objective(a + b, eff))
+    per = [objective(a, eff), objective(b, eff)]
+    assert objective(a + b, eff) == pytest.approx(sum(per) / 2)

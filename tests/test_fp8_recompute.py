@@ -122,11 +122,11 @@ def test_sliding_window_attention_does_the_band_s_work():
 
 
 def test_te_attention_is_hopper_native_sdpa_is_flashattention_2():
-    nemo, titan = sc(framework="nemo"), sc(framework="torchtitan", zero_stage=0)
+    nemo, titan = sc(framework="nemo"), sc(framework="torchtitan", zero_stage=0, fused_elementwise=True)
     t = {s: describe(s, CostModel(s.cluster.gpu, "bf16"), Network.of(s.cluster)).layer.fwd.compute for s in (nemo, titan)}
     assert t[nemo] < 0.95 * t[titan]
     a100 = sc(cluster="dgx-a100-80gb", framework="nemo"), sc(cluster="dgx-a100-80gb", framework="torchtitan",
-                                                             zero_stage=0)
+                                                             zero_stage=0, fused_elementwise=True)
     ta = [describe(s, CostModel(s.cluster.gpu, "bf16"), Network.of(s.cluster)).layer.fwd.compute for s in a100]
     assert ta[0] == pytest.approx(ta[1])  # FlashAttention-2 is Ampere's native kernel
 

@@ -109,3 +109,15 @@ def test_fits_still_compares_the_peak_with_the_capacity():
     p = predict(sc_of(), engine="analytic")
     assert p.fits == (p.peak_gib <= p.capacity_gib)
 
+
+
+def test_memory_buckets_follow_the_framework_bucket_rule():
+    """DeepSpeed's reduce bucket is reduce_bucket_size = 5e8 elements of gradients (its framework
+    rule, simdist.analytic.overlap.bucket_bytes), not the DDP 25 MiB default; a set size wins."""
+    from simdist.analytic.transients import bucket_parts
+
+    ds = sc_of(framework="deepspeed", zero_stage=2)
+    assert ds.plan.dp > 1
+    assert dict(bucket_parts(ds.plan))["reduce_bucket"] == pytest.approx(5e8 * ds.plan.grad_buffer_bytes)
+    own = sc_of(framework="deepspeed", zero_stage=2, ddp_bucket_size="100 MiB")
+    assert dict(bucket_parts(own.plan))["reduce_bucket"] == 100 * MiB

@@ -26,6 +26,25 @@ _TILES = ((256, 128, 1.0), (128, 256, 1.0), (128, 128, 0.92), (128, 64, 0.80), (
 _K_HALF = 48  # inner dimension at which the main loop reaches half its steady efficiency
 _SEQ_HALF = 384  # FlashAttention: sequence length at which a kernel reaches half its peak
 KERNEL_OVERHEAD_S = 4e-6  # launch gap between dependent kernels on a busy stream
+_KEY_BLOCK = 128  # FlashAttention's key/value tile (FlashAttention-2 paper sec 3.3: blocks of 64 or 128)
+
+
+def causal_share(keys: int) -> float:
+    """The share of the full s x s square a causal FlashAttention kernel computes: the key tiles on
+    or below the diagonal, nb(nb + 1)/2 of nb^2 with nb = keys / 128 (the tiles above it are
+    skipped). The catalog's ``efficiency.attention`` is a fraction of peak on these computed FLOPs
+    (a physical fraction, at most 1); the FLOP counts stay on the full square (the MFU convention
+    of Megatron-LM and MosaicML), so the full-square efficiency is the computed one over this share."""
+    nb = max(1, math.ceil(keys / _KEY_BLOCK))
+    return (nb + 1) / (2 * nb)
+
+
+# FlashAttention in Triton (the FlashAttention-1 algorithm with an attention-bias input, which
+# llm-foundry's MPT runs for ALiBi as ``attn_impl: triton``) against FlashAttention-2, forward and
+# backward together: "1.3-2.5x faster than FlashAttention in Triton" (Dao 2023, FlashAttention-2,
+# arXiv:2307.08691 sec 4.1, A100 benchmarks). The geometric middle of that range:
+# sqrt(1.3 x 2.5) = 1.80.
+TRITON_FA_SLOWDOWN = 1.80
 
 
 @functools.lru_cache(maxsize=65536)
@@ -108,6 +127,8 @@ class CostModel:
                                                                                  op.batch)
 
     def attention_efficiency(self, op: Compute) -> float:
+        """Fraction of peak on the full-square FLOP count: a calibration profile's (measured on
+        that count), else the catalog's fraction on the computed FLOPs over :func:`causal_share`."""
         if self.profile:
             fitted = self.profile.efficiency("attention", op.flops)
             if fitted is not None:
@@ -117,8 +138,18 @@ class CostModel:
         # sequence length and is lower for head dim 64 than 128).
         seq = op.m / (op.m + _SEQ_HALF)
         head = min(1.0, (op.k / 128) ** 0.25)
-        native = self.gpu.fused_attention_speedup if op.native else 1.0  # cuDNN / FA3 class kernels
-        return min(1.0, self._eff("attention") * seq * head * native)
+        computed = min(1.0, self._eff("attention") * seq * head * self.kernel_speed(op.kernel))
+        return computed / causal_share(op.n)
+
+    def kernel_speed(self, kernel: str) -> float:
+        """A fused attention kernel's speed relative to FlashAttention-2 (what ``efficiency.
+        attention`` measures): the GPU's ``fused_attention_speedup`` for cuDNN's fused attention
+        (FlashAttention-3 class on Hopper), 1/:data:`TRITON_FA_SLOWDOWN` for FlashAttention in Triton."""
+        if kernel == "cudnn":
+            return self.gpu.fused_attention_speedup
+        if kernel == "triton":
+            return 1.0 / TRITON_FA_SLOWDOWN
+        return 1.0
 
     def memory_efficiency(self, nbytes: float) -> float:
         if self.profile:
@@ -135,8 +166,8 @@ def _op_time(cm: CostModel, op: Compute) -> float:
         traffic = (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * e
         return max(compute, traffic / (cm.memory_bandwidth * cm.memory_efficiency(traffic))) + cm.kernel_overhead
     if op.kind == "attention":
-        # Efficiency is on the full s x s FLOP count (the MFU convention of Megatron-LM and
-        # MosaicML), so it folds in however much of the causal half a kernel manages to skip.
+        # FLOPs on the full s x s square (the MFU convention of Megatron-LM and MosaicML); the
+        # efficiency is on that count too: the computed fraction of peak over the causal share.
         return op.flops / (cm.attention_peak * cm.attention_efficiency(op)) + cm.kernel_overhead
     return op.bytes / (cm.memory_bandwidth * cm.memory_efficiency(op.bytes)) + cm.kernel_overhead
 

@@ -5,18 +5,32 @@ plan axis (at the size of that kind's largest call)."""
 
 from __future__ import annotations
 
-from simdist.analytic import fp8
+from simdist.analytic import eager, fp8
 from simdist.analytic.collectives import collective_choice, layout_for_axis
+from simdist.analytic.cost import TRITON_FA_SLOWDOWN
 from simdist.analytic.ops import Comm, embedding_ops, head_ops, layer_ops
 from simdist.analytic.overlap import bucket_rule_text
 from simdist.analytic.stage import StepDescription
-from simdist.spec.frameworks import framework_of
+from simdist.spec.cluster import GpuSpec
+from simdist.spec.frameworks import attention_kernel, framework_of
+from simdist.spec.plan import ParallelPlan
 from simdist.units import GiB
 
 
 def _size(nbytes: float) -> str:
     return f"{nbytes / GiB:.1f} GiB" if nbytes >= GiB else f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 \
         else f"{nbytes / 1024:.0f} KiB"
+
+
+_KERNELS = {"flash2": "FlashAttention-2 (SDPA / flash-attn)", "cudnn": "Transformer Engine's cuDNN fused attention",
+            "triton": "FlashAttention in Triton (FlashAttention-2 paper: 1.3-2.5x slower)"}
+
+
+def attention_kernel_line(plan: ParallelPlan, gpu: GpuSpec) -> str:
+    k = attention_kernel(plan)
+    origin = "as set" if plan.attention_kernel else "the framework's default"
+    speed = {"cudnn": gpu.fused_attention_speedup, "triton": 1 / TRITON_FA_SLOWDOWN}.get(k, 1.0)
+    return f"attention kernel {k} ({_KERNELS[k]}, {origin}): {speed:.2f}x FlashAttention-2's speed on {gpu.name}"
 
 
 def framework_lines(d: StepDescription) -> list[str]:
@@ -28,6 +42,12 @@ def framework_lines(d: StepDescription) -> list[str]:
                   "op-level": "every second matmul and the elementwise ops (per-op selective AC)"}
         out.append(f"framework {fw.name}: {fw.description}; its defaults fill the plan fields the scenario leaves "
                    f"unset; recompute: selective recomputes {policy[fw.selective_recompute]}")
+    if plan.flash_attention:
+        out.append(attention_kernel_line(plan, d.scenario.cluster.gpu))
+    if not eager.fused(plan):
+        origin = "as set" if plan.fused_elementwise is not None else "the framework's default"
+        out.append(f"elementwise ops eager ({origin}): one kernel per PyTorch op, RMSNorm {eager.RMSNORM:g}x, RoPE "
+                   f"{eager.ROPE:g}x, SwiGLU {eager.SWIGLU['fwd']:.2g}x the fused HBM traffic")
     if plan.precision == "fp8":
         out.append(fp8.description(plan, d.scenario.cluster.gpu.name))
     dp = d.stages[0].dp

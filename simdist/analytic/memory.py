@@ -37,6 +37,7 @@ from simdist.analytic.fp8_memory import (
 )
 from simdist.analytic.hpz import secondary_partition_bytes
 from simdist.analytic.memory_conventions import conventions
+from simdist.analytic.overlap import bucket_bytes
 from simdist.analytic.param_server import ps_server_count
 from simdist.analytic.params import matrix_shapes, params_per_rank, stage_num_layers, total_params
 from simdist.analytic.runtime_memory import RuntimeMemory, runtime_memory
@@ -150,7 +151,7 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
         offloaded = out["optimizer"] + 4.0 * optimizer_shard_params(m, plan, stage)  # + fp32 gradients
         out["host_optimizer" if plan.offload.optimizer == "cpu" else "nvme"] = offloaded
         out["optimizer"] = 0.0
-        out["grads"] = min(out["grads"], 2 * plan.ddp_bucket_size_bytes)
+        out["grads"] = min(out["grads"], 2 * bucket_bytes(plan))  # the framework's bucket rule
     if plan.offload.params != "none":
         out["host_params" if plan.offload.params == "cpu" else "nvme"] += out["params"]
         out["params"] = 0.0

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Literal
 
-from simdist.analytic import fp8
-from simdist.spec.frameworks import framework_of
+from simdist.analytic import eager, fp8
+from simdist.spec.frameworks import attention_kernel, framework_of
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
@@ -44,7 +44,7 @@ class Compute:
     k: int = 0
     batch: int = 1  # batched GEMM / attention heads x micro-batch
     fp8: bool = False  # a GEMM run in FP8 (simdist.analytic.fp8); otherwise in the plan's 16/32-bit type
-    native: bool = False  # attention by the framework's own fused kernel (cuDNN), not FlashAttention-2
+    kernel: str = "flash2"  # attention: the fused kernel class (simdist.spec.frameworks.attention_kernel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,11 +148,11 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
             ops.append(Comm(f"reducescatter tp {where}", "reducescatter", "tp", act))
 
     # --- attention block
-    ops.append(_mem("norm1", mem_scale * 2 * rep))
+    ops.append(_mem("norm1", mem_scale * 2 * rep * eager.traffic_factor(plan, "norm", phase, m.norm)))
     tp_collective("attn in")
     ops += _linear(plan, "qkv", tokens, q + 2 * kv, h, bwd)
     if m.position_embedding == "rope":
-        ops.append(_mem("rope", mem_scale * 2 * tokens * (q + kv) * e))
+        ops.append(_mem("rope", mem_scale * 2 * tokens * (q + kv) * e * eager.traffic_factor(plan, "rope", phase)))
     heads = a // t
     keys = attention_keys(m, s * cp)
     if cp > 1:
@@ -162,7 +162,7 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
         flops = 4.0 * tokens * keys * q * (2.5 if bwd else 1.0)
         ops.append(Compute("flash attention" + (" bwd" if bwd else ""), "attention", flops,
                            m=s, n=s * cp, k=hd, batch=b * heads,
-                           native=framework_of(plan.framework).native_attention))
+                           kernel=attention_kernel(plan)))
     else:
         # explicit attention: QK^T and AV batched GEMMs plus the fused scale-mask-softmax,
         # its dropout, all over the s x s scores (Megatron-LM 2021)
@@ -179,12 +179,13 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
     ops.append(_mem("bias dropout add", mem_scale * (3 * rep + (tokens * h / (t if sp else 1) if m.dropout else 0))))
 
     # --- MLP block
-    ops.append(_mem("norm2", mem_scale * 2 * rep))
+    ops.append(_mem("norm2", mem_scale * 2 * rep * eager.traffic_factor(plan, "norm", phase, m.norm)))
     tp_collective("mlp in")
     n_in = 2 if m.mlp == "swiglu" else 1
     experts = m.experts_per_token
     ops += _linear(plan, "fc1", tokens * experts, n_in * f // t, h, bwd)
-    ops.append(_mem("swiglu" if n_in == 2 else "gelu", mem_scale * (n_in + 1) * tokens * experts * f * e / t))
+    act_x = eager.traffic_factor(plan, "swiglu", phase) if n_in == 2 else 1.0
+    ops.append(_mem("swiglu" if n_in == 2 else "gelu", mem_scale * (n_in + 1) * tokens * experts * f * e / t * act_x))
     ops += _linear(plan, "fc2", tokens * experts, h, f // t, bwd)
     tp_collective("mlp out")
     ops.append(_mem("bias dropout add", mem_scale * (3 * rep + (tokens * h / (t if sp else 1) if m.dropout else 0))))

@@ -28,6 +28,7 @@ from simdist.analytic.activations import logits_elements
 from simdist.analytic.compression import error_feedback_bytes
 from simdist.analytic.fp8_memory import gathered_weight_bytes
 from simdist.analytic.memory_conventions import conventions
+from simdist.analytic.overlap import bucket_bytes
 from simdist.analytic.params import params_per_rank
 from simdist.analytic.variant_memory import buffer_bytes, layer_state_params
 from simdist.analytic.variants import plain
@@ -96,7 +97,7 @@ def pipeline_buffer_parts(m: ModelSpec, plan: ParallelPlan, stage: int) -> Parts
 def bucket_parts(plan: ParallelPlan) -> Parts:
     conv = conventions(plan)
     if conv.deepspeed_buffers and plan.zero_stage in (1, 2) and plan.dp > 1:
-        return [("reduce_bucket", plan.ddp_bucket_size_bytes)]
+        return [("reduce_bucket", bucket_bytes(plan))]  # DeepSpeed: reduce_bucket_size
     return []
 
 

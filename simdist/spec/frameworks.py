@@ -15,7 +15,8 @@ this module only says which rule a plan gets, so the executor and the simulator 
   max(40M, 1M x dp) parameters (DistributedDataParallelConfig.bucket_size: "larger DP sizes need
   larger buckets to ensure collectives do not become latency-bound"); selective recompute is the
   attention core (Korthikanti et al. 2022); attention runs Transformer Engine's cuDNN fused kernel
-  (on Hopper a FlashAttention-3-class kernel: GpuSpec.fused_attention_speedup); under the
+  (``attention_kernel`` cudnn; on Hopper a FlashAttention-3-class kernel: GpuSpec.
+  fused_attention_speedup), the other frameworks FlashAttention-2 (flash2); under the
   interleaved schedule the pipeline sends overlap compute (``--overlap-p2p-communication``, on
   by default for interleaving, ``overlap_p2p_comm``).
 - ``nemo``: NeMo 2 / Megatron-Bridge performance recipes (the configurations of NVIDIA's
@@ -32,7 +33,8 @@ this module only says which rule a plan gets, so the executor and the simulator 
   the attention outputs), torchao float8 with tensorwise dynamic scaling (torchtitan
   @ba24697, torchtitan/float8.py, parallelize_llama.py); with pipeline parallelism FSDP2 neither
   reshards after forward nor reduces before the last micro-batch (torch.distributed.pipelining
-  stage.backward_maybe_with_nosync).
+  stage.backward_maybe_with_nosync); elementwise ops eager (its train configs' ``compile = false``:
+  simdist.analytic.eager).
 - ``deepspeed``: DeepSpeed ZeRO defaults: ``reduce_bucket_size`` 5e8 elements, each submodule's
   parameters fetched on their own under ZeRO-3, ``overlap_comm`` on for ZeRO-3 only.
 """
@@ -58,19 +60,21 @@ class Framework:
     selective_recompute: str  # "attention-core" | "op-level"
     fp8_recipe: str  # "te-default" (Transformer Engine's, by GPU) or a recipe name
     fsdp_pipeline_no_sync: bool = False  # FSDP under PP: gather once, reduce at the last micro-batch
-    native_attention: bool = False  # Transformer Engine's cuDNN fused attention (Hopper-native kernels)
+    attention_kernel: str = "flash2"  # plan.attention_kernel when unset: "flash2" | "cudnn" | "triton"
+    fused_elementwise: bool = True  # plan.fused_elementwise when unset (torchtitan: compile off by default)
     overlap_p2p: bool = False  # interleaved schedule: pipeline sends overlap compute (isend/irecv)
     description: str = ""
 
 
 FRAMEWORKS: dict[str, Framework] = {
-    "megatron": Framework("megatron", "megatron", "attention-core", "te-default", native_attention=True, overlap_p2p=True,
+    "megatron": Framework("megatron", "megatron", "attention-core", "te-default", attention_kernel="cudnn", overlap_p2p=True,
                           description="Megatron-LM / Megatron-Core argument defaults"),
-    "nemo": Framework("nemo", "megatron", "attention-core", "te-default", native_attention=True, overlap_p2p=True,
+    "nemo": Framework("nemo", "megatron", "attention-core", "te-default", attention_kernel="cudnn", overlap_p2p=True,
                       description="NeMo 2 / Megatron-Bridge performance recipes"),
     "pytorch": Framework("pytorch", "ddp", "attention-core", "tensorwise",
                          description="PyTorch DDP / FSDP defaults"),
     "torchtitan": Framework("torchtitan", "ddp", "op-level", "tensorwise", fsdp_pipeline_no_sync=True,
+                            fused_elementwise=False,
                             description="torchtitan (FSDP2, per-op selective AC, torchao float8)"),
     "deepspeed": Framework("deepspeed", "deepspeed", "attention-core", "te-default",
                            description="DeepSpeed ZeRO defaults"),
@@ -80,6 +84,13 @@ NO_FRAMEWORK = Framework("none", "ddp", "attention-core", "te-default", descript
 
 def framework_of(name: str | None) -> Framework:
     return FRAMEWORKS.get(name or "", NO_FRAMEWORK)
+
+
+def attention_kernel(plan: Any) -> str:
+    """The fused attention kernel class a plan runs: ``plan.attention_kernel`` when set, else its
+    framework's (Transformer Engine's cuDNN fused attention for megatron and nemo, FlashAttention-2
+    through SDPA or flash-attn otherwise)."""
+    return plan.attention_kernel or framework_of(plan.framework).attention_kernel
 
 
 def plan_defaults(framework: str, given: Mapping[str, Any]) -> dict[str, Any]:

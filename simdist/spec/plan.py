@@ -28,6 +28,7 @@ MoeDispatcher = Literal["alltoall", "allgather", "flex"]
 CpMethod = Literal["ring", "allgather", "ulysses"]
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"]
 Framework = Literal["megatron", "pytorch", "deepspeed", "torchtitan", "nemo"]
+AttentionKernel = Literal["flash2", "cudnn", "triton"]
 Axis = Literal["tp", "cp", "pp", "dp", "dp_shard", "dp_replica"]
 
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
@@ -129,6 +130,13 @@ class ParallelPlan:
     fp8_recipe: Fp8Recipe | None = spec_field(None, since="1.2",
                                               doc="FP8 scaling recipe (precision fp8); default Transformer Engine's")
     framework: Framework | None = spec_field(None, since="1.2", doc="whose defaults fill unset fields")
+    attention_kernel: AttentionKernel | None = spec_field(
+        None, since="1.2", doc="fused attention kernel class (flash_attention): flash2 (FlashAttention-2, SDPA), "
+                               "cudnn (Transformer Engine's cuDNN fused attention), triton (FlashAttention in "
+                               "Triton); default the framework's")
+    fused_elementwise: bool | None = spec_field(
+        None, since="1.2", doc="elementwise ops (norms, RoPE, activations) in fused kernels (Transformer Engine, "
+                               "torch.compile) or eager, one kernel per op; default the framework's")
     zero_hpz_partition_size: int = spec_field(0, check="positive", since="1.2",
                                               doc="ZeRO++ hpZ: secondary weight copy sharded in groups of this size")
 
@@ -292,6 +300,8 @@ class ParallelPlan:
             add("schedule", "zero-bubble runs one chunk per stage (virtual_pipeline_stages 1)")
         if self.fp8_recipe is not None and self.precision != "fp8":
             add("fp8_recipe", f"only applies with precision fp8, not {self.precision}")
+        if self.attention_kernel is not None and not self.flash_attention:
+            add("attention_kernel", "only applies with flash_attention true")
         if (self.tp * self.cp * self.dp) % (self.etp * self.ep):
             what = "etp" if self.etp > 1 else "ep"
             add(what, f"etp*ep = {self.etp}*{self.ep} does not divide the tp*cp*dp = "

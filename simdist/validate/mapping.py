@@ -9,7 +9,8 @@ weak scaling, Llama 3 405B): those take the fastest setting that fits among the 
 
 Families (by the row's framework):
 
-- MosaicML llm-foundry: PyTorch FSDP, MPT models (ALiBi, no biases, tied embeddings);
+- MosaicML llm-foundry: PyTorch FSDP, MPT models (ALiBi, no biases, tied embeddings), attention
+  by FlashAttention in Triton (the benchmark script's ``--attn_impl triton``);
 - Megatron-LM (2020, SC'21, DeepSpeed ZeRO-3 comparison) and Megatron-Core r0.8 (weak scaling):
   GPT models with Megatron's flags as each source states them;
 - NeMo / Megatron-Bridge performance summaries (``framework: nemo``): Llama models, dimensions
@@ -143,7 +144,10 @@ def row_defaults(row: dict[str, str]) -> list[str]:
             out.append("2 stages per rank (torchtitan's default split)")
         if "fp8" in precision:
             out.append("fp8_recipe: torchao tensorwise (torchtitan's float8 default)")
-        out.append("torch.compile and the 500 W power limit not modelled")
+        out.append("GPU h100-sxm-96gb: HBM2e at 2.4 TB/s, compute peaks at the 500 W power limit; "
+                   "fused_elementwise = torch.compile as the row states it (eager otherwise)")
+    elif fam == "mosaic":
+        out.append("attention_kernel=triton (llm-foundry benchmarks: --attn_impl triton, ALiBi)")
     elif fam == "llama3":
         out.append("framework pytorch: FSDP with optimizer and gradients sharded (zero_stage 2)")
         out.append("global batch = 16M tokens / seq_len; no recompute (paper)")
@@ -238,7 +242,9 @@ def _torchtitan(row: dict[str, str]) -> dict[str, Any]:
     plan: dict[str, Any] = {"framework": "torchtitan", "tp": tp, "pp": pp, "dp": dp, "recompute": recompute,
                             "micro_batch_size": micro,
                             "global_batch_size": cell_int(row["global_batch"]) or local_batch * dp,
-                            "tp_comm_overlap": "AsyncTP" in row["notes"]}
+                            "tp_comm_overlap": "AsyncTP" in row["notes"],
+                            # the table names torch.compile per run; torchtitan's default is eager
+                            "fused_elementwise": "torch.compile" in row["notes"]}
     if "Interleaved" in row["notes"]:
         plan["virtual_pipeline_stages"] = 2  # torchtitan's default split for multi-stage schedules
     _fp8(row, plan)
@@ -315,6 +321,10 @@ def _legacy(row: dict[str, str]) -> dict[str, Any]:
         "overlap_grad_reduce": not megatron_2021 and "2020" not in framework,
         "fp32_grad_accumulation": megatron_2021 or mcore,
     }
+    if mosaic:  # llm-foundry's benchmark runs (scripts/train/benchmarking/submit_benchmarks.py
+        # --attn_impl, default 'triton'; the MPT yamls' attn_config.attn_impl: triton): ALiBi needs
+        # the attention-bias input of FlashAttention in Triton
+        plan["attention_kernel"] = "triton"
     if "DeepSpeed" in framework and zero == 3:
         plan["zero3_fetch"] = "module"  # DeepSpeed gathers each submodule's parameters on its own
     if mcore:  # --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap, distributed optimizer;
