@@ -27,9 +27,7 @@ Pipeline parallelism uses ``torch.distributed.pipelining.PipelineStage`` with vi
 ``k = chunk * pp + stage`` on pipeline rank ``stage`` (Megatron's interleaved assignment) and
 the schedule named by the plan (see :data:`SCHEDULES`).
 
-The mesh is ``init_device_mesh(dev, (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))``: its
-rank at index (d, p, t) is ``(d * pp + p) * tp + t``, exactly :func:`simdist.spec.plan.rank_of`
-with cp = 1, the grid the simulator uses.
+The mesh's rank order is :func:`simdist.spec.plan.rank_of`'s, the grid the simulator uses.
 """
 
 from __future__ import annotations
@@ -106,13 +104,11 @@ def _group_options(backend: str, timeout: timedelta) -> tuple[str, Any]:
 
 
 def build_mesh(plan: ParallelPlan, device_type: str, backend: str, timeout: timedelta) -> DeviceMesh:
-    """The (dp, pp, tp) DeviceMesh over the default process group (cp must be 1).
+    """The (dp, pp, tp) DeviceMesh over the default process group (cp joins it when above 1).
 
-    Its sub-groups get ``timeout`` too: without ``backend_override`` DeviceMesh creates them with
-    c10d's default of 30 minutes whatever init_process_group was given (measured with torch
-    2.13 on gloo: a peer that never joins an all-reduce on a 2-rank sub-group of a 4-rank mesh
-    blocked the other for the whole 12 s it slept, against 3 s with the override), so a hung
-    rank would stall the run for half an hour.
+    Its sub-groups get ``timeout`` too: without ``backend_override`` DeviceMesh gives them c10d's
+    30-minute default (torch 2.13, gloo: a peer missing an all-reduce on a 2-rank sub-group
+    blocked the other 12 s, against 3 s with the override), so a hung rank would stall the run.
 
     Hybrid sharding (``dp_shard`` < dp) splits dp into (dp_replicate, dp_shard), dp_shard inner:
     data-parallel index d = replica * dp_shard + shard, so a shard group is dp_shard consecutive
