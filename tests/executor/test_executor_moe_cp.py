@@ -60,11 +60,11 @@ def simulated_alltoall_bytes(sc: Scenario) -> float:
     return sum(per_stage) / plan.pp * plan.num_microbatches
 
 
-@pytest.mark.distributed
 EP_PP_HANGS = pytest.mark.xfail(reason="known bug: the EP+PP run deadlocks in stage 0's first forward (a pipeline "
                                  "send times out beside the expert all-to-all); open under issue 16", strict=False)
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize(("name", "nproc"), [("tiny-moe-ep", 2), ("tiny-moe-ep-dp", 4),
                                              pytest.param("tiny-moe-ep-pp", 4, marks=EP_PP_HANGS)])
 def test_expert_parallel_runs_match_one_process_and_the_simulator(tmp_path, name, nproc):
