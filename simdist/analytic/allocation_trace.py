@@ -254,14 +254,14 @@ class _Replay:
         plan = self.plan
         p, v, m = plan.pp, len(self.chunks), plan.num_microbatches
         total = m * v
-        if plan.interleaved:  # Megatron: groups of p micro-batches through each chunk in turn
-            fwd = [((i // (p * v)) * p + i % p, (i // p) % v) for i in range(total)]
-            bwd = [((i // (p * v)) * p + i % p, v - 1 - (i // p) % v) for i in range(total)]
-        else:
-            fwd = [(i, 0) for i in range(total)]
-            bwd = list(fwd)
         warm = min(total, GPIPE_CAP if plan.schedule == "gpipe" else in_flight(plan, self.stage))
-        n = min(total, warm + 2)
+        n = min(total, warm + 2)  # only the units replayed are listed (a step may hold 2^46)
+        if plan.interleaved:  # Megatron: groups of p micro-batches through each chunk in turn
+            fwd = [((i // (p * v)) * p + i % p, (i // p) % v) for i in range(n)]
+            bwd = [((i // (p * v)) * p + i % p, v - 1 - (i // p) % v) for i in range(n)]
+        else:
+            fwd = [(i, 0) for i in range(n)]
+            bwd = list(fwd)
         out = [("F", *fwd[i]) for i in range(warm)]
         f, b = warm, 0
         while b < n:
