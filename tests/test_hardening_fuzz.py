@@ -303,7 +303,7 @@ def check_case(path: Path, d: Any, k: float | None) -> None:
 
 
 EXAMPLES = int(os.environ.get("SIMDIST_FUZZ_EXAMPLES", "2000"))
-FUZZ = settings(deadline=None, max_examples=EXAMPLES, database=None,
+FUZZ = settings(deadline=None, max_examples=EXAMPLES, database=None, derandomize=True,  # same cases every run
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.filter_too_much])
 
