@@ -79,3 +79,17 @@ def test_fp8_weight_cache_holds_the_local_experts_only():
     p = predict(make({"preset": "qwen3-30b-a3b", "seq_length": 4096}, nodes=2, ep=16, precision="fp8",
                      global_batch_size=1024, zero_stage=1), engine="analytic", keep_spans=False)
     assert p.fits and p.per_stage[0].params_gib < 16
+
+
+def test_moe_rows_are_scored_but_not_fitted():
+    """The MoE rows carry host overhead the model does not price yet: they must not move the
+    shared efficiencies (simdist.validate.moe_cp.fitted); the context-parallel rows do."""
+    from simdist.validate import moe_cp
+    from simdist.validate.fit import fit
+    from simdist.validate.rows import data_dir, read_csv
+    from simdist.validate.training import Case
+
+    rows = {r["run_id"]: r for r in read_csv(data_dir(None) / "training_runs.csv")}
+    assert not moe_cp.fitted(rows["R0099"]) and moe_cp.fitted(rows["R0090"]) and moe_cp.fitted(rows["R0150"])
+    sc = make({"preset": "llama2-7b", "seq_length": 2048}, global_batch_size=8)
+    assert fit([Case("X", "g", "l", 1.0, "step time", sc, [], fitted=False)]).per_generation == {}
