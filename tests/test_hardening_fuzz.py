@@ -258,7 +258,9 @@ def assert_sane(d: dict[str, Any]) -> None:
     mem = d["memory"]
     assert math.isfinite(mem["peak_gib"]) and mem["peak_gib"] >= 0
     for stage in mem["per_stage"]:
-        assert all(math.isfinite(v) and v >= 0 for k, v in stage.items() if k != "stage"), stage
+        figures = [v for k, v in stage.items() if k != "stage" and not isinstance(v, dict)]
+        figures += [v for v in stage.get("other_parts_gib", {}).values()]  # the breakdown of other_gib
+        assert all(math.isfinite(v) and v >= 0 for v in figures), stage
     assert all(math.isfinite(v) for v in d["breakdown_s"].values())
 
 
