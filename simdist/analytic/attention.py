@@ -22,10 +22,11 @@ the same convention each query "attends" 2A/s keys (s for full attention).
 
 from __future__ import annotations
 
-from simdist.analytic.ops import Compute, _gemm
+from simdist.analytic.ops import Compute, _gemm, _linear
 from simdist.analytic.params import mla_params
 from simdist.spec.layers import LayerKind
 from simdist.spec.model import ModelSpec
+from simdist.spec.plan import ParallelPlan
 
 
 def q_head_dim(m: ModelSpec) -> int:
@@ -70,35 +71,44 @@ def is_variant(m: ModelSpec) -> bool:
             or (m.sliding_window is not None and m.sliding_window < m.seq_length))
 
 
-def projection_ops(m: ModelSpec, tokens: int, t: int, bwd: bool) -> tuple[list[Compute], list[Compute]]:
+def projection_ops(m: ModelSpec, tokens: int, t: int, bwd: bool, plan: ParallelPlan | None = None
+                   ) -> tuple[list[Compute], list[Compute]]:
     """The GEMMs before the attention core (QKV, or MLA's down and up projections) and after it
     (the output projection), on one of ``t`` tensor-parallel ranks. Down projections are
-    replicated: every TP rank runs them whole."""
+    replicated: every TP rank runs them whole. With ``plan`` each is a transformer linear of
+    the plan's precision (:func:`simdist.analytic.ops._linear`: FP8 with its casts under
+    precision fp8, as Transformer Engine runs every linear of the block, MLA's included)."""
     h, a = m.hidden_size, m.num_attention_heads
+
+    def gemm(name: str, rows: int, n: int, k: int) -> list[Compute]:
+        return _linear(plan, name, rows, n, k, bwd) if plan is not None else _gemm(name, rows, n, k, bwd)
+
     if m.attention == "mla":
         d, r, v, kvr, qr = m.head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank, m.q_lora_rank
         before: list[Compute] = []
         if qr:
-            before += _gemm("q down", tokens, qr, h, bwd)
-            before += _gemm("q up", tokens, a * (d + r) // t, qr, bwd)
+            before += gemm("q down", tokens, qr, h)
+            before += gemm("q up", tokens, a * (d + r) // t, qr)
         else:
-            before += _gemm("q", tokens, a * (d + r) // t, h, bwd)
-        before += _gemm("kv down", tokens, kvr + r, h, bwd)
-        before += _gemm("kv up", tokens, a * (d + v) // t, kvr, bwd)
-        return before, _gemm("attn out", tokens, h, a * v // t, bwd)
+            before += gemm("q", tokens, a * (d + r) // t, h)
+        before += gemm("kv down", tokens, kvr + r, h)
+        before += gemm("kv up", tokens, a * (d + v) // t, kvr)
+        return before, gemm("attn out", tokens, h, a * v // t)
     qd = a * m.head_dim
-    return (_gemm("qkv", tokens, (qd + 2 * m.kv_dim) // t, h, bwd),
-            _gemm("attn out", tokens, h, qd // t, bwd))
+    return (gemm("qkv", tokens, (qd + 2 * m.kv_dim) // t, h),
+            gemm("attn out", tokens, h, qd // t))
 
 
 def core_op(m: ModelSpec, kind: LayerKind, s_q: int, s_k: int, b: int, heads: int, bwd: bool,
-            share: float = 1.0, name: str = "flash attention") -> Compute:
+            share: float = 1.0, name: str = "flash attention", kernel: str = "flash2") -> Compute:
     """One fused attention kernel: ``s_q`` queries against ``s_k`` keys for ``b`` sequences and
     ``heads`` heads, carrying ``share`` of the layer's full-square FLOPs (context parallelism
     splits them); backward costs 2.5x forward (FlashAttention-2: five GEMMs against two). The
     full-square convention counts twice the pairs a kernel computes, for a band as for a causal
-    square, so one efficiency times both."""
+    square, so one efficiency times both. ``kernel``: the fused kernel class the plan runs
+    (:func:`simdist.spec.frameworks.attention_kernel`), priced like the dense layer's
+    (:func:`simdist.analytic.ops.layer_ops`)."""
     per_query = attention_core_flops_per_token(m, kind.window) / m.num_attention_heads
     flops = per_query * m.seq_length * b * heads * share * (2.5 if bwd else 1.0)
     return Compute(name + (" bwd" if bwd else ""), "attention", flops, m=s_q, n=s_k,
-                   k=max(q_head_dim(m), v_dim(m)), batch=b * heads)
+                   k=max(q_head_dim(m), v_dim(m)), batch=b * heads, kernel=kernel)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from simdist.analytic.attention import core_op, q_head_dim, v_dim
 from simdist.analytic.ops import Comm, Op
+from simdist.spec.frameworks import attention_kernel
 from simdist.spec.layers import LayerKind
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
@@ -40,18 +41,20 @@ def kv_block_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
 
 
 def core_ops(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, bwd: bool) -> list[Op]:
-    """The attention core of one layer on one rank, in forward order."""
+    """The attention core of one layer on one rank, in forward order. Every kernel is the
+    framework's (its native fused attention where it has one), as in the dense layer."""
     cp, t = plan.cp, plan.tp
     s, b = m.seq_length // cp, plan.micro_batch_size
     heads = m.num_attention_heads // t
+    kernel = attention_kernel(plan)
     if cp == 1:
-        return [core_op(m, kind, s, s, b, heads, bwd)]
+        return [core_op(m, kind, s, s, b, heads, bwd, kernel=kernel)]
     kv = kv_block_bytes(m, plan)
     grads = 2.0 if bwd else 1.0
     method = plan.cp_method
     if method == "ring":
         out: list[Op] = []
-        step = core_op(m, kind, s, s, b, heads, bwd, share=1.0 / cp ** 2)
+        step = core_op(m, kind, s, s, b, heads, bwd, share=1.0 / cp ** 2, kernel=kernel)
         for i in range(cp):
             if i < cp - 1:  # the block for step i+1, in flight during step i's kernel
                 out.append(Comm("sendrecv cp kv", "sendrecv", "cp", grads * kv))
@@ -61,7 +64,7 @@ def core_ops(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, bwd: bool) -> li
         return out
     if method == "allgather":
         gather = Comm("allgather cp kv", "allgather", "cp", cp * kv)
-        kernel = core_op(m, kind, s, m.seq_length, b, heads, bwd, share=1.0 / cp)
+        kernel = core_op(m, kind, s, m.seq_length, b, heads, bwd, share=1.0 / cp, kernel=kernel)
         if bwd:
             return [gather, kernel, Comm("reducescatter cp kv grads", "reducescatter", "cp", cp * kv)]
         return [gather, kernel]
@@ -69,5 +72,5 @@ def core_ops(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, bwd: bool) -> li
     e = plan.element_bytes
     q = s * b * m.num_attention_heads * q_head_dim(m) * e / t
     o = s * b * m.num_attention_heads * v_dim(m) * e / t
-    kernel = core_op(m, kind, m.seq_length, m.seq_length, b, heads // cp, bwd)
+    kernel = core_op(m, kind, m.seq_length, m.seq_length, b, heads // cp, bwd, kernel=kernel)
     return [Comm("alltoall cp qkv", "alltoall", "cp", q + kv), kernel, Comm("alltoall cp out", "alltoall", "cp", o)]

@@ -30,7 +30,7 @@ torchao Float8Linear (torchtitan; tensorwise dynamic scaling by default, rowwise
 from __future__ import annotations
 
 from simdist.analytic.memory_conventions import conventions, fp8_recipe
-from simdist.analytic.params import attention_params, mlp_params
+from simdist.analytic.params import attention_params, expert_mlp_params, mlp_params
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
@@ -40,9 +40,18 @@ TE_GEMMS_PER_LAYER = 4  # QKV (LayerNormLinear), projection, FC1 and FC2 (LayerN
 
 def linear_weight_params(m: ModelSpec, plan: ParallelPlan) -> int:
     """Weights of one layer's linear layers on one GPU (what FP8 GEMMs read): attention and MLP
-    matrices, without norms and biases."""
+    matrices, without norms and biases. In a mixture of experts the GPU holds num_experts / ep
+    routed experts of each MoE layer, each split over etp, and the shared experts split over tp
+    (Megatron-Core's expert layout); the mean over the model's dense and MoE layers."""
     att, mlp = attention_params(m), mlp_params(m)
-    return (att.sharded + mlp.sharded * m.num_experts) // plan.tp
+    dense = (att.sharded + mlp.sharded) // plan.tp
+    if not m.is_moe:
+        return dense
+    expert = expert_mlp_params(m).sharded
+    moe = (att.sharded + expert * m.num_shared_experts) // plan.tp \
+        + expert * m.num_experts // (plan.ep * plan.etp)
+    n_moe = m.num_layers - min(m.first_dense_layers, m.num_layers)
+    return round((n_moe * moe + (m.num_layers - n_moe) * dense) / m.num_layers)
 
 
 def weight_cache_bytes_per_param(plan: ParallelPlan) -> float:

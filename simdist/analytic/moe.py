@@ -8,7 +8,8 @@ Fedus et al. 2022 for top-k routing; DeepSeek-V3 sec 2.1.2 for shared experts):
 3. dispatch: an all-to-all over the expert-parallel group (``moe_dispatcher: alltoall``), or an
    all-gather of every token of the group (``allgather``); with expert tensor parallelism an
    all-gather of the received tokens over ``etp``;
-4. the local experts (num_experts / ep of them) as grouped GEMMs, each FFN split over ``etp``;
+4. the local experts (num_experts / ep of them) as grouped GEMMs, each FFN split over ``etp``
+   (in FP8 under precision fp8, with the recipe's casts, like every transformer linear);
 5. the way back: a reduce-scatter over ``etp``, the combine all-to-all (or a reduce-scatter for
    the all-gather dispatcher), and the unpermute that sums each token's k expert outputs
    weighted by its gates;
@@ -32,6 +33,7 @@ tokens are dropped (Fedus et al. 2022 sec 2.2); its experts and its all-to-all s
 
 from __future__ import annotations
 
+from simdist.analytic import fp8
 from simdist.analytic.collectives import GroupLayout
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.spec.model import ModelSpec
@@ -93,14 +95,28 @@ def wire_factor(m: ModelSpec, plan: ParallelPlan, g: GroupLayout) -> float:
     return min(1.0, distinct / copies) if copies > 0 else 1.0
 
 
-def _grouped(name: str, rows: float, n: int, k: int, experts: int, bwd: bool) -> list[Compute]:
-    """A grouped GEMM: ``experts`` GEMMs of ``rows`` x k by k x n (fractional rows: a mean)."""
+def _grouped(name: str, rows: float, n: int, k: int, experts: int, bwd: bool,
+             plan: ParallelPlan | None = None) -> list[Op]:
+    """A grouped GEMM: ``experts`` GEMMs of ``rows`` x k by k x n (fractional rows: a mean).
+    With ``plan`` in FP8 the experts run in FP8 like every other transformer linear (Transformer
+    Engine's GroupedLinear takes the FP8 recipe of the layer, Megatron-Core's TEGroupedMLP), with
+    the recipe's casts of the routed tokens (or their gradients) and of the weights
+    (:mod:`simdist.analytic.fp8`); the router stays in BF16 (``plan`` None)."""
     r = max(1, round(rows))
     flops = 2.0 * rows * n * k * experts
+    fp8_on = plan is not None and plan.precision == "fp8"
     if not bwd:
-        return [Compute(name, "gemm", flops, m=r, n=n, k=k, batch=experts)]
-    return [Compute(f"{name} wgrad", "gemm", flops, m=k, n=n, k=r, batch=experts),
-            Compute(f"{name} dgrad", "gemm", flops, m=r, n=k, k=n, batch=experts)]
+        gemms = [Compute(name, "gemm", flops, m=r, n=n, k=k, batch=experts, fp8=fp8_on)]
+    else:
+        gemms = [Compute(f"{name} wgrad", "gemm", flops, m=k, n=n, k=r, batch=experts, fp8=fp8_on),
+                 Compute(f"{name} dgrad", "gemm", flops, m=r, n=k, k=n, batch=experts, fp8=fp8_on)]
+    if not fp8_on or plan is None:
+        return list(gemms)
+    cb = fp8.cast_bytes(plan)
+    weight = _mem(f"fp8 cast {name} weight", cb * k * n * experts * fp8.weight_casts_per_microbatch(plan) / 2)
+    operand = _mem(f"fp8 cast {name} {'grad' if bwd else 'input'}", cb * rows * experts * (n if bwd else k))
+    # backward lists are reversed by the caller: the casts then run before their GEMMs
+    return [*gemms, weight, operand] if bwd else [operand, weight, *gemms]
 
 
 def _mem(name: str, nbytes: float) -> Compute:
@@ -134,9 +150,9 @@ def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
     if n_local > 1:
         ops.append(_mem("sort by expert" + suffix, scale * 2 * rows * h * e))
     per_expert = rows / n_local
-    ops += _grouped("experts fc1", per_expert, n_in * f, h, n_local, bwd)
+    ops += _grouped("experts fc1", per_expert, n_in * f, h, n_local, bwd, plan)
     ops.append(_mem("expert activation" + suffix, scale * (n_in + 1) * rows * f * e))
-    ops += _grouped("experts fc2", per_expert, h, f, n_local, bwd)
+    ops += _grouped("experts fc2", per_expert, h, f, n_local, bwd, plan)
     if n_local > 1:
         ops.append(_mem("unsort" + suffix, scale * 2 * rows * h * e))
     if etp > 1:

@@ -59,7 +59,7 @@ def attention_block(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, bwd: bool
     """Projections, rotary embedding and attention core of one layer, in forward order."""
     t, e = plan.tp, plan.element_bytes
     tokens = m.seq_length // plan.cp * plan.micro_batch_size
-    before, after = attention.projection_ops(m, tokens, t, bwd)
+    before, after = attention.projection_ops(m, tokens, t, bwd, plan)
     out: list[Op] = list(before)
     if m.position_embedding == "rope":
         a = m.num_attention_heads

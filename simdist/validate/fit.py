@@ -145,7 +145,8 @@ def fit(cases: Sequence[Case], start: FitResult | None = None, only: Iterable[st
     ``only`` are copied as they are (their rows did not change)."""
     by_gen: dict[str, list[Case]] = {}
     for c in cases:
-        by_gen.setdefault(c.gpu_generation, []).append(c)
+        if c.fitted:  # rows with terms the model does not price yet are scored, not fitted on
+            by_gen.setdefault(c.gpu_generation, []).append(c)
     refit = set(by_gen) if only is None else set(only) & set(by_gen)
     per: dict[str, dict[str, float]] = {}
     scores: dict[str, tuple[int, float]] = {}

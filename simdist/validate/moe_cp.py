@@ -5,9 +5,12 @@ report (:mod:`simdist.validate.training`) hands these rows here.
 
 MoE rows name the model only; its dimensions come from the catalog preset of the same model,
 each figure next to its published config.json (simdist/catalog/models.yaml). The plans are the
-Megatron-Bridge H100 recipes' (scripts/performance/configs/*/*_workload_base_configs.py):
-distributed optimizer, sequence parallelism with tp > 1, expert tensor parallelism 1, and per
-model the token dispatcher and all-to-all overlap (:data:`MOE_MODELS`). The benchmarks route
+Megatron-Bridge H100 recipes' (scripts/performance/configs/*/*_workload_base_configs.py),
+under ``framework: nemo`` (Transformer Engine's fused attention, its FP8 recipe, Megatron's bucket
+rule; the NeMo long-sequence rows too; the torchtitan rows under ``framework: torchtitan`` on
+the benchmark's 96 GiB H100s, as the dense torchtitan rows): distributed optimizer, sequence
+parallelism with tp > 1, expert tensor parallelism 1, and per model the token dispatcher and
+all-to-all overlap (:data:`MOE_MODELS`). The benchmarks route
 tokens force-balanced (the summary's note), so ``moe_load_imbalance`` stays 1.0.
 
 Step times: ``derived_step_s`` where the row has it (global batch x sequence / tokens per second
@@ -23,14 +26,17 @@ from typing import Any
 from simdist.analytic.flops import model_flops_per_step
 from simdist.errors import ScenarioError
 from simdist.spec.scenario import Scenario, scenario_from_dict
+from simdist.validate.mapping import TORCHTITAN_GPU
 from simdist.validate.rows import cell_float, cell_int
 
 # model name (lower case, as the rows spell it) -> (preset, plan fields of its H100 recipe)
 MOE_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     # QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_*: moe_flex_dispatcher_backend hybridep, no a2a overlap
     "qwen3_30b_a3b": ("qwen3-30b-a3b", {"moe_dispatcher": "flex"}),
-    # QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_*: alltoall dispatcher, moe_a2a_overlap
-    "qwen3_235b_a22b": ("qwen3-235b-a22b", {"moe_dispatcher": "alltoall", "ep_comm_overlap": True}),
+    # QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_*: alltoall dispatcher, moe_a2a_overlap;
+    # qwen3_235b_a22b_pretrain_config_h100: CommOverlapConfig(tp_comm_overlap=False)
+    "qwen3_235b_a22b": ("qwen3-235b-a22b", {"moe_dispatcher": "alltoall", "ep_comm_overlap": True,
+                                            "tp_comm_overlap": False}),
     # DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1: hybridep, no a2a overlap, recompute_modules
     # [mla_up_proj, mlp] (selective: simdist.analytic.variants.recompute_ops)
     "deepseekv3": ("deepseek-v3", {"moe_dispatcher": "flex", "recompute": "selective"}),
@@ -60,6 +66,17 @@ def handles(row: dict[str, str]) -> bool:
     return key in MOE_MODELS or key in NOT_EXPRESSIBLE
 
 
+def fitted(row: dict[str, str]) -> bool:
+    """Whether the row informs the fitted GEMM and attention efficiencies
+    (:mod:`simdist.validate.fit`). The mixture-of-experts rows are scored but not fitted on:
+    their steps hold what the model does not price yet (the host-side overhead of the MoE
+    layer's many small kernels and its dispatcher's synchronisation, the "compute wall" of
+    Megatron-Core MoE, arXiv:2603.07685 sec 1), which a fit would fold into the FP8 GEMM
+    efficiency every dense FP8 run shares. The context-parallel rows are fitted like the dense
+    ones: every term of their steps is priced."""
+    return _model_key(row) not in MOE_MODELS
+
+
 def group(row: dict[str, str]) -> str:
     rid = row["run_id"]
     if rid in NEMO_CP:
@@ -77,7 +94,7 @@ def _megatron_plan(row: dict[str, str], tp: int, pp: int) -> dict[str, Any]:
     fp32 main grads, the default DDP bucket."""
     gpus = int(row["num_gpus"])
     plan: dict[str, Any] = {
-        "tp": tp, "pp": pp, "zero_stage": 1, "sequence_parallel": tp > 1, "tp_comm_overlap": tp > 1,
+        "framework": "nemo", "tp": tp, "pp": pp, "zero_stage": 1, "sequence_parallel": tp > 1, "tp_comm_overlap": tp > 1,
         "flash_attention": True, "fp32_grad_accumulation": True, "overlap_grad_reduce": True,
         "overlap_param_gather": True, "global_batch_size": int(row["global_batch"]),
         "micro_batch_size": cell_int(row["micro_batch"]) or 1,
@@ -124,11 +141,13 @@ def cp_scenario(row: dict[str, str], recompute: str, vpp: int = 2) -> dict[str, 
         dp = cell_int(row["dp"]) or 1
         preset = "llama3.1-405b" if "405" in row["model_name"] else "llama3.1-8b"
         local = 8 if pp > 1 else 1  # Table 6's local batch of 8 under PP, else 1
-        plan = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "cp_method": "allgather", "precision": "fp8",
+        plan = {"framework": "torchtitan", "tp": tp, "pp": pp, "dp": dp, "cp": cp, "cp_method": "allgather",
+                "precision": "fp8",
                 "zero_stage": 2 if pp > 1 else 3, "recompute": "full", "micro_batch_size": 1,
                 "global_batch_size": local * dp, "sequence_parallel": tp > 1, "tp_comm_overlap": tp > 1,
                 "flash_attention": True}
         cluster = _cluster(gpus)
+        cluster["gpu"] = TORCHTITAN_GPU  # the benchmark cluster's 96 GiB H100s, as its dense rows
         cluster["inter_node"] = {"kind": "roce", "nics_per_node": 8, "bandwidth": "400 Gb/s"}
         return {"name": f"{rid} {row['model_name']}", "model": {"preset": preset, "seq_length": seq},
                 "cluster": cluster, "plan": plan}

@@ -44,6 +44,8 @@ class Case:
     options: tuple[tuple[Scenario, tuple[str, ...]], ...] = ()
     measured_peak_gib: float | None = None  # the row's published peak memory per GPU, if any
     defaults: tuple[str, ...] = ()  # unstated values taken from the framework's documented defaults
+    # False: scored, but not used to fit the shared efficiencies (simdist.validate.moe_cp.fitted)
+    fitted: bool = True
 
     @property
     def gpu_generation(self) -> str:
@@ -88,7 +90,9 @@ def build_cases(data: str | Path | None = None) -> tuple[list[Case], list[tuple[
             if isinstance(got, str):
                 skipped.append((rid, got))
             else:
-                cases.append(Case(rid, moe_cp.group(row), row["model_name"], got[2][0], got[2][1], got[0], got[1]))
+                cases.append(Case(rid, moe_cp.group(row), row["model_name"], got[2][0], got[2][1], got[0], got[1],
+                                  measured_peak_gib=cell_float(row.get("measured_peak_mem_gib")),
+                                  fitted=moe_cp.fitted(row)))
             continue
         why = unsupported(row)
         if why:
