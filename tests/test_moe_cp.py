@@ -20,10 +20,11 @@ from simdist.analytic.params import (
     stage_params,
 )
 from simdist.analytic.variants import comm_bytes, layer_ops
+from simdist.errors import ScenarioError
 from simdist.predict import predict
 from simdist.results import BREAKDOWN_KEYS
 from simdist.spec.groups import expert_coord, group_ranks
-from simdist.spec.layers import LayerKind, layer_kind
+from simdist.spec.layers import LayerKind, kind_counts, layer_kind
 from simdist.spec.scenario import scenario_from_dict
 
 
@@ -60,6 +61,26 @@ def test_layer_kinds_dense_first_and_windows_alternate():
     oss = make("gpt-oss-120b", nodes=8, ep=8).model
     assert [layer_kind(oss, i).window for i in range(4)] == [True, False, True, False]
     assert sum(layer_kind(oss, i).window for i in range(oss.num_layers)) == 18
+
+
+@pytest.mark.parametrize("model", [{"preset": "deepseek-v3"}, {"preset": "gpt-oss-120b"},
+                                   {"preset": "gpt-oss-120b", "sliding_window_layers": 7},
+                                   {"preset": "qwen3-30b-a3b", "first_dense_layers": 5}])
+def test_layer_counts_of_a_range_match_the_layers_one_by_one(model):
+    """The closed form that counts a range of layers by kind agrees with counting each layer
+    (so a model of any depth is counted in constant time)."""
+    m = make(model, nodes=8, ep=8).model
+    n = m.num_layers
+    for a, b in ((0, n), (0, 1), (1, n - 1), (3, 4), (n // 3, 2 * n // 3), (5, 5)):
+        one_by_one: dict[LayerKind, int] = {}
+        for i in range(a, b):
+            one_by_one[layer_kind(m, i)] = one_by_one.get(layer_kind(m, i), 0) + 1
+        assert kind_counts(m, range(a, b)) == tuple(one_by_one.items()), (a, b)
+
+
+def test_a_model_too_deep_to_walk_is_refused_naming_the_field():
+    with pytest.raises(ScenarioError, match="num_layers"):
+        make({"preset": "gpt3-1.3b", "num_layers": 652_405_696})
 
 
 # --- parameters, FLOPs --------------------------------------------------------------------------

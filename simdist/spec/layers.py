@@ -44,12 +44,35 @@ def layer_kind(m: ModelSpec, index: int) -> LayerKind:
 
 
 def kind_counts(m: ModelSpec, indices: Iterable[int]) -> tuple[tuple[LayerKind, int], ...]:
-    """(kind, layers) of the given layers, kinds in the order they first appear."""
+    """(kind, layers) of the given layers, kinds in the order they first appear (a range of the
+    model's layers is counted in closed form)."""
     counts: dict[LayerKind, int] = {}
+    if isinstance(indices, range) and indices.step == 1 and 0 <= indices.start and indices.stop <= m.num_layers:
+        first_moe = m.first_dense_layers if m.is_moe else indices.stop
+        a, b = indices.start, indices.stop
+        for lo, hi, moe in ((a, min(b, first_moe), False), (max(a, first_moe), b, True)):
+            if lo >= hi:
+                continue
+            windowed_here = _windowed_before(m, hi) - _windowed_before(m, lo)
+            lead = windowed(m, lo)
+            for window, n in ((lead, windowed_here if lead else hi - lo - windowed_here),
+                              (not lead, hi - lo - windowed_here if lead else windowed_here)):
+                if n:
+                    counts[LayerKind(moe, window)] = counts.get(LayerKind(moe, window), 0) + n
+        return tuple(counts.items())
     for i in indices:
         k = layer_kind(m, i)
         counts[k] = counts.get(k, 0) + 1
     return tuple(counts.items())
+
+
+def _windowed_before(m: ModelSpec, stop: int) -> int:
+    """How many of layers 0..stop-1 have windowed attention (``windowed`` summed in closed form:
+    layer i is windowed when ceil((i+1)w/n) > ceil(iw/n), so the count telescopes)."""
+    if m.sliding_window is None or m.sliding_window >= m.seq_length:
+        return 0
+    w = m.num_layers if m.sliding_window_layers is None else m.sliding_window_layers
+    return math.ceil(stop * w / m.num_layers)
 
 
 @lru_cache(maxsize=64)  # a search asks it per plan, of one model

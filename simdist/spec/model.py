@@ -21,6 +21,7 @@ PositionEmbedding = Literal["learned", "rope", "alibi"]
 Attention = Literal["mha", "mla"]
 Router = Literal["softmax", "sigmoid"]
 
+MAX_LAYERS = 100_000  # a bound on the work per layer (the simulator walks layers one by one)
 _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 _MOE_FIELDS = ("moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers", "moe_load_imbalance",
                "router", "moe_capacity_factor")
@@ -109,6 +110,9 @@ class ModelSpec:
             out.append(Problem(f, msg))
 
         h, a, kv = self.hidden_size, self.num_attention_heads, self.num_kv_heads
+        if self.num_layers > MAX_LAYERS:
+            add("num_layers", f"{self.num_layers:,} is more than simdist models ({MAX_LAYERS:,}); "
+                "the deepest transformers trained have about 1,000 layers (DeepNet, Wang et al. 2022)")
         if self.head_dim * a != h and h % a:  # only when head_dim was derived
             add("hidden_size", f"{h} is not divisible by num_attention_heads ({a}); give head_dim")
         if a % kv:
