@@ -47,7 +47,7 @@ def kind_counts(m: ModelSpec, indices: Iterable[int]) -> tuple[tuple[LayerKind, 
     """(kind, layers) of the given layers, kinds in the order they first appear (a range of the
     model's layers is counted in closed form)."""
     counts: dict[LayerKind, int] = {}
-    if isinstance(indices, range) and indices.step == 1 and 0 <= indices.start and indices.stop <= m.num_layers:
+    if isinstance(indices, range) and indices.step == 1 and indices.start >= 0 and indices.stop <= m.num_layers:
         first_moe = m.first_dense_layers if m.is_moe else indices.stop
         a, b = indices.start, indices.stop
         for lo, hi, moe in ((a, min(b, first_moe), False), (max(a, first_moe), b, True)):
