@@ -52,17 +52,15 @@ def run_cli(*args: str):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The executor's tests marked ``slow`` (most torchrun launches: every plan kind, faults and
-    restarts, the optimizer sweep, multi-node) and the README's long commands run when asked for, as CI does: with any ``-m``
-    expression (``-m slow``, ``-m distributed``, ...) or ``SIMDIST_SLOW=1``; the plain ``pytest``
-    run keeps a quick representative set of them, so that it stays under ten minutes on a
-    2-core machine."""
+    """Tests marked ``slow`` (most torchrun launches: every plan kind, faults and restarts, the
+    optimizer sweep, multi-node; the engine agreement on every bundled scenario; the browser
+    timings; the README's long commands) run when asked for, as CI does: with any ``-m``
+    expression (``-m slow``, ``-m distributed``, ...) or ``SIMDIST_SLOW=1``. The plain ``pytest``
+    run leaves them out, so that it stays under ten minutes on a 2-core machine; it keeps a quick
+    representative set of torchrun jobs (those not marked slow)."""
     if os.environ.get("SIMDIST_SLOW") or config.getoption("markexpr"):
         return
-    executor_tests = Path(__file__).resolve().parent / "executor"
-    readme_test = Path(__file__).resolve().parent / "test_readme.py"
-    slow = [item for item in items if "slow" in item.keywords
-            and (executor_tests in Path(str(item.fspath)).parents or Path(str(item.fspath)) == readme_test)]
+    slow = [item for item in items if "slow" in item.keywords]
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item not in slow]

@@ -21,7 +21,7 @@ PositionEmbedding = Literal["learned", "rope", "alibi"]
 Attention = Literal["mha", "mla"]
 Router = Literal["softmax", "sigmoid"]
 
-MAX_LAYERS = 100_000  # a bound on the work per layer (the simulator walks layers one by one)
+MAX_LAYERS = 1_000_000  # a bound on the work per layer (the simulator walks layers one by one)
 _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 _MOE_FIELDS = ("moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers", "moe_load_imbalance",
                "router", "moe_capacity_factor")
