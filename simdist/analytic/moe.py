@@ -8,6 +8,8 @@ Fedus et al. 2022 for top-k routing; DeepSeek-V3 sec 2.1.2 for shared experts):
 3. dispatch: an all-to-all over the expert-parallel group (``moe_dispatcher: alltoall``), or an
    all-gather of every token of the group (``allgather``); with expert tensor parallelism an
    all-gather of the received tokens over ``etp``;
+   With dropless routing the host reads the tokens per expert here (:mod:`simdist.analytic.host`:
+   the split sizes of the all-to-all and of the grouped GEMM), which drains the GPU's queue;
 4. the local experts (num_experts / ep of them) as grouped GEMMs, each FFN split over ``etp``
    (in FP8 under precision fp8, with the recipe's casts, like every transformer linear);
 5. the way back: a reduce-scatter over ``etp``, the combine all-to-all (or a reduce-scatter for
@@ -33,9 +35,11 @@ tokens are dropped (Fedus et al. 2022 sec 2.2); its experts and its all-to-all s
 
 from __future__ import annotations
 
-from simdist.analytic import fp8
+from simdist.analytic import fp8, host
 from simdist.analytic.collectives import GroupLayout
 from simdist.analytic.ops import Comm, Compute, Op
+from simdist.analytic.runtime_memory import nccl_channels
+from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
@@ -71,6 +75,20 @@ def rank_load_factor(m: ModelSpec, plan: ParallelPlan) -> float:
     """Token copies the busiest rank's experts receive over the mean (see the module docstring)."""
     n = local_experts(m, plan)
     return (busiest_expert_factor(m) + n - 1) / n
+
+
+DEEPEP_SMS = 20  # DeepSeek-V3 sec 3.2.2: 20 of H800's 132 SMs saturate IB and NVLink; DeepEP's default
+
+
+def dispatcher_sms(plan: ParallelPlan, cluster: ClusterSpec) -> int:
+    """SMs the dispatch and combine kernels occupy while they run: DeepEP's (and HybridEP's)
+    communication kernels for the ``flex`` dispatcher (:data:`DEEPEP_SMS`), one CTA per NCCL
+    channel for the all-to-all and all-gather dispatchers (NCCL runs a channel per thread
+    block; :func:`simdist.analytic.runtime_memory.nccl_channels`). Compute that runs beside
+    them (``ep_comm_overlap``, DualPipe) has the other SMs: simdist.analytic.passes."""
+    if plan.moe_dispatcher == "flex":
+        return DEEPEP_SMS
+    return nccl_channels(cluster)
 
 
 def dispatch_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
@@ -113,8 +131,11 @@ def _grouped(name: str, rows: float, n: int, k: int, experts: int, bwd: bool,
     if not fp8_on or plan is None:
         return list(gemms)
     cb = fp8.cast_bytes(plan)
-    weight = _mem(f"fp8 cast {name} weight", cb * k * n * experts * fp8.weight_casts_per_microbatch(plan) / 2)
-    operand = _mem(f"fp8 cast {name} {'grad' if bwd else 'input'}", cb * rows * experts * (n if bwd else k))
+    # one cast kernel per expert (batch: the kernels, for the host's issue cost: analytic.host)
+    weight = Compute(f"fp8 cast {name} weight", "memory",
+                     bytes=cb * k * n * experts * fp8.weight_casts_per_microbatch(plan) / 2, batch=experts)
+    operand = Compute(f"fp8 cast {name} {'grad' if bwd else 'input'}", "memory",
+                      bytes=cb * rows * experts * (n if bwd else k), batch=experts)
     # backward lists are reversed by the caller: the casts then run before their GEMMs
     return [*gemms, weight, operand] if bwd else [operand, weight, *gemms]
 
@@ -139,6 +160,8 @@ def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
     ops: list[Op] = []
     ops += _grouped("router", t, m.num_experts, h, 1, bwd)
     ops.append(_mem("router top-k" + suffix, scale * 3 * t * m.num_experts * 4))
+    if not bwd:  # dropless: the tokens per expert read on the host (simdist.analytic.host)
+        ops += [Compute("dispatcher host sync", "sync")] * host.syncs_per_forward(m, plan)
     ops.append(_mem("permute" + suffix, scale * (1 + k) * t * h * e))
     if ep > 1:
         if plan.moe_dispatcher == "allgather":
