@@ -3,12 +3,13 @@ dispatcher's kernels take from the compute they overlap (simdist.analytic.moe.di
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 
 from simdist.analytic import host, moe
-from simdist.analytic.collectives import Network
+from simdist.analytic.collectives import Network, layout_for_axis
 from simdist.analytic.cost import CostModel
 from simdist.analytic.passes import OpTimer
 from simdist.analytic.variants import moe_block
@@ -73,3 +74,27 @@ def test_overlapped_dispatch_slows_the_compute_beside_it() -> None:
     assert p_over.breakdown_s["ep_comm"] < p_plain.breakdown_s["ep_comm"]  # overlap hides
     assert p_over.breakdown_s["compute"] > p_plain.breakdown_s["compute"]  # and costs SMs
     assert p_over.step_time_s < p_plain.step_time_s  # never more than it hides (c < sms)
+
+
+def _dsv3(**model: object) -> object:
+    return scenario_from_dict({"name": "dsv3", "model": {"preset": "deepseek-v3", **model},
+                               "cluster": {"preset": "dgx-h100", "num_nodes": 8, "gpus_per_node": 8},
+                               "plan": {"tp": 1, "ep": 64, "moe_dispatcher": "flex", "global_batch_size": 64}})
+
+
+def test_node_limited_routing_reaches_at_most_its_group_topk_nodes() -> None:
+    """DeepSeek-V3 sec 2.1.2: each token's 8 experts come from 4 of 8 groups (one group per node
+    at EP64 on 8 nodes), so it reaches at most 4 nodes: 4 x (1 - C(96,8)/C(128,8)) on average,
+    against 8 x (1 - C(224,8)/C(256,8)) under uniform routing."""
+    limited, uniform = _dsv3(), _dsv3(moe_router_groups=1, moe_router_group_topk=1)
+    assert (limited.model.moe_router_groups, limited.model.moe_router_group_topk) == (8, 4)  # the preset
+    reached = 8 * (1 - moe.node_missed(limited.model, 8))
+    assert reached == pytest.approx(4 * (1 - math.comb(96, 8) / math.comb(128, 8)))
+    assert 8 * (1 - moe.node_missed(uniform.model, 8)) == pytest.approx(8 * (1 - math.comb(224, 8) / math.comb(256, 8)))
+    # every group allowed is uniform routing again
+    assert moe.node_missed(_dsv3(moe_router_group_topk=8).model, 8) == pytest.approx(moe.node_missed(uniform.model, 8))
+    # groups spanning two nodes each: a node is reached only through its chosen group
+    half = _dsv3(moe_router_groups=4, moe_router_group_topk=2).model
+    assert moe.node_missed(half, 8) == pytest.approx(0.5 + 0.5 * math.comb(96, 8) / math.comb(128, 8))
+    g = layout_for_axis(limited.cluster, limited.plan, "ep")
+    assert moe.wire_factor(limited.model, limited.plan, g) < moe.wire_factor(uniform.model, uniform.plan, g)

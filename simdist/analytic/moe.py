@@ -35,6 +35,8 @@ tokens are dropped (Fedus et al. 2022 sec 2.2); its experts and its all-to-all s
 
 from __future__ import annotations
 
+import math
+
 from simdist.analytic import fp8, host
 from simdist.analytic.collectives import GroupLayout
 from simdist.analytic.ops import Comm, Compute, Op
@@ -98,19 +100,49 @@ def dispatch_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
 
 def wire_factor(m: ModelSpec, plan: ParallelPlan, g: GroupLayout) -> float:
     """Bytes the ``flex`` dispatcher moves over the all-to-all's per byte the plain one moves:
-    each token goes once to every other node holding one of its k experts. With N nodes of
-    E/N experts each and uniform routing, a node receives it with probability
-    1 - C(E - E/N, k) / C(E, k), against k(n - g)/n copies leaving the node without it."""
+    each token goes once to every other node holding one of its k experts, against k(n - g)/n
+    copies leaving the node without it. A node receives it with probability 1 - P(none of its
+    experts chosen) (:func:`node_missed`); the experts are spread evenly over the N nodes."""
     if plan.moe_dispatcher != "flex" or g.nodes <= 1 or not m.is_moe:
         return 1.0
-    e, k, nodes = m.num_experts, m.experts_per_token, g.nodes
-    per_node = e / nodes
-    none = 1.0
-    for i in range(k):
-        none *= max(0.0, (e - per_node - i) / (e - i))
-    distinct = (nodes - 1) * (1.0 - none)
-    copies = k * (g.size - g.ranks_per_node) / g.size
+    distinct = (g.nodes - 1) * (1.0 - node_missed(m, g.nodes))
+    copies = m.experts_per_token * (g.size - g.ranks_per_node) / g.size
     return min(1.0, distinct / copies) if copies > 0 else 1.0
+
+
+def _none_of(pool: float, avoid: float, k: int) -> float:
+    """P(k experts drawn uniformly without replacement from ``pool`` miss ``avoid`` of them):
+    C(pool - avoid, k) / C(pool, k)."""
+    p = 1.0
+    for i in range(k):
+        p *= max(0.0, (pool - avoid - i) / (pool - i))
+    return p
+
+
+def node_missed(m: ModelSpec, nodes: int) -> float:
+    """P(a token has none of its k experts on a given node), E experts evenly over ``nodes``.
+
+    Uniform routing (what force-balanced benchmarks run): C(E - E/N, k) / C(E, k). Group-limited
+    routing (DeepSeek-V3 sec 2.1.2, node-limited routing: each token's experts come from at most
+    ``moe_router_group_topk`` of ``moe_router_groups`` expert groups, M = 4 of 8 so that a token
+    reaches at most 4 nodes; Megatron-Core ``moe_router_num_groups`` / ``moe_router_group_topk``):
+    the token picks T groups of G, then k experts among those T*E/G. A node holding q = G/N whole
+    groups has i of the T chosen with the hypergeometric probability C(q,i) C(G-q,T-i) / C(G,T);
+    a group spread over N/G nodes is chosen with probability T/G."""
+    e, k = m.num_experts, m.experts_per_token
+    groups, top = m.moe_router_groups, m.moe_router_group_topk
+    per_node = e / nodes
+    if groups <= 1 or top >= groups or (groups % nodes and nodes % groups):
+        return _none_of(e, per_node, k)
+    per_group = e / groups
+    pool = top * per_group
+    if groups >= nodes:
+        q = groups // nodes
+        total = math.comb(groups, top)
+        return sum(math.comb(q, i) * math.comb(groups - q, top - i) / total * _none_of(pool, i * per_group, k)
+                   for i in range(min(q, top) + 1))
+    chosen = top / groups
+    return (1.0 - chosen) + chosen * _none_of(pool, per_node, k)
 
 
 def _grouped(name: str, rows: float, n: int, k: int, experts: int, bwd: bool,
