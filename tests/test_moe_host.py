@@ -98,3 +98,17 @@ def test_node_limited_routing_reaches_at_most_its_group_topk_nodes() -> None:
     assert moe.node_missed(half, 8) == pytest.approx(0.5 + 0.5 * math.comb(96, 8) / math.comb(128, 8))
     g = layout_for_axis(limited.cluster, limited.plan, "ep")
     assert moe.wire_factor(limited.model, limited.plan, g) < moe.wire_factor(uniform.model, uniform.plan, g)
+
+
+def test_assumptions_name_the_host_read_the_dispatcher_sms_and_the_routing_groups() -> None:
+    over = predict(_scenario(moe_dispatcher="alltoall", ep_comm_overlap=True), engine="analytic", keep_spans=False)
+    line = next(a for a in over.assumptions if a.startswith("mixture of experts"))
+    assert "host reads the tokens per expert" in line and "32 SMs" in line
+    padded = _scenario()
+    padded = replace(padded, model=replace(padded.model, moe_capacity_factor=1.0))
+    line = next(a for a in predict(padded, engine="analytic", keep_spans=False).assumptions
+                if a.startswith("mixture of experts"))
+    assert "padded to capacity" in line
+    line = next(a for a in predict(_dsv3(), engine="analytic", keep_spans=False).assumptions
+                if a.startswith("mixture of experts"))
+    assert "4 of 8 groups" in line
