@@ -45,6 +45,8 @@ def _moe(sc: Scenario, add) -> None:
     m, plan = sc.model, sc.plan
     if m.moe_capacity_factor is not None:
         add("model.moe_capacity_factor", "the executor routes dropless (no capacity factor)")
+    if m.moe_router_group_topk < m.moe_router_groups:
+        add("model.moe_router_group_topk", "the executor routes top-k over all experts (no group-limited routing)")
     if plan.tp > 1 or plan.etp > 1:
         add("plan.tp", "the executor's tensor-parallel plan splits dense FFNs, not experts: use tp 1 "
             "(and etp 1) with a mixture-of-experts model")

@@ -63,6 +63,8 @@ def test_expert_parallel_layout():
     ({"first_dense_layers": 32}, {}, "model.first_dense_layers: 32 leaves no MoE layer of 32"),
     ({"moe_load_imbalance": 0.9}, {}, "model.moe_load_imbalance: must be a number >= 1, got 0.9"),
     ({"moe_capacity_factor": 0}, {}, "model.moe_capacity_factor: must be a positive number, got 0"),
+    ({"moe_router_groups": 3}, {}, "model.moe_router_groups: 3 does not divide num_experts"),
+    ({"moe_router_groups": 4, "moe_router_group_topk": 5}, {}, "model.moe_router_group_topk: 5 is more than"),
     ({"router": "relu"}, {}, "model.router: 'relu' is not one of softmax, sigmoid"),
 ])
 def test_moe_checks_name_the_field(model, plan, expected):
@@ -145,7 +147,8 @@ def test_not_simulated_names_real_fields_and_dualpipe_is_simulated():
     ("deepseek-v3.json", 671e9, {"attention": "mla", "kv_lora_rank": 512, "q_lora_rank": 1536, "head_dim": 128,
                                  "qk_rope_head_dim": 64, "v_head_dim": 128, "num_experts": 256,
                                  "num_shared_experts": 1, "first_dense_layers": 3, "router": "sigmoid",
-                                 "mtp_layers": 1, "moe_ffn_hidden_size": 2048}),
+                                 "mtp_layers": 1, "moe_ffn_hidden_size": 2048, "moe_router_groups": 8,
+                                 "moe_router_group_topk": 4}),
     ("qwen3-30b-a3b.json", 30.5e9, {"head_dim": 128, "num_experts": 128, "experts_per_token": 8,
                                     "moe_ffn_hidden_size": 768, "num_kv_heads": 4}),
     ("qwen1.5-moe-a2.7b.json", 14.3e9, {"num_experts": 60, "experts_per_token": 4, "num_shared_experts": 4,

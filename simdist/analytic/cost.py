@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import math
 
+from simdist.analytic.host import SYNC_ROUND_TRIP_S
 from simdist.analytic.ops import Compute
 from simdist.spec.cluster import GpuSpec, HostSpec
 from simdist.spec.plan import ParallelPlan
@@ -160,6 +161,8 @@ class CostModel:
 
 
 def _op_time(cm: CostModel, op: Compute) -> float:
+    if op.kind == "sync":  # the drain's round trip; the refill after it: simdist.analytic.host
+        return SYNC_ROUND_TRIP_S
     if op.kind == "gemm":
         compute = op.flops / (cm.gemm_peak(op) * cm.gemm_efficiency(op))
         e = 4 if cm.precision == "fp32" else (1 if op.fp8 else 2)

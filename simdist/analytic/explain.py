@@ -5,7 +5,7 @@ plan axis (at the size of that kind's largest call)."""
 
 from __future__ import annotations
 
-from simdist.analytic import eager, fp8
+from simdist.analytic import eager, fp8, host, moe
 from simdist.analytic.collectives import collective_choice, layout_for_axis
 from simdist.analytic.cost import TRITON_FA_SLOWDOWN
 from simdist.analytic.ops import Comm, embedding_ops, head_ops, layer_ops
@@ -89,5 +89,25 @@ def collective_lines(d: StepDescription) -> list[str]:
     return [f"collective algorithms ({model}, largest call of each kind): " + "; ".join(parts)]
 
 
+def moe_lines(d: StepDescription) -> list[str]:
+    """The MoE layer's host reads and the SMs its dispatcher takes (simdist.analytic.host, moe)."""
+    m, plan = d.scenario.model, d.scenario.plan
+    if not m.is_moe:
+        return []
+    parts = []
+    if host.syncs_per_forward(m, plan):
+        parts.append(f"dropless routing: the host reads the tokens per expert once per MoE forward, draining the "
+                     f"GPU queue ({host.SYNC_ROUND_TRIP_S * 1e6:.0f} us round trip, then {host.HOST_ISSUE_S * 1e6:.0f} "
+                     f"us of host time per kernel until the host is ahead again)")
+    else:
+        parts.append("expert inputs padded to capacity: no host read of the tokens per expert")
+    if plan.ep > 1 and (plan.ep_comm_overlap or plan.dualpipe):
+        parts.append(f"compute beside the overlapped dispatch runs without the {moe.dispatcher_sms(plan, d.scenario.cluster)} "
+                     f"SMs of the dispatcher's kernels")
+    if m.moe_router_group_topk < m.moe_router_groups:
+        parts.append(f"group-limited routing: experts from {m.moe_router_group_topk} of {m.moe_router_groups} groups")
+    return ["mixture of experts: " + "; ".join(parts)]
+
+
 def step_lines(d: StepDescription) -> list[str]:
-    return framework_lines(d) + collective_lines(d)
+    return framework_lines(d) + moe_lines(d) + collective_lines(d)

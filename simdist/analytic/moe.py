@@ -8,6 +8,8 @@ Fedus et al. 2022 for top-k routing; DeepSeek-V3 sec 2.1.2 for shared experts):
 3. dispatch: an all-to-all over the expert-parallel group (``moe_dispatcher: alltoall``), or an
    all-gather of every token of the group (``allgather``); with expert tensor parallelism an
    all-gather of the received tokens over ``etp``;
+   With dropless routing the host reads the tokens per expert here (:mod:`simdist.analytic.host`:
+   the split sizes of the all-to-all and of the grouped GEMM), which drains the GPU's queue;
 4. the local experts (num_experts / ep of them) as grouped GEMMs, each FFN split over ``etp``
    (in FP8 under precision fp8, with the recipe's casts, like every transformer linear);
 5. the way back: a reduce-scatter over ``etp``, the combine all-to-all (or a reduce-scatter for
@@ -33,9 +35,13 @@ tokens are dropped (Fedus et al. 2022 sec 2.2); its experts and its all-to-all s
 
 from __future__ import annotations
 
-from simdist.analytic import fp8
+import math
+
+from simdist.analytic import fp8, host
 from simdist.analytic.collectives import GroupLayout
 from simdist.analytic.ops import Comm, Compute, Op
+from simdist.analytic.runtime_memory import nccl_channels
+from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
@@ -73,6 +79,20 @@ def rank_load_factor(m: ModelSpec, plan: ParallelPlan) -> float:
     return (busiest_expert_factor(m) + n - 1) / n
 
 
+DEEPEP_SMS = 20  # DeepSeek-V3 sec 3.2.2: 20 of H800's 132 SMs saturate IB and NVLink; DeepEP's default
+
+
+def dispatcher_sms(plan: ParallelPlan, cluster: ClusterSpec) -> int:
+    """SMs the dispatch and combine kernels occupy while they run: DeepEP's (and HybridEP's)
+    communication kernels for the ``flex`` dispatcher (:data:`DEEPEP_SMS`), one CTA per NCCL
+    channel for the all-to-all and all-gather dispatchers (NCCL runs a channel per thread
+    block; :func:`simdist.analytic.runtime_memory.nccl_channels`). Compute that runs beside
+    them (``ep_comm_overlap``, DualPipe) has the other SMs: simdist.analytic.passes."""
+    if plan.moe_dispatcher == "flex":
+        return DEEPEP_SMS
+    return nccl_channels(cluster)
+
+
 def dispatch_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     """The dispatch all-to-all's buffer on one rank (nccl-tests' S): T*k token copies."""
     return routed_tokens(m, plan) * m.experts_per_token * m.hidden_size * plan.element_bytes
@@ -80,19 +100,49 @@ def dispatch_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
 
 def wire_factor(m: ModelSpec, plan: ParallelPlan, g: GroupLayout) -> float:
     """Bytes the ``flex`` dispatcher moves over the all-to-all's per byte the plain one moves:
-    each token goes once to every other node holding one of its k experts. With N nodes of
-    E/N experts each and uniform routing, a node receives it with probability
-    1 - C(E - E/N, k) / C(E, k), against k(n - g)/n copies leaving the node without it."""
+    each token goes once to every other node holding one of its k experts, against k(n - g)/n
+    copies leaving the node without it. A node receives it with probability 1 - P(none of its
+    experts chosen) (:func:`node_missed`); the experts are spread evenly over the N nodes."""
     if plan.moe_dispatcher != "flex" or g.nodes <= 1 or not m.is_moe:
         return 1.0
-    e, k, nodes = m.num_experts, m.experts_per_token, g.nodes
-    per_node = e / nodes
-    none = 1.0
-    for i in range(k):
-        none *= max(0.0, (e - per_node - i) / (e - i))
-    distinct = (nodes - 1) * (1.0 - none)
-    copies = k * (g.size - g.ranks_per_node) / g.size
+    distinct = (g.nodes - 1) * (1.0 - node_missed(m, g.nodes))
+    copies = m.experts_per_token * (g.size - g.ranks_per_node) / g.size
     return min(1.0, distinct / copies) if copies > 0 else 1.0
+
+
+def _none_of(pool: float, avoid: float, k: int) -> float:
+    """P(k experts drawn uniformly without replacement from ``pool`` miss ``avoid`` of them):
+    C(pool - avoid, k) / C(pool, k)."""
+    p = 1.0
+    for i in range(k):
+        p *= max(0.0, (pool - avoid - i) / (pool - i))
+    return p
+
+
+def node_missed(m: ModelSpec, nodes: int) -> float:
+    """P(a token has none of its k experts on a given node), E experts evenly over ``nodes``.
+
+    Uniform routing (what force-balanced benchmarks run): C(E - E/N, k) / C(E, k). Group-limited
+    routing (DeepSeek-V3 sec 2.1.2, node-limited routing: each token's experts come from at most
+    ``moe_router_group_topk`` of ``moe_router_groups`` expert groups, M = 4 of 8 so that a token
+    reaches at most 4 nodes; Megatron-Core ``moe_router_num_groups`` / ``moe_router_group_topk``):
+    the token picks T groups of G, then k experts among those T*E/G. A node holding q = G/N whole
+    groups has i of the T chosen with the hypergeometric probability C(q,i) C(G-q,T-i) / C(G,T);
+    a group spread over N/G nodes is chosen with probability T/G."""
+    e, k = m.num_experts, m.experts_per_token
+    groups, top = m.moe_router_groups, m.moe_router_group_topk
+    per_node = e / nodes
+    if groups <= 1 or top >= groups or (groups % nodes and nodes % groups):
+        return _none_of(e, per_node, k)
+    per_group = e / groups
+    pool = top * per_group
+    if groups >= nodes:
+        q = groups // nodes
+        total = math.comb(groups, top)
+        return sum(math.comb(q, i) * math.comb(groups - q, top - i) / total * _none_of(pool, i * per_group, k)
+                   for i in range(min(q, top) + 1))
+    chosen = top / groups
+    return (1.0 - chosen) + chosen * _none_of(pool, per_node, k)
 
 
 def _grouped(name: str, rows: float, n: int, k: int, experts: int, bwd: bool,
@@ -113,8 +163,11 @@ def _grouped(name: str, rows: float, n: int, k: int, experts: int, bwd: bool,
     if not fp8_on or plan is None:
         return list(gemms)
     cb = fp8.cast_bytes(plan)
-    weight = _mem(f"fp8 cast {name} weight", cb * k * n * experts * fp8.weight_casts_per_microbatch(plan) / 2)
-    operand = _mem(f"fp8 cast {name} {'grad' if bwd else 'input'}", cb * rows * experts * (n if bwd else k))
+    # one cast kernel per expert (batch: the kernels, for the host's issue cost: analytic.host)
+    weight = Compute(f"fp8 cast {name} weight", "memory",
+                     bytes=cb * k * n * experts * fp8.weight_casts_per_microbatch(plan) / 2, batch=experts)
+    operand = Compute(f"fp8 cast {name} {'grad' if bwd else 'input'}", "memory",
+                      bytes=cb * rows * experts * (n if bwd else k), batch=experts)
     # backward lists are reversed by the caller: the casts then run before their GEMMs
     return [*gemms, weight, operand] if bwd else [operand, weight, *gemms]
 
@@ -139,6 +192,8 @@ def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
     ops: list[Op] = []
     ops += _grouped("router", t, m.num_experts, h, 1, bwd)
     ops.append(_mem("router top-k" + suffix, scale * 3 * t * m.num_experts * 4))
+    if not bwd:  # dropless: the tokens per expert read on the host (simdist.analytic.host)
+        ops += [Compute("dispatcher host sync", "sync")] * host.syncs_per_forward(m, plan)
     ops.append(_mem("permute" + suffix, scale * (1 + k) * t * h * e))
     if ep > 1:
         if plan.moe_dispatcher == "allgather":

@@ -27,7 +27,7 @@ from simdist.spec.frameworks import attention_kernel, framework_of
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
-ComputeKind = Literal["gemm", "attention", "memory"]
+ComputeKind = Literal["gemm", "attention", "memory", "sync"]  # sync: a host read that drains the queue (analytic.host)
 Collective = Literal["allreduce", "allgather", "reducescatter", "sendrecv", "alltoall", "broadcast"]
 Axis = Literal["tp", "cp", "pp", "dp", "dp_shard", "dp_replica", "ps"]
 Pass = Literal["fwd", "bwd"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simdist.analytic import fabric
+from simdist.analytic import fabric, host
 from simdist.analytic.collectives import (
     GroupLayout,
     Network,
@@ -21,7 +21,7 @@ from simdist.analytic.collectives import (
     layout_for_axis,
 )
 from simdist.analytic.cost import CostModel
-from simdist.analytic.moe import wire_factor
+from simdist.analytic.moe import dispatcher_sms, wire_factor
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.profile import profile_layers
@@ -35,7 +35,8 @@ class PassTime:
     ``ep`` is the expert all-to-all time alone (dispatch and combine, simdist.analytic.moe) and
     ``ep_hide`` the compute that may hide it (with ``ep_comm_overlap`` or a DualPipe schedule:
     another micro-batch's pass runs beside it); only what it cannot hide is exposed, counted over
-    the layers added together."""
+    the layers added together. The hidden part costs SMs: the compute beside the dispatcher's
+    kernels runs on the SMs they leave free (simdist.analytic.moe.dispatcher_sms), slower."""
 
     compute: float = 0.0
     tp_exposed: float = 0.0
@@ -107,6 +108,9 @@ class OpTimer:
         compute = tp = cp = w = ep = 0.0
         prev: Compute | None = None
         for i, op in enumerate(ops):
+            if isinstance(op, Compute) and op.kind == "sync":
+                compute += self.cost.time(op) + host.refill_idle(self._kernels(ops[i + 1:]))
+                continue
             if isinstance(op, Compute):
                 t = self.cost.time(op) + self.op_extra
                 compute += t
@@ -136,7 +140,29 @@ class OpTimer:
                 tp += exposed
         # on its own stream, beside everything the compute stream does (another micro-batch's pass)
         hide_ep = compute + tp + cp if plan.ep > 1 and (plan.ep_comm_overlap or plan.dualpipe) else 0.0
+        if hide_ep > 0.0 and ep > 0.0:
+            # the compute beside the dispatch and combine runs on the SMs their kernels leave
+            # free, so it takes sms / (sms - c) times as long while they run
+            c = dispatcher_sms(plan, self.sc.cluster)
+            sms = self.sc.cluster.gpu.sms
+            slow = min(ep, hide_ep) * c / max(1, sms - c)
+            compute += slow
+            hide_ep += slow
         return PassTime(compute, tp, cp, w, compute * self.sync_wait, ep, hide_ep)
+
+
+    def _kernels(self, ops: tuple[Op, ...]) -> list[float]:
+        """GPU durations of the kernels ``ops`` launch, in order: a grouped GEMM or cast of the
+        experts one kernel per expert (``batch``: Transformer Engine's GroupedLinear issues one
+        cuBLAS GEMM per local expert), a collective one kernel, anything else one."""
+        out: list[float] = []
+        for op in ops:
+            if isinstance(op, Comm):
+                out.append(self.comm(op))
+                continue
+            n = op.batch if op.name.startswith(("experts", "fp8 cast experts")) else 1
+            out += [self.cost.time(op) / n] * n
+        return out
 
 
 def _is_cast(op: Compute) -> bool:

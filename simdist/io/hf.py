@@ -17,7 +17,8 @@ Hugging Face transformers, and of the published config.json files):
 - ``deepseek_v3`` (and ``deepseek_v2``): multi-head latent attention (kv_lora_rank,
   q_lora_rank, qk_nope_head_dim -> head_dim, qk_rope_head_dim, v_head_dim), n_routed_experts,
   n_shared_experts, moe_intermediate_size, first_k_dense_replace, moe_layer_freq (must be 1),
-  scoring_func (router), num_nextn_predict_layers (multi-token prediction).
+  scoring_func (router), num_nextn_predict_layers (multi-token prediction), n_group and
+  topk_group (group-limited routing).
 - ``gpt_oss``: num_local_experts, num_experts_per_tok (or experts_per_token), head_dim,
   sliding_window with layer_types (alternating windowed and full layers), attention_bias,
   initial_context_length (the pre-training length; max_position_embeddings is the extended one).
@@ -171,7 +172,8 @@ def _deepseek(cfg: Mapping[str, Any], out: dict[str, Any], c: Collector) -> None
                                   ("kv_lora_rank", "kv_lora_rank", 1), ("q_lora_rank", "q_lora_rank", 1),
                                   ("qk_nope_head_dim", "head_dim", 1), ("qk_rope_head_dim", "qk_rope_head_dim", 1),
                                   ("v_head_dim", "v_head_dim", 1),
-                                  ("num_nextn_predict_layers", "mtp_layers", 0)):
+                                  ("num_nextn_predict_layers", "mtp_layers", 0),
+                                  ("n_group", "moe_router_groups", 1), ("topk_group", "moe_router_group_topk", 1)):
         v = whole(cfg, hf_key, c, minimum=minimum)
         if v is not None:
             out[ours] = v

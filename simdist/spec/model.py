@@ -24,7 +24,7 @@ Router = Literal["softmax", "sigmoid"]
 MAX_LAYERS = 1_000_000  # a bound on the work per layer (the simulator walks layers one by one)
 _MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim")
 _MOE_FIELDS = ("moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers", "moe_load_imbalance",
-               "router", "moe_capacity_factor")
+               "router", "moe_capacity_factor", "moe_router_groups", "moe_router_group_topk")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +73,11 @@ class ModelSpec:
     moe_capacity_factor: float | None = spec_field(None, check="positive", since="1.2",
                                                    doc="expert capacity / mean tokens; absent = dropless")
     mtp_layers: int = spec_field(0, check="nonneg", since="1.2", doc="multi-token prediction modules (DeepSeek-V3: 1)")
+    moe_router_groups: int = spec_field(1, check="positive", since="1.2",
+                                        doc="expert groups of group-limited routing (DeepSeek-V3 n_group: 8)")
+    moe_router_group_topk: int = spec_field(0, check="positive", since="1.2",
+                                            doc="groups a token's experts come from (topk_group: 4); "
+                                                "default moe_router_groups")
 
     def __post_init__(self) -> None:
         validate(self)
@@ -85,6 +90,8 @@ class ModelSpec:
             object.__setattr__(self, "num_experts", 1)
         if self.moe_ffn_hidden_size == 0:
             object.__setattr__(self, "moe_ffn_hidden_size", self.ffn_hidden_size)
+        if self.moe_router_group_topk == 0:
+            object.__setattr__(self, "moe_router_group_topk", self.moe_router_groups)
         if self.attention == "mla" and self.v_head_dim == 0:
             object.__setattr__(self, "v_head_dim", self.head_dim)
         validate(self)  # the derived values too (4 * a huge hidden_size is out of range)
@@ -151,11 +158,23 @@ class ModelSpec:
                     add(name, "only applies to a mixture-of-experts model (num_experts > 1)")
         elif self.first_dense_layers >= self.num_layers:
             add("first_dense_layers", f"{self.first_dense_layers} leaves no MoE layer of {self.num_layers}")
+        if self.is_moe:
+            self._router_group_problems(add)
+
+    def _router_group_problems(self, add: Callable[[str, str], None]) -> None:
+        g, top, e, k = self.moe_router_groups, self.moe_router_group_topk, self.num_experts, self.experts_per_token
+        if e % g:
+            add("moe_router_groups", f"{g} does not divide num_experts ({e})")
+        elif top > g:
+            add("moe_router_group_topk", f"{top} is more than moe_router_groups ({g})")
+        elif k > top * (e // g):
+            add("moe_router_group_topk", f"{top} groups of {e // g} experts hold fewer than experts_per_token ({k})")
 
     @staticmethod
     def moe_defaults(m: ModelSpec) -> dict[str, object]:
         return {"moe_ffn_hidden_size": m.ffn_hidden_size, "num_shared_experts": 0, "first_dense_layers": 0,
-                "moe_load_imbalance": 1.0, "router": "softmax", "moe_capacity_factor": None}
+                "moe_load_imbalance": 1.0, "router": "softmax", "moe_capacity_factor": None,
+                "moe_router_groups": 1, "moe_router_group_topk": m.moe_router_groups}
 
 
 MODEL_FIELDS = frozenset(f.name for f in fields(ModelSpec))

@@ -31,15 +31,21 @@ from simdist.validate.rows import cell_float, cell_int
 
 # model name (lower case, as the rows spell it) -> (preset, plan fields of its H100 recipe)
 MOE_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
-    # QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_*: moe_flex_dispatcher_backend hybridep, no a2a overlap
-    "qwen3_30b_a3b": ("qwen3-30b-a3b", {"moe_dispatcher": "flex"}),
+    # QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_*: moe_flex_dispatcher_backend hybridep, no a2a overlap;
+    # set_qwen3_common_configs (scripts/performance/configs/qwen/qwen3_llm_pretrain.py):
+    # grad_reduce_in_fp32 = False (gradients accumulate and reduce in bf16)
+    "qwen3_30b_a3b": ("qwen3-30b-a3b", {"moe_dispatcher": "flex", "fp32_grad_accumulation": False}),
     # QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_*: alltoall dispatcher, moe_a2a_overlap;
-    # qwen3_235b_a22b_pretrain_config_h100: CommOverlapConfig(tp_comm_overlap=False)
+    # qwen3_235b_a22b_pretrain_config_h100: CommOverlapConfig(tp_comm_overlap=False); the same
+    # common configs (bf16 gradient reduction)
     "qwen3_235b_a22b": ("qwen3-235b-a22b", {"moe_dispatcher": "alltoall", "ep_comm_overlap": True,
-                                            "tp_comm_overlap": False}),
+                                            "tp_comm_overlap": False, "fp32_grad_accumulation": False}),
     # DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1: hybridep, no a2a overlap, recompute_modules
-    # [mla_up_proj, mlp] (selective: simdist.analytic.variants.recompute_ops)
-    "deepseekv3": ("deepseek-v3", {"moe_dispatcher": "flex", "recompute": "selective"}),
+    # [mla_up_proj, mlp] (selective: simdist.analytic.variants.recompute_ops);
+    # deepseek_v3_pretrain_config_h100 turns overlap_grad_reduce off on H100 ("to avoid functional
+    # errors") and set_deepseek_v3_common_configs reduces gradients in bf16
+    "deepseekv3": ("deepseek-v3", {"moe_dispatcher": "flex", "recompute": "selective",
+                                   "overlap_grad_reduce": False, "fp32_grad_accumulation": False}),
     # GPT_OSS_120B_PRETRAIN_CONFIG_H100_*: the alltoall dispatcher, recompute_modules
     # [layernorm, moe_act]
     "gpt oss 120b": ("gpt-oss-120b", {"moe_dispatcher": "alltoall", "recompute": "selective"}),
@@ -120,6 +126,10 @@ def moe_scenario(row: dict[str, str]) -> dict[str, Any]:
     # the 25.09 section has no precision column; its TFLOP/s come in pairs for two FP8 scaling
     # granularities (the data README), so its runs are FP8
     plan["precision"] = "fp8" if ("fp8" in precision or not precision) else "bf16"
+    if plan["precision"] == "fp8":
+        # Transformer Engine's Float8CurrentScaling: the H100 presets of these models are the
+        # *_H100_FP8_CS_* workload configs (the rows' "FP8-CS"; DeepSeek-V3's pair adds FP8_SC)
+        plan["fp8_recipe"] = "tensorwise"
     model = {"preset": preset, "seq_length": int(row["seq_len"])}
     if "tokendrop" in row["model_name"].lower():
         model["moe_capacity_factor"] = 1.0  # Megatron-Bridge's token-drop variant

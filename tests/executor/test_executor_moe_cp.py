@@ -122,6 +122,7 @@ def _scenario(model: dict, n: int = 2, **plan) -> Scenario:
     ({"preset": "tiny-moe"}, {"ep": 2, "zero_stage": 2}, "plan.zero_stage"),
     ({"preset": "tiny-moe"}, {"tp": 2, "sequence_parallel": True}, "plan.tp"),
     ({"preset": "tiny-moe", "moe_capacity_factor": 1.0}, {}, "model.moe_capacity_factor"),
+    ({"preset": "tiny-moe", "moe_router_groups": 2, "moe_router_group_topk": 1}, {}, "model.moe_router_group_topk"),
     ({"preset": "tiny-moe", "seq_length": 64}, {"cp": 2}, "plan.cp"),
     ({"preset": "tiny-llama", "seq_length": 30}, {"cp": 2}, "model.seq_length"),
     ({"preset": "tiny-llama", "seq_length": 64}, {"cp": 2, "pp": 1, "zero_stage": 3}, "plan.zero_stage"),
