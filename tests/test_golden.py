@@ -50,7 +50,6 @@ def diff(expected, got, path: str = "") -> list[str]:
 ENTRIES = _entries()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("engine", golden.ENGINES)
 def test_predictions_unchanged(engine):
     failures = []
