@@ -47,7 +47,8 @@ def layer_saved_tensors(m: ModelSpec, plan: ParallelPlan, recompute: str | None 
       norms' inputs 2·e·sbh, QKV and MLP GEMM inputs 2·e·sbh, dropout masks 2·sbh (replicated
       across TP unless sequence parallel), Q/K/V e·sb(h+2kv), attention output e·sbh,
       MLP hidden 2·e·sbf (GELU: its input and output) or 4·e·sbf (SwiGLU eager: gate, up,
-      silu(gate), product; 3·e·sbf fused, simdist.analytic.eager.mlp_hidden_saved), and the attention core: 5as²b (softmax output, dropout mask and output) for
+      silu(gate), product; 3·e·sbf fused, simdist.analytic.eager.mlp_hidden_saved), and the
+      attention core: 5as²b (softmax output, dropout mask and output) for
       explicit attention, or only the log-sum-exp (4·asb) for FlashAttention.
     In FP8 the GEMM inputs (QKV and MLP inputs, the projection's input, the last MLP GEMM's
     input) are saved at the recipe's width (FlashAttention still keeps its 16-bit output).
