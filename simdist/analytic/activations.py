@@ -14,6 +14,7 @@ Sources
 
 from __future__ import annotations
 
+from simdist.analytic.eager import mlp_hidden_saved
 from simdist.analytic.fp8_memory import (
     linear_weight_params,
     saved_fp8_weight_bytes,
@@ -45,8 +46,9 @@ def layer_saved_tensors(m: ModelSpec, plan: ParallelPlan, recompute: str | None 
     attention: with ``e`` bytes per activation (2 in 16-bit training),
       norms' inputs 2·e·sbh, QKV and MLP GEMM inputs 2·e·sbh, dropout masks 2·sbh (replicated
       across TP unless sequence parallel), Q/K/V e·sb(h+2kv), attention output e·sbh,
-      MLP hidden 2·e·sbf (GELU: its input and output) or 4·e·sbf (SwiGLU: gate, up, silu(gate),
-      product), and the attention core: 5as²b (softmax output, dropout mask and output) for
+      MLP hidden 2·e·sbf (GELU: its input and output) or 4·e·sbf (SwiGLU eager: gate, up,
+      silu(gate), product; 3·e·sbf fused, simdist.analytic.eager.mlp_hidden_saved), and the
+      attention core: 5as²b (softmax output, dropout mask and output) for
       explicit attention, or only the log-sum-exp (4·asb) for FlashAttention.
     In FP8 the GEMM inputs (QKV and MLP inputs, the projection's input, the last MLP GEMM's
     input) are saved at the recipe's width (FlashAttention still keeps its 16-bit output).
@@ -76,8 +78,7 @@ def layer_saved_tensors(m: ModelSpec, plan: ParallelPlan, recompute: str | None 
     else:
         out.append(("attention output", w * sbh / t))
     sbf = s * b * f / t
-    hidden = ["gate", "up", "silu(gate)"] if m.mlp == "swiglu" else ["fc1 output"]
-    out += [(name, e * sbf) for name in hidden] + [("last MLP GEMM input", w * sbf)]
+    out += [(name, e * sbf) for name in mlp_hidden_saved(m.mlp, plan)] + [("last MLP GEMM input", w * sbf)]
     if plan.flash_attention:
         out.append(("log-sum-exp", 4 * a * s * b / t))  # fp32 per row
     elif recompute != "selective":  # selective: the s^2 attention core is recomputed in backward
@@ -161,11 +162,50 @@ def in_flight(plan: ParallelPlan, stage: int) -> int:
 
 
 def layers_held(m: ModelSpec, plan: ParallelPlan, stage: int) -> int:
-    """Layer x micro-batch activation sets the stage holds at its peak."""
+    """Layer x micro-batch activation sets the stage holds at its peak: the micro-batches in
+    flight times the stage's layers, or under the interleaved schedule the layers of the chunk
+    forwards alive at once (:func:`interleaved_layers_held`)."""
     ranges = stage_layer_ranges(m.num_layers, plan.pp, plan.virtual_pipeline_stages)[stage]
     if plan.virtual_pipeline_stages == 1:
         return in_flight(plan, stage) * sum(len(r) for r in ranges)
+    if plan.interleaved:
+        return interleaved_layers_held(plan, stage, tuple(len(r) for r in ranges))
     return in_flight(plan, stage) * max(len(r) for r in ranges)
+
+
+def interleaved_layers_held(plan: ParallelPlan, stage: int, chunk_layers: tuple[int, ...]) -> int:
+    """Peak of the layers whose activations the stage holds under Megatron's interleaved 1F1B.
+
+    Forwards run in groups of p micro-batches through chunk 0, 1, ..., v-1 in turn, backwards in
+    the reverse chunk order (Narayanan et al. SC'21 sec 2.2.2; Megatron-Core
+    schedules.forward_backward_pipelining_with_interleaving, whose micro-batch group per chunk,
+    ``microbatch_group_size_per_vp_stage``, defaults to the pipeline size); :func:`in_flight`
+    chunk forwards warm up, then each forward follows a backward. Each live chunk forward holds
+    its own chunk's layers, so chunks of unequal size (pp*v not dividing the layers, or the
+    first and last chunks left without layers for the embedding and the LM head, Llama 3 sec
+    3.3.2) count what they hold, not the largest chunk's. The live set repeats every p*v units
+    of the steady state, so two such periods past the warm-up find the peak."""
+    p, v, m = plan.pp, len(chunk_layers), plan.num_microbatches
+    total = m * v
+    warm = in_flight(plan, stage)
+    n = min(total, warm + 2 * p * v)
+
+    def chunk(i: int, backward: bool) -> int:
+        c = (i // p) % v
+        return v - 1 - c if backward else c
+
+    live = peak = 0
+    for i in range(min(warm, n)):
+        live += chunk_layers[chunk(i, False)]
+        peak = max(peak, live)
+    f = min(warm, n)
+    for b in range(n):
+        live -= chunk_layers[chunk(b, True)]
+        if f < n:
+            live += chunk_layers[chunk(f, False)]
+            f += 1
+            peak = max(peak, live)
+    return peak
 
 
 def pipeline_outputs_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
@@ -193,5 +233,16 @@ def activation_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     return total
 
 
-__all__ = ["activation_bytes", "head_activation_bytes", "head_saved_tensors", "in_flight", "layer_activation_bytes",
-           "layer_saved_tensors", "layers_held", "linear_weight_params", "logits_elements", "pipeline_outputs_bytes"]
+__all__ = [
+    "activation_bytes",
+    "head_activation_bytes",
+    "head_saved_tensors",
+    "in_flight",
+    "interleaved_layers_held",
+    "layer_activation_bytes",
+    "layer_saved_tensors",
+    "layers_held",
+    "linear_weight_params",
+    "logits_elements",
+    "pipeline_outputs_bytes",
+]

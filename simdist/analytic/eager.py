@@ -48,3 +48,18 @@ def traffic_factor(plan: ParallelPlan, op: str, phase: str, norm: str = "rmsnorm
     if op == "swiglu":
         return SWIGLU[phase]
     return 1.0
+
+
+def mlp_hidden_saved(mlp: str, plan: ParallelPlan) -> tuple[str, ...]:
+    """The f-wide tensors of the MLP's activation that backward keeps, before the last GEMM's
+    input (the activation's output, saved by that GEMM).
+
+    GELU saves its input (``fc1 output``) eager or fused (one ATen kernel; Megatron's fused
+    bias-GELU saves its input). SwiGLU eager, ``silu(w1 x) * w3 x``: silu saves its input
+    (``gate``), the product both of its operands (``silu(gate)`` and ``up``). A fused SwiGLU
+    recomputes silu in its backward and saves only its input, gate and up (Megatron-Core's
+    fused bias-SwiGLU autograd function and Transformer Engine's swiglu save the fc1 output
+    alone; torch.compile's partitioner recomputes the pointwise silu rather than save it)."""
+    if mlp != "swiglu":
+        return ("fc1 output",)
+    return ("gate", "up") if fused(plan) else ("gate", "up", "silu(gate)")

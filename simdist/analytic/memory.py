@@ -44,6 +44,7 @@ from simdist.analytic.runtime_memory import RuntimeMemory, runtime_memory
 from simdist.analytic.transients import transient_bytes, transient_parts  # noqa: F401
 from simdist.analytic.variant_memory import state_params  # contract v1.2: experts, cp
 from simdist.spec.cluster import ClusterSpec
+from simdist.spec.frameworks import framework_of
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
@@ -139,7 +140,7 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
     n = params_per_rank(m, plan, stage)
     b = resident_state_bytes(m, plan)
     out = {  # dense states sharded over dp_shard*cp, experts over their own group (v1.2)
-        "params": state_params(m, plan, stage, plan.shards_params) * b.params,
+        "params": state_params(m, plan, stage, _shards_resident_params(plan)) * b.params,
         "grads": state_params(m, plan, stage, plan.shards_gradients) * b.grads,
         "optimizer": state_params(m, plan, stage, plan.shards_optimizer) * b.optimizer,
         "host_params": 0.0,
@@ -165,6 +166,16 @@ def model_state_bytes(m: ModelSpec, plan: ParallelPlan, stage: int = 0,
     return out
 
 
+def _shards_resident_params(plan: ParallelPlan) -> bool:
+    """Whether the resident parameters are sharded. FSDP always shards its flat (FSDP1) or
+    DTensor (FSDP2) parameters, which under mixed precision are the fp32 master weights; ZeRO-2
+    style FSDP (FSDP1 ``ShardingStrategy.SHARD_GRAD_OP``, FSDP2 ``reshard_after_forward=False``)
+    differs from ZeRO-3 only in keeping the gathered compute-dtype weights from forward to
+    backward (PyTorch FSDP docs, ShardingStrategy; Zhao et al. VLDB 2023 sec 3.2). Those
+    gathered weights are added by :func:`_framework_copies`."""
+    return plan.shards_params or (conventions(plan).fsdp2_fp32_shards and plan.zero_stage == 2)
+
+
 def _framework_copies(m: ModelSpec, plan: ParallelPlan, stage: int, n: int, out: dict[str, float]) -> None:
     """Weight and gradient copies beyond the ZeRO partition (see :func:`model_state_bytes`)."""
     conv = conventions(plan)
@@ -177,6 +188,11 @@ def _framework_copies(m: ModelSpec, plan: ParallelPlan, stage: int, n: int, out:
         out["grads"] += n * 4.0  # unsharded gradients accumulated in reduce_dtype (fp32)
     if conv.fsdp2_fp32_shards and plan.zero_stage == 2:
         out["params"] += n * plan.element_bytes  # SHARD_GRAD_OP keeps the gathered weights
+        # under a pipeline, torchtitan's stage defers the reduction to the last micro-batch and
+        # accumulates unsharded fp32 gradients; elsewhere each micro-batch's gradients are
+        # reduce-scattered as backward makes them (the data-parallel timing's own rule)
+        if plan.pp > 1 and framework_of(plan.framework).fsdp_pipeline_no_sync:
+            out["grads"] += n * 4.0
     if conv.ddp_bucket_copy and plan.zero_stage in (0, 1) and plan.dp > 1 and not plan.uses_parameter_servers:
         out["grads"] += n * resident_state_bytes(m, plan).grads  # gradient_as_bucket_view=False
     if conv.deepspeed_buffers and plan.zero_stage in (1, 2) and plan.mixed_precision:

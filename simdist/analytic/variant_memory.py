@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from simdist.analytic.attention import attended_keys
 from simdist.analytic.context import kv_block_bytes
+from simdist.analytic.eager import mlp_hidden_saved
 from simdist.analytic.moe import local_experts, rank_load_factor, routed_tokens
 from simdist.analytic.params import (
     expert_params_per_rank,
@@ -121,7 +122,7 @@ def layer_activation_bytes(m: ModelSpec, plan: ParallelPlan, kind: LayerKind,
         f = m.num_shared_experts * m.moe_ffn_hidden_size
     else:
         f = m.ffn_hidden_size
-    sharded += (4 if m.mlp == "swiglu" else 2) * e * s * b * f
+    sharded += (len(mlp_hidden_saved(m.mlp, plan)) + 1) * e * s * b * f  # + the last GEMM's input
     return replicated / split + attn_rep + sharded / t + routed
 
 
