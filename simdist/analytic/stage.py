@@ -20,7 +20,7 @@ middle stage when the layers do not divide evenly).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from simdist.analytic import fabric
 from simdist.analytic.collectives import (
@@ -50,6 +50,7 @@ from simdist.analytic.passes import OpTimer, PassTime
 from simdist.analytic.variants import layer_ops, mtp_ops, recompute_ops
 from simdist.spec.frameworks import framework_of
 from simdist.spec.layers import DENSE, LayerKind, kinds_of, model_kind_counts
+from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
 from simdist.spec.stages import stage_chunks as spec_stage_chunks
@@ -200,19 +201,25 @@ def layer_passes(timer: OpTimer, kind: LayerKind = DENSE) -> LayerPasses:
 def stage_chunks(sc: Scenario, stage: int) -> tuple[Chunk, ...]:
     """The chunks of ``stage`` (Megatron's interleaved layout: chunk c is virtual stage c*pp + s;
     DualPipe and DualPipeV: simdist.spec.stages.stage_chunks)."""
-    m, plan = sc.model, sc.plan
-    p, v = plan.pp, plan.virtual_pipeline_stages
-    n = virtual_stages(p, v, plan.schedule)
+    plan = sc.plan
+    return _stage_chunks(sc.model, plan.tp, plan.pp, plan.virtual_pipeline_stages, plan.schedule)[stage]
+
+
+@lru_cache(maxsize=1024)  # read only the model and the layout: a search's plans share them
+def _stage_chunks(m: ModelSpec, tp: int, p: int, v: int, schedule: str) -> tuple[tuple[Chunk, ...], ...]:
+    n = virtual_stages(p, v, schedule)
     out = []
-    for vs, layers in spec_stage_chunks(m.num_layers, p, v, plan.schedule)[stage]:
-        first, last = vs == 0, vs == n - 1
-        count = layers_params(m, layers)
-        if first:
-            count = count + embedding_params(m)
-        if last:
-            count = count + head_params(m, separate_copy=p > 1) + mtp_params(m, p > 1)
-        out.append(Chunk(len(layers), count.per_tp_rank(plan.tp), first, last,
-                         kinds_of(m, layers)))
+    for stage_chunk in spec_stage_chunks(m.num_layers, p, v, schedule):
+        chunks = []
+        for vs, layers in stage_chunk:
+            first, last = vs == 0, vs == n - 1
+            count = layers_params(m, layers)
+            if first:
+                count = count + embedding_params(m)
+            if last:
+                count = count + head_params(m, separate_copy=p > 1) + mtp_params(m, p > 1)
+            chunks.append(Chunk(len(layers), count.per_tp_rank(tp), first, last, kinds_of(m, layers)))
+        out.append(tuple(chunks))
     return tuple(out)
 
 
@@ -227,7 +234,7 @@ def pipeline_send(sc: Scenario, net: Network) -> PipelineSend | None:
     act = m.seq_length // plan.cp * plan.micro_batch_size * m.hidden_size * plan.element_bytes
     sent = act / plan.tp
     choice = collective_choice("sendrecv", sent, layout_for_axis(sc.cluster, plan, "pp"), net)
-    worst = max(fabric.p2p_slowdown(sc.cluster, plan, s, s + 1) for s in range(plan.pp - 1))
+    worst = fabric.worst_p2p_slowdown(sc.cluster, plan)
     send = choice.latency_s + choice.transfer_s * worst  # every replica's pair sends at once
     gather = 0.0
     if plan.tp > 1 and not plan.sequence_parallel:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, get_args
 
 from simdist.errors import Problem
-from simdist.spec.fields import spec_field, validate
+from simdist.spec.fields import hash_once, spec_field, validate
 
 # The allowed values of each choice field: the Literal types are the single source.
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipe", "dualpipev"]
@@ -80,6 +80,7 @@ class GradCompression:
         return self.method != "none"
 
 
+@hash_once
 @dataclass(frozen=True, kw_only=True)
 class ParallelPlan:
     tp: int = spec_field(1, check="positive", doc="tensor-parallel degree")
