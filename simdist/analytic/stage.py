@@ -176,18 +176,29 @@ def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True)
     head = (timer.passes(head_ops(m, plan, "fwd")) + timer.passes(mtp_ops(m, plan, "fwd")),
             timer.passes(head_ops(m, plan, "bwd")) + timer.passes(mtp_ops(m, plan, "bwd")))
     ctx = CommContext(sc.cluster, plan, net, lambda axis: fabric.slowdown(sc.cluster, plan, net, axis))
-    kinds: list[StageDescription] = []
+    passes = dict(kinds_passes)
+    if per_kind:
+        firsts, kind_of = _stage_kinds(m, plan.tp, plan.pp, plan.virtual_pipeline_stages, plan.schedule)
+    else:
+        firsts, kind_of = tuple(range(plan.pp)), tuple(range(plan.pp))
+    kinds = tuple(_describe_stage(sc, ctx, cost, passes, embedding, head, stage_chunks(sc, s), s) for s in firsts)
+    return StepDescription(sc, cost, net, layer, embedding, head, pipeline_send(sc, net), kinds, kind_of,
+                           kinds_passes)
+
+
+@lru_cache(maxsize=1024)
+def _stage_kinds(m: ModelSpec, tp: int, p: int, v: int, schedule: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the first stage of each kind, the kind of every stage): stages whose chunks are alike
+    (:func:`stage_chunks`) are one kind."""
     index: dict[tuple[Chunk, ...], int] = {}
-    kind_of = []
-    for s in range(plan.pp):
-        chunks = stage_chunks(sc, s)
-        k = index.get(chunks) if per_kind else None
+    firsts, kind_of = [], []
+    for s, chunks in enumerate(_stage_chunks(m, tp, p, v, schedule)):
+        k = index.get(chunks)
         if k is None:
-            k = index[chunks] = len(kinds)
-            kinds.append(_describe_stage(sc, ctx, cost, dict(kinds_passes), embedding, head, chunks, s))
+            k = index[chunks] = len(firsts)
+            firsts.append(s)
         kind_of.append(k)
-    return StepDescription(sc, cost, net, layer, embedding, head, pipeline_send(sc, net), tuple(kinds),
-                           tuple(kind_of), kinds_passes)
+    return tuple(firsts), tuple(kind_of)
 
 
 def layer_passes(timer: OpTimer, kind: LayerKind = DENSE) -> LayerPasses:
