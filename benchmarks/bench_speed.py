@@ -21,7 +21,9 @@ same machine load:
   and < 5 s), one worker process.
 
 Each in-process case runs in a child process (``--child CASE``) whose ``PYTHONPATH`` is the
-checkout measured; the best of ``--repeat`` runs is kept. A peer (Calculon's ``llm`` on the same
+checkout measured; the best of ``--repeat`` runs is kept, and beside the wall-clock seconds the
+least CPU seconds of the runs (``cpu``: what a machine shared with other work disturbs least;
+for the whole command, the CPU time of the child process). A peer (Calculon's ``llm`` on the same
 case) is timed only where it is installed. The table of benchmarks/README.md records a run.
 """
 
@@ -59,19 +61,22 @@ def child(case: str, repeat: int) -> dict[str, Any]:
     from simdist.predict import predict
     from simdist.spec.scenario import load_scenario
 
+    cpu = [float("inf")]  # the least CPU time of the runs (what a busy machine disturbs least)
+
     def best(fn) -> tuple[float, Any]:
         out, secs = None, float("inf")
         for _ in range(repeat):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             out = fn()
             secs = min(secs, time.perf_counter() - t)
+            cpu[0] = min(cpu[0], time.process_time() - c)
         return secs, out
 
     what, _, arg = case.partition(":")
     if what in ("des", "analytic"):
         sc = load_scenario(SCEN / arg)
         secs, p = best(lambda: predict(sc, engine=what, keep_spans=False))
-        return {"s": secs, "answer": p.step_time_s}
+        return {"s": secs, "cpu_s": cpu[0], "answer": p.step_time_s}
     if what == "full":
         gpus, _, lifted = arg.partition(",")
         if lifted:  # the event engine's work limits lifted: every rank simulated, however long it takes
@@ -80,15 +85,23 @@ def child(case: str, repeat: int) -> dict[str, Any]:
             budget.MAX_EVENTS = budget.MAX_SPANS = budget.MAX_RANK_SCANS = budget.MAX_LINK_UPDATES = 10**12
         sc = _full_scenario(int(gpus))
         secs, p = best(lambda: predict(sc, fidelity="full", keep_spans=False, fallback=not lifted))
-        return {"s": secs, "answer": p.step_time_s, "engine": p.engine,
+        return {"s": secs, "cpu_s": cpu[0], "answer": p.step_time_s, "engine": p.engine,
                 "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
     if what == "search":
         from simdist.search import Constraints, search
 
+        c = time.process_time()
         res = search(load_scenario(SCEN / arg), Constraints(), workers=1)
-        return {"s": res.seconds, "answer": res.best.candidate.label() if res.best else "-",
+        return {"s": res.seconds, "cpu_s": time.process_time() - c,
+                "answer": res.best.candidate.label() if res.best else "-",
                 "plans_per_s": res.plans_per_s, "plans": res.evaluated}
     raise SystemExit(f"unknown case {case}")
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of the finished child processes so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def measure(tree: Path, case: str, repeat: int) -> dict[str, Any]:
@@ -98,12 +111,12 @@ def measure(tree: Path, case: str, repeat: int) -> dict[str, Any]:
         env["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / f"simdist-bench-pyc-{zlib.crc32(str(tree).encode()):08x}")
         cmd = [sys.executable, "-m", "simdist.cli", "predict", str(GPT3)]
         subprocess.run(cmd, check=True, capture_output=True, env=env)  # warm-up: writes the bytecode
-        secs = float("inf")
+        secs = cpu = float("inf")
         for _ in range(repeat):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), _children_cpu()
             subprocess.run(cmd, check=True, capture_output=True, env=env)
-            secs = min(secs, time.perf_counter() - t)
-        return {"s": secs, "answer": ""}
+            secs, cpu = min(secs, time.perf_counter() - t), min(cpu, _children_cpu() - c)
+        return {"s": secs, "cpu_s": cpu, "answer": ""}
     out = subprocess.run([sys.executable, __file__, "--child", case, "--repeat", str(repeat)], check=True,
                          capture_output=True, text=True, env=env).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -128,9 +141,13 @@ def shown(r: dict[str, Any] | None, unit: str) -> str:
     if r is None:
         return "-"
     if unit == "plans/s":
-        return f"{r['plans_per_s']:,.0f} plans/s ({r['s']:.1f} s)"
+        cpu = f", cpu {r['cpu_s']:.1f} s" if "cpu_s" in r else ""
+        return f"{r['plans_per_s']:,.0f} plans/s ({r['s']:.1f} s{cpu})"
     v = r["s"]
     extra = f", {r['rss_gib']:.2f} GiB" if "rss_gib" in r else ""
+    if "cpu_s" in r and unit != "plans/s":
+        c = r["cpu_s"]
+        extra += f" (cpu {c * 1e3:.0f} ms)" if c < 1 else f" (cpu {c:.2f} s)"
     return (f"{v * 1e3:.0f} ms" if v < 1 else f"{v:.2f} s") + extra
 
 
@@ -172,7 +189,7 @@ def main() -> int:
         return 0
     cases = CASES + (FULL if args.full else []) + (SEARCH if args.search else [])
     rows = []
-    print(f"{'':58s} {'before':>24s} {'after':>24s}  target")
+    print(f"{'':58s} {'before':>34s} {'after':>34s}  target")
     for case, what, target, unit in cases:
         rep = 1 if case.startswith(("full", "search")) else args.repeat
         before = measure(args.before, case, rep) if args.before else None
@@ -180,7 +197,9 @@ def main() -> int:
         goal = "" if target is None else (f">= {target:,.0f} {unit}" if unit == "plans/s" else
                                           f"<= {target * 1e3:.0f} ms" if target < 1 else f"<= {target:g} s")
         ratio = f"x{before['s'] / after['s']:.1f}" if before else ""
-        print(f"{what:58s} {shown(before, unit):>24s} {shown(after, unit):>24s}  {goal:14s} "
+        if before and "cpu_s" in before and "cpu_s" in after:
+            ratio += f" (cpu x{before['cpu_s'] / after['cpu_s']:.1f})"
+        print(f"{what:58s} {shown(before, unit):>34s} {shown(after, unit):>34s}  {goal:14s} "
               f"{met(after, target, unit):8s} {ratio}", flush=True)
         if before and not same(before["answer"], after["answer"]):
             print(f"    answers differ: before {before['answer']} ({before.get('engine', '')}), "

@@ -48,7 +48,7 @@ def render(renderable: object, tty: bool | None = None) -> str:
     buf = io.StringIO()
     width = shutil.get_terminal_size((120, 40)).columns if tty else PIPE_WIDTH
     Console(file=buf, force_terminal=tty, no_color=not tty, color_system="auto" if tty else None,
-            width=width, highlight=False, soft_wrap=False).print(renderable)
+            width=width, highlight=False, soft_wrap=False, emoji=False).print(renderable)
     return "\n".join(line.rstrip() for line in buf.getvalue().rstrip("\n").split("\n"))
 
 

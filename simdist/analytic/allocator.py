@@ -73,49 +73,61 @@ class CachingAllocator:
     _next_id: int = 0
 
     def malloc(self, key: object, nbytes: float, stream: str = "compute") -> None:
-        size = round_size(nbytes)
+        n = int(nbytes)  # round_size, inline (the replay's hottest line)
+        size = -(-n // MIN_BLOCK) * MIN_BLOCK if n > MIN_BLOCK else MIN_BLOCK
         small = size <= SMALL_SIZE
         pool = (stream, small)
-        free = self._free.setdefault(pool, [])
+        free = self._free.get(pool)
+        if free is None:
+            free = self._free[pool] = []
+        blocks = self._blocks
         i = bisect.bisect_left(free, (size, -1))
         if i < len(free):
-            _, bid = free.pop(i)
+            bid = free.pop(i)[1]
         else:
             bid = self._new_segment(pool, segment_size(size))
-            _drop(free, self._blocks[bid].size, bid)
-        block = self._blocks[bid]
+            _drop(free, blocks[bid].size, bid)
+        block = blocks[bid]
         rest = block.size - size
         if (rest >= MIN_BLOCK) if small else (rest > SMALL_SIZE):
             nid = self._new_id()
-            self._blocks[nid] = _Block(rest, pool, prev=bid, next=block.next)
+            blocks[nid] = _Block(rest, pool, prev=bid, next=block.next)
             if block.next is not None:
-                self._blocks[block.next].prev = nid
+                blocks[block.next].prev = nid
             block.next, block.size = nid, size
             bisect.insort(free, (rest, nid))
         block.free = False
         self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
         self._live[key] = bid
 
     def free(self, key: object) -> None:
         bid = self._live.pop(key)
-        block = self._blocks[bid]
+        blocks = self._blocks
+        block = blocks[bid]
         block.free = True
         self.allocated -= block.size
         free = self._free[block.pool]
-        for side in ("prev", "next"):
-            other_id = getattr(block, side)
-            if other_id is None or not self._blocks[other_id].free:
-                continue
-            other = self._blocks[other_id]
-            _drop(free, other.size, other_id)
-            first_id, first, second = (other_id, other, block) if side == "prev" else (bid, block, other)
-            first.size += second.size
-            first.next = second.next
-            if second.next is not None:
-                self._blocks[second.next].prev = first_id
-            del self._blocks[other_id if side == "next" else bid]
-            bid, block = first_id, first
+        prev_id = block.prev  # merge with a free block before it: that one grows
+        if prev_id is not None and blocks[prev_id].free:
+            prev = blocks[prev_id]
+            _drop(free, prev.size, prev_id)
+            prev.size += block.size
+            prev.next = block.next
+            if block.next is not None:
+                blocks[block.next].prev = prev_id
+            del blocks[bid]
+            bid, block = prev_id, prev
+        next_id = block.next  # and with a free block after it: this one grows
+        if next_id is not None and blocks[next_id].free:
+            nxt = blocks[next_id]
+            _drop(free, nxt.size, next_id)
+            block.size += nxt.size
+            block.next = nxt.next
+            if nxt.next is not None:
+                blocks[nxt.next].prev = bid
+            del blocks[next_id]
         bisect.insort(free, (block.size, bid))
 
     def live(self, key: object) -> bool:

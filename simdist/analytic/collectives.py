@@ -26,9 +26,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from simdist.analytic import nccl as tuning
 from simdist.spec.cluster import ClusterSpec
+from simdist.spec.fields import hash_once
 from simdist.spec.groups import GROUP_AXES, group_ranks
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.profile import CalibrationProfile
@@ -84,7 +86,28 @@ def node_gpus(cluster: ClusterSpec) -> int:
     return min(cluster.gpus_per_node, cluster.world_size)
 
 
+def grid(plan: ParallelPlan) -> tuple[int, ...]:
+    """What the rank grid and its groups read of a plan (simdist.spec.plan.rank_of,
+    simdist.spec.groups): the functions that see a plan only through its grid are memoised on
+    it, so that the plans of a search that share a grid share their answers."""
+    return plan.tp, plan.cp, plan.pp, plan.dp, plan.ep, plan.etp, plan.dp_shard
+
+
 def layout_for_axis(cluster: ClusterSpec, plan: ParallelPlan, axis: str) -> GroupLayout:
+    """Where a group along ``axis`` sits (memoised on the plan's :func:`grid`)."""
+    key = (cluster, grid(plan), axis)
+    g = _LAYOUTS.get(key)
+    if g is None:
+        if len(_LAYOUTS) >= 65536:
+            _LAYOUTS.clear()
+        g = _LAYOUTS[key] = _layout_for_axis(cluster, plan, axis)
+    return g
+
+
+_LAYOUTS: dict[tuple[object, ...], GroupLayout] = {}
+
+
+def _layout_for_axis(cluster: ClusterSpec, plan: ParallelPlan, axis: str) -> GroupLayout:
     if axis in GROUP_AXES:  # expert and data-with-context groups (v1.2): not one stride apart
         return layout_of_ranks(cluster, group_ranks(plan, axis, 0))
     return group_layout(cluster, plan.axis_size(axis), plan.axis_stride(axis))
@@ -101,6 +124,7 @@ def layout_of_ranks(cluster: ClusterSpec, ranks: tuple[int, ...]) -> GroupLayout
 INTRA_CLASS = {"nvswitch": "nvlink", "nvlink": "nvlink", "pcie": "pci", "loopback": "pci"}
 
 
+@hash_once
 @dataclass(frozen=True)
 class Network:
     """Achieved bandwidth and latency of the two link levels, from the catalog or a profile, and
@@ -191,6 +215,7 @@ def collective_time(kind: str, nbytes: float, g: GroupLayout, net: Network, busb
     return t
 
 
+@lru_cache(maxsize=65536)  # pure; a search asks the same collectives of many plans
 def collective_choice(kind: str, nbytes: float, g: GroupLayout, net: Network) -> tuning.Choice:
     """How one collective runs alone on the links: its algorithm, protocol, latency and
     transfer time. Point-to-point kinds (sendrecv, all-to-all: grouped sends; broadcast as a ring

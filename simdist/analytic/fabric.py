@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import cache
 
-from simdist.analytic.collectives import GroupLayout, Network, layout_for_axis
+from simdist.analytic.collectives import GroupLayout, Network, grid, layout_for_axis
 from simdist.spec import groups
 from simdist.spec import topology as topo
 from simdist.spec.cluster import ClusterSpec
@@ -112,11 +112,24 @@ def same_stage(stage: int) -> Member:
     return SameStage(stage)
 
 
-@cache
 def slowdown(cluster: ClusterSpec, plan: ParallelPlan, net: Network, axis: str, stage: int = 0) -> float:
     """How much slower a collective over ``axis`` transfers when every group of the stage runs
     it at once: the largest load on the NICs and leaf uplinks a group's representative rank
-    meets (1.0: nothing shared beyond what its solo speed assumes)."""
+    meets (1.0: nothing shared beyond what its solo speed assumes). Memoised on the plan's rank
+    grid (simdist.analytic.collectives.grid), all it reads of the plan."""
+    key = (cluster, grid(plan), net, axis, stage)
+    s = _SLOWDOWN.get(key)
+    if s is None:
+        if len(_SLOWDOWN) >= 65536:
+            _SLOWDOWN.clear()
+        s = _SLOWDOWN[key] = _slowdown(cluster, plan, net, axis, stage)
+    return s
+
+
+_SLOWDOWN: dict[tuple[object, ...], float] = {}
+
+
+def _slowdown(cluster: ClusterSpec, plan: ParallelPlan, net: Network, axis: str, stage: int) -> float:
     layout = layout_for_axis(cluster, plan, axis)
     if layout.size <= 1 or layout.intra_only:
         return 1.0
@@ -130,6 +143,21 @@ def slowdown(cluster: ClusterSpec, plan: ParallelPlan, net: Network, axis: str, 
         cross = leaf_crossing(cluster, group_ranks(plan, rep, axis), leaf)
     return max(1.0, nic_load(cluster, plan, rep, member, f_inter),
                uplink_load(cluster, plan, leaf, member, f_inter, cross))
+
+
+def worst_p2p_slowdown(cluster: ClusterSpec, plan: ParallelPlan) -> float:
+    """The largest :func:`p2p_slowdown` over the pipeline's neighbouring stages (memoised on the
+    plan's rank grid, simdist.analytic.collectives.grid)."""
+    key = (cluster, grid(plan))
+    worst = _WORST_P2P.get(key)
+    if worst is None:
+        if len(_WORST_P2P) >= 4096:
+            _WORST_P2P.clear()
+        worst = _WORST_P2P[key] = max(p2p_slowdown(cluster, plan, s, s + 1) for s in range(plan.pp - 1))
+    return worst
+
+
+_WORST_P2P: dict[tuple[ClusterSpec, tuple[int, ...]], float] = {}
 
 
 @cache

@@ -229,13 +229,18 @@ class StageMemory:
         return self.peak - self.runtime.outside_allocator
 
 
-def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: int, cluster: ClusterSpec | None = None) -> StageMemory:
+def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: int, cluster: ClusterSpec | None = None,
+                 states: dict[str, float] | None = None, rt: RuntimeMemory | None = None) -> StageMemory:
     """The peak of one GPU of ``stage``; with ``cluster``, its runtime overheads too (none for
-    host processes, none without a cluster)."""
-    states = model_state_bytes(m, plan, stage, cluster)
+    host processes, none without a cluster). ``states`` and ``rt``: :func:`model_state_bytes` and
+    :func:`runtime_memory` of the same arguments, when the caller has them already (a search
+    shares them between plans that differ only in what the activations depend on)."""
+    if states is None:
+        states = model_state_bytes(m, plan, stage, cluster)
     act = activation_bytes(m, plan, stage)
     parts, step_peak = transient_parts(m, plan, stage, act)
-    rt = runtime_memory(plan, cluster)
+    if rt is None:
+        rt = runtime_memory(plan, cluster)
     parts = parts + [(name, v) for name, v in rt.parts().items() if v]
     return StageMemory(
         stage=stage,

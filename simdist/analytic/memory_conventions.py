@@ -37,6 +37,7 @@ gradients plus an fp32 gradient partition (4 B + 16 B / N per parameter); ZeRO-3
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from simdist.spec.plan import ParallelPlan
 
@@ -58,11 +59,15 @@ class MemoryConventions:
 
 
 def conventions(plan: ParallelPlan) -> MemoryConventions:
-    fw = plan.framework
+    return _conventions(plan.framework, plan.mixed_precision)
+
+
+@cache  # the memory model asks it many times per stage
+def _conventions(fw: str | None, mixed_precision: bool) -> MemoryConventions:
     torch = fw in TORCH_FRAMEWORKS
     return MemoryConventions(
         family="torch" if torch else ("megatron" if fw in ("megatron", "nemo") else (fw or "simdist")),
-        fsdp2_fp32_shards=torch and plan.mixed_precision,
+        fsdp2_fp32_shards=torch and mixed_precision,
         loss="torch" if torch else "fp32-logits",
         foreach_optimizer=torch,
         selective="every-other-matmul" if fw == "torchtitan" else "attention-core",

@@ -156,33 +156,50 @@ def stage_num_layers(m: ModelSpec, plan: ParallelPlan, stage: int) -> int:
     return len(stage_layers(m, plan, stage))
 
 
-@lru_cache(maxsize=4096)  # pure (frozen specs); memory asks it per stage many times
+# The per-stage counts below read only the pipeline layout (pp, chunks, schedule) and the
+# tensor/expert split of the plan: they are memoised on those, so that the plans of a search
+# that differ in anything else (ZeRO stage, micro-batch size, recomputation, dp) share them.
+
+
 def stage_layers(m: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int, ...]:
     """The layers every chunk of ``stage`` holds (both copies' under DualPipe)."""
-    chunks = stage_chunks(m.num_layers, plan.pp, plan.virtual_pipeline_stages, plan.schedule)[stage]
+    return _stage_layers(m, plan.pp, plan.virtual_pipeline_stages, plan.schedule, stage)
+
+
+@lru_cache(maxsize=4096)
+def _stage_layers(m: ModelSpec, pp: int, v: int, schedule: str, stage: int) -> tuple[int, ...]:
+    chunks = stage_chunks(m.num_layers, pp, v, schedule)[stage]
     return tuple(i for _, r in chunks for i in r)
 
 
-@lru_cache(maxsize=4096)  # pure (frozen specs); memory asks it per stage many times
 def stage_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> ParamCount:
     """All parameters of one pipeline stage (every chunk it holds), before TP sharding: the
     embedding with virtual stage 0, the LM head (and MTP modules) with the last one."""
-    count = layers_params(m, stage_layers(m, plan, stage))
-    chunks = stage_chunks(m.num_layers, plan.pp, plan.virtual_pipeline_stages, plan.schedule)[stage]
-    n = virtual_stages(plan.pp, plan.virtual_pipeline_stages, plan.schedule)
+    return _stage_params(m, plan.pp, plan.virtual_pipeline_stages, plan.schedule, stage)
+
+
+@lru_cache(maxsize=4096)
+def _stage_params(m: ModelSpec, pp: int, v: int, schedule: str, stage: int) -> ParamCount:
+    count = layers_params(m, _stage_layers(m, pp, v, schedule, stage))
+    chunks = stage_chunks(m.num_layers, pp, v, schedule)[stage]
+    n = virtual_stages(pp, v, schedule)
     if any(vs == 0 for vs, _ in chunks):
         count = count + embedding_params(m)
     if any(vs == n - 1 for vs, _ in chunks):
-        count = count + head_params(m, separate_copy=plan.pp > 1) + mtp_params(m, plan.pp > 1)
+        count = count + head_params(m, separate_copy=pp > 1) + mtp_params(m, pp > 1)
     return count
 
 
-@lru_cache(maxsize=4096)  # pure (frozen specs); memory asks it per stage many times
 def stage_expert_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> ParamCount:
     """The routed experts of one stage (MTP modules included), before expert parallelism."""
-    count = expert_params(m, stage_layers(m, plan, stage))
-    chunks = stage_chunks(m.num_layers, plan.pp, plan.virtual_pipeline_stages, plan.schedule)[stage]
-    last = virtual_stages(plan.pp, plan.virtual_pipeline_stages, plan.schedule) - 1
+    return _stage_expert_params(m, plan.pp, plan.virtual_pipeline_stages, plan.schedule, stage)
+
+
+@lru_cache(maxsize=4096)
+def _stage_expert_params(m: ModelSpec, pp: int, v: int, schedule: str, stage: int) -> ParamCount:
+    count = expert_params(m, _stage_layers(m, pp, v, schedule, stage))
+    chunks = stage_chunks(m.num_layers, pp, v, schedule)[stage]
+    last = virtual_stages(pp, v, schedule) - 1
     if any(vs == last for vs, _ in chunks) and m.mtp_layers:
         count = count + expert_params(m, (m.num_layers,)) * m.mtp_layers
     return count
@@ -194,14 +211,19 @@ def expert_params_per_rank(m: ModelSpec, plan: ParallelPlan, stage: int) -> int:
     return stage_expert_params(m, plan, stage).per_tp_rank(plan.etp) // plan.ep
 
 
-@lru_cache(maxsize=4096)  # pure (frozen specs); memory asks it per stage many times
 def params_per_rank(m: ModelSpec, plan: ParallelPlan, stage: int) -> int:
     """Parameters held by one GPU of ``stage`` before any ZeRO/FSDP sharding: the dense ones
     split over tp, the routed experts over ep and etp."""
-    experts = stage_expert_params(m, plan, stage)
-    dense = ParamCount(stage_params(m, plan, stage).sharded - experts.sharded,
-                       stage_params(m, plan, stage).replicated - experts.replicated)
-    return dense.per_tp_rank(plan.tp) + expert_params_per_rank(m, plan, stage)
+    return _params_per_rank(m, plan.pp, plan.virtual_pipeline_stages, plan.schedule, plan.tp, plan.ep,
+                            plan.etp, stage)
+
+
+@lru_cache(maxsize=4096)
+def _params_per_rank(m: ModelSpec, pp: int, v: int, schedule: str, tp: int, ep: int, etp: int, stage: int) -> int:
+    experts = _stage_expert_params(m, pp, v, schedule, stage)
+    params = _stage_params(m, pp, v, schedule, stage)
+    dense = ParamCount(params.sharded - experts.sharded, params.replicated - experts.replicated)
+    return dense.per_tp_rank(tp) + experts.per_tp_rank(etp) // ep
 
 
 def matrix_shapes(m: ModelSpec) -> list[tuple[int, int, int]]:

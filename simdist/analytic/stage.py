@@ -20,7 +20,7 @@ middle stage when the layers do not divide evenly).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from simdist.analytic import fabric
 from simdist.analytic.collectives import (
@@ -50,6 +50,7 @@ from simdist.analytic.passes import OpTimer, PassTime
 from simdist.analytic.variants import layer_ops, mtp_ops, recompute_ops
 from simdist.spec.frameworks import framework_of
 from simdist.spec.layers import DENSE, LayerKind, kinds_of, model_kind_counts
+from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
 from simdist.spec.stages import stage_chunks as spec_stage_chunks
@@ -175,18 +176,29 @@ def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True)
     head = (timer.passes(head_ops(m, plan, "fwd")) + timer.passes(mtp_ops(m, plan, "fwd")),
             timer.passes(head_ops(m, plan, "bwd")) + timer.passes(mtp_ops(m, plan, "bwd")))
     ctx = CommContext(sc.cluster, plan, net, lambda axis: fabric.slowdown(sc.cluster, plan, net, axis))
-    kinds: list[StageDescription] = []
+    passes = dict(kinds_passes)
+    if per_kind:
+        firsts, kind_of = _stage_kinds(m, plan.tp, plan.pp, plan.virtual_pipeline_stages, plan.schedule)
+    else:
+        firsts, kind_of = tuple(range(plan.pp)), tuple(range(plan.pp))
+    kinds = tuple(_describe_stage(sc, ctx, cost, passes, embedding, head, stage_chunks(sc, s), s) for s in firsts)
+    return StepDescription(sc, cost, net, layer, embedding, head, pipeline_send(sc, net), kinds, kind_of,
+                           kinds_passes)
+
+
+@lru_cache(maxsize=1024)
+def _stage_kinds(m: ModelSpec, tp: int, p: int, v: int, schedule: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the first stage of each kind, the kind of every stage): stages whose chunks are alike
+    (:func:`stage_chunks`) are one kind."""
     index: dict[tuple[Chunk, ...], int] = {}
-    kind_of = []
-    for s in range(plan.pp):
-        chunks = stage_chunks(sc, s)
-        k = index.get(chunks) if per_kind else None
+    firsts, kind_of = [], []
+    for s, chunks in enumerate(_stage_chunks(m, tp, p, v, schedule)):
+        k = index.get(chunks)
         if k is None:
-            k = index[chunks] = len(kinds)
-            kinds.append(_describe_stage(sc, ctx, cost, dict(kinds_passes), embedding, head, chunks, s))
+            k = index[chunks] = len(firsts)
+            firsts.append(s)
         kind_of.append(k)
-    return StepDescription(sc, cost, net, layer, embedding, head, pipeline_send(sc, net), tuple(kinds),
-                           tuple(kind_of), kinds_passes)
+    return tuple(firsts), tuple(kind_of)
 
 
 def layer_passes(timer: OpTimer, kind: LayerKind = DENSE) -> LayerPasses:
@@ -200,19 +212,25 @@ def layer_passes(timer: OpTimer, kind: LayerKind = DENSE) -> LayerPasses:
 def stage_chunks(sc: Scenario, stage: int) -> tuple[Chunk, ...]:
     """The chunks of ``stage`` (Megatron's interleaved layout: chunk c is virtual stage c*pp + s;
     DualPipe and DualPipeV: simdist.spec.stages.stage_chunks)."""
-    m, plan = sc.model, sc.plan
-    p, v = plan.pp, plan.virtual_pipeline_stages
-    n = virtual_stages(p, v, plan.schedule)
+    plan = sc.plan
+    return _stage_chunks(sc.model, plan.tp, plan.pp, plan.virtual_pipeline_stages, plan.schedule)[stage]
+
+
+@lru_cache(maxsize=1024)  # read only the model and the layout: a search's plans share them
+def _stage_chunks(m: ModelSpec, tp: int, p: int, v: int, schedule: str) -> tuple[tuple[Chunk, ...], ...]:
+    n = virtual_stages(p, v, schedule)
     out = []
-    for vs, layers in spec_stage_chunks(m.num_layers, p, v, plan.schedule)[stage]:
-        first, last = vs == 0, vs == n - 1
-        count = layers_params(m, layers)
-        if first:
-            count = count + embedding_params(m)
-        if last:
-            count = count + head_params(m, separate_copy=p > 1) + mtp_params(m, p > 1)
-        out.append(Chunk(len(layers), count.per_tp_rank(plan.tp), first, last,
-                         kinds_of(m, layers)))
+    for stage_chunk in spec_stage_chunks(m.num_layers, p, v, schedule):
+        chunks = []
+        for vs, layers in stage_chunk:
+            first, last = vs == 0, vs == n - 1
+            count = layers_params(m, layers)
+            if first:
+                count = count + embedding_params(m)
+            if last:
+                count = count + head_params(m, separate_copy=p > 1) + mtp_params(m, p > 1)
+            chunks.append(Chunk(len(layers), count.per_tp_rank(tp), first, last, kinds_of(m, layers)))
+        out.append(tuple(chunks))
     return tuple(out)
 
 
@@ -227,7 +245,7 @@ def pipeline_send(sc: Scenario, net: Network) -> PipelineSend | None:
     act = m.seq_length // plan.cp * plan.micro_batch_size * m.hidden_size * plan.element_bytes
     sent = act / plan.tp
     choice = collective_choice("sendrecv", sent, layout_for_axis(sc.cluster, plan, "pp"), net)
-    worst = max(fabric.p2p_slowdown(sc.cluster, plan, s, s + 1) for s in range(plan.pp - 1))
+    worst = fabric.worst_p2p_slowdown(sc.cluster, plan)
     send = choice.latency_s + choice.transfer_s * worst  # every replica's pair sends at once
     gather = 0.0
     if plan.tp > 1 and not plan.sequence_parallel:

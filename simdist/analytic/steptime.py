@@ -189,15 +189,18 @@ def reduce_step(d: StepDescription) -> StepResult:
     kind_times = [stage_time(d, s) for s in d.kinds]
     kind_ends = [end_of_step(s, plan, st) for s, st in zip(d.kinds, kind_times, strict=True)]
     stages = [kind_times[k] for k in d.kind_of]
-    totals = [st.total for st in stages]
+    kind_totals = [st.total for st in kind_times]  # each kind's sums once, then per stage
+    kind_last = [st.last_backward for st in kind_times]
+    totals = [kind_totals[k] for k in d.kind_of]
+    last_backwards = [kind_last[k] for k in d.kind_of]
     if plan.dualpipe:  # DeepSeek-V3's bidirectional schedules (v1.2)
-        t_pipe = dualpipe_time(plan, totals, [st.last_backward for st in stages])
+        t_pipe = dualpipe_time(plan, totals, last_backwards)
     else:
         t_pipe = pipeline_time(plan, totals, [st.bwd.weight_grad for st in stages])
-    busiest = max(range(plan.pp), key=lambda s: totals[s])
+    busiest = max(range(plan.pp), key=totals.__getitem__)
     m = plan.num_microbatches
     # the last backward of stage s ends about s backward-passes before stage 0's
-    avg_bwd = sum(st.last_backward for st in stages) / plan.pp
+    avg_bwd = sum(last_backwards) / plan.pp
     ends = [kind_ends[k] for k in d.kind_of]
     dp_end = max(max(0.0, e.dp - s * avg_bwd) for s, e in enumerate(ends))
     off_end = max(e.offload for e in ends)

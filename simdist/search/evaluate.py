@@ -19,7 +19,8 @@ from typing import Any
 from simdist.analytic.collectives import Network
 from simdist.analytic.cost import CostModel
 from simdist.analytic.flops import model_flops_per_step
-from simdist.analytic.memory import stage_memory
+from simdist.analytic.memory import model_state_bytes, stage_memory
+from simdist.analytic.runtime_memory import RuntimeMemory, runtime_memory
 from simdist.analytic.steptime import analytic_step
 from simdist.analytic.timeshare import time_shared
 from simdist.errors import Problem
@@ -28,11 +29,15 @@ from simdist.search.results import PlanResult
 from simdist.search.space import Candidate, Constraints, Enumeration, candidate_of
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
-from simdist.spec.plan import ParallelPlan
+from simdist.spec.plan import ParallelPlan, unchecked_replace
 from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import Scenario, check_consistency
 from simdist.spec.stages import stage_layer_ranges
 from simdist.units import GiB
+
+# The searched fields that the model states and the runtime buffers never read (the activations
+# and their transients do): Evaluator.memory shares those between plans that differ only in them.
+ACTIVATION_ONLY = ("micro_batch_size", "recompute", "sequence_parallel")
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: called as plans are timed ("analytic", then "des")."""
@@ -71,22 +76,41 @@ class Evaluator:
         self.cost = CostModel(self.cluster.gpu, self.base_plan.precision, profile)
         self.net = Network.of(self.cluster, profile)
         self.capacity = self.cluster.gpu.memory_bytes
+        self._fixed: dict[tuple[object, ...], tuple[dict[str, float], RuntimeMemory]] = {}
         self.host_capacity = (self.cluster.host.cpu_memory_bytes / self.cluster.gpus_per_node
                               if self.cluster.host is not None else None)
 
     def plan(self, cand: Candidate) -> ParallelPlan:
-        """The scenario's plan with the searched fields of ``cand`` (ZeRO shards over all of dp)."""
-        return replace(self.base_plan, tp=cand.tp, pp=cand.pp, dp=cand.dp, cp=cand.cp,
-                       virtual_pipeline_stages=cand.v, schedule=cand.schedule, zero_stage=cand.zero,
-                       sequence_parallel=cand.sp, recompute=cand.recompute,
-                       micro_batch_size=cand.mbs, dp_shard=cand.dp, ep=cand.ep, etp=cand.etp)
+        """The scenario's plan with the searched fields of ``cand`` (ZeRO shards over all of dp).
+        The fields are not checked one by one again (the enumeration makes only values of the
+        right type and range: tests/test_search.py checks a sample against the checked build);
+        the cross-field rules are, by :meth:`problems`."""
+        return unchecked_replace(self.base_plan, tp=cand.tp, pp=cand.pp, dp=cand.dp, cp=cand.cp,
+                                 virtual_pipeline_stages=cand.v, schedule=cand.schedule, zero_stage=cand.zero,
+                                 sequence_parallel=cand.sp, recompute=cand.recompute,
+                                 micro_batch_size=cand.mbs, dp_shard=cand.dp, ep=cand.ep, etp=cand.etp)
 
     def problems(self, plan: ParallelPlan) -> list[Problem]:
         return check_consistency(self.model, self.cluster, plan)
 
     def memory(self, plan: ParallelPlan) -> tuple[float, float]:
-        """(peak GPU bytes, peak host bytes) over the pipeline stages."""
-        return peak_memory(self.model, plan, self.cluster)
+        """(peak GPU bytes, peak host bytes) over the pipeline stages: the same as
+        :func:`peak_memory`, with the model states and runtime buffers of each stage kind shared
+        by the plans that differ only in what the activations depend on (:data:`ACTIVATION_ONLY`;
+        the other fields of every plan are the scenario's)."""
+        m, cluster = self.model, self.cluster
+        layout = (plan.tp, plan.pp, plan.dp, plan.cp, plan.virtual_pipeline_stages, plan.schedule,
+                  plan.zero_stage, plan.dp_shard, plan.ep, plan.etp)
+        stages = []
+        for s in distinct_stages(m.num_layers, plan.pp, plan.virtual_pipeline_stages):
+            fixed = self._fixed.get((layout, s))
+            if fixed is None:
+                if len(self._fixed) >= 65536:
+                    self._fixed.clear()
+                fixed = self._fixed[(layout, s)] = (model_state_bytes(m, plan, s, cluster),
+                                                    runtime_memory(plan, cluster))
+            stages.append(stage_memory(m, plan, s, cluster, *fixed))
+        return max(s.peak for s in stages), max(s.host for s in stages)
 
     def fits(self, peak: float, host: float, headroom: float = 0.0) -> bool:
         ok = peak <= self.capacity * (1 - headroom)

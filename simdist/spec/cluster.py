@@ -8,7 +8,7 @@ from typing import Any, Literal, get_args
 
 from simdist import catalog
 from simdist.errors import Collector, Problem
-from simdist.spec.fields import spec_field, validate
+from simdist.spec.fields import hash_once, spec_field, validate
 from simdist.units import short_repr
 
 # NCCL's algorithm and protocol names as NCCL_ALGO / NCCL_PROTO spell them (src/graph/tuning.cc),
@@ -158,6 +158,7 @@ def _prepare_gpu(raw: Any, c: Collector) -> Any:
     return out
 
 
+@hash_once
 @dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
     name: str = spec_field("custom", internal=True, doc="the preset's name, or custom")

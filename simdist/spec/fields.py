@@ -226,6 +226,32 @@ def validate(obj: Any) -> None:
         raise ScenarioError(problems)
 
 
+_HASH = "_hash_once"
+
+
+def hash_once(cls: type) -> type:
+    """Class decorator for a frozen spec dataclass: its hash (the dataclass's own, over the
+    compared fields) computed once per object and kept on it. Every memoised function of the
+    analytic model hashes its model and plan arguments on each call, and a plan has some fifty
+    fields, some of them dataclasses; the kept hash never travels with a pickled or copied
+    object (a process with another hash seed computes its own)."""
+    field_hash = cls.__hash__
+
+    def __hash__(self: Any) -> int:
+        h = self.__dict__.get(_HASH)
+        if h is None:
+            h = field_hash(self)
+            object.__setattr__(self, _HASH, h)
+        return h
+
+    def __getstate__(self: Any) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != _HASH}
+
+    cls.__hash__ = __hash__  # type: ignore[method-assign]
+    cls.__getstate__ = __getstate__  # type: ignore[attr-defined]
+    return cls
+
+
 def since(fs: FieldSpec) -> tuple[int, ...]:
     return tuple(int(x) for x in str(fs.meta.get("since", "1.0")).split("."))
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Literal
 
 from simdist.errors import Problem
-from simdist.spec.fields import spec_field, validate
+from simdist.spec.fields import hash_once, spec_field, validate
 
 Mlp = Literal["gelu", "swiglu"]
 Norm = Literal["layernorm", "rmsnorm"]
@@ -27,6 +27,7 @@ _MOE_FIELDS = ("moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers"
                "router", "moe_capacity_factor", "moe_router_groups", "moe_router_group_topk")
 
 
+@hash_once
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """A decoder-only transformer. Defaults follow the contract: ``num_kv_heads`` = heads,

@@ -5,7 +5,6 @@ cross-field checks (its ``problems()``)."""
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -179,5 +178,7 @@ def _key_text(key: Any) -> str:
 def _unknown(key: Any, known: set[str]) -> str:
     if not isinstance(key, str):
         return "unknown field (field names are text)"
+    import difflib  # only for a misspelt key: kept out of every command's start-up
+
     close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.8)
     return "unknown field" + (f"; did you mean {close[0]}?" if close else "")

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 from simdist.errors import Problem
-from simdist.spec.fields import spec_field, validate
+from simdist.spec.fields import hash_once, spec_field, validate
 
 # The allowed values of each choice field: the Literal types are the single source.
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipe", "dualpipev"]
@@ -80,6 +80,7 @@ class GradCompression:
         return self.method != "none"
 
 
+@hash_once
 @dataclass(frozen=True, kw_only=True)
 class ParallelPlan:
     tp: int = spec_field(1, check="positive", doc="tensor-parallel degree")
@@ -340,6 +341,20 @@ class ParallelPlan:
                 add("zero_hpz_partition_size", f"{hpz} does not divide dp ({self.dp})")
             elif self.hybrid_sharding:
                 add("zero_hpz_partition_size", "combines with dp_shard < dp (HSDP) in no framework; choose one")
+
+
+def unchecked_replace(plan: ParallelPlan, **changes: Any) -> ParallelPlan:
+    """``dataclasses.replace(plan, **changes)`` without the field checks of ``__post_init__``
+    (about 0.1 ms, a search's plans have values of the right types and ranges already); the
+    changes must name fields, and ``dp_shard`` is taken as given (no default from dp)."""
+    out = object.__new__(ParallelPlan)
+    state = plan.__getstate__()  # without the kept hash (simdist.spec.fields.hash_once)
+    unknown = set(changes) - state.keys()
+    if unknown:
+        raise TypeError(f"not fields of ParallelPlan: {sorted(unknown)}")
+    state.update(changes)
+    out.__dict__.update(state)
+    return out
 
 
 class RankCoord(NamedTuple):

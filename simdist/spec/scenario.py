@@ -23,7 +23,7 @@ from simdist.io import deepspeed as ds_io
 from simdist.io.hf import fields_from_hf_config
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.consistency import check_consistency
-from simdist.spec.fields import legacy_view
+from simdist.spec.fields import hash_once, legacy_view
 from simdist.spec.files import read_json_object, read_yaml
 from simdist.spec.frameworks import FRAMEWORKS, plan_defaults
 from simdist.spec.model import ModelSpec
@@ -35,6 +35,7 @@ from simdist.units import short_repr
 __all__ = ["Reliability", "Scenario", "check_consistency", "load_scenario", "scenario_from_dict"]
 
 
+@hash_once
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     name: str

@@ -41,7 +41,8 @@ class StepDriver:
         self.env, self.plan, self.net = run.env, run.plan, run.network
         self.keep_spans = run.keep_spans
         self.sync_on_tp = sync_wait_part(run.plan) == "tp_comm"
-        self.arrivals: dict[tuple[int, int, int, Action], simpy.Event] = {}
+        self.arrivals: dict[tuple[int, int, int, Action], simpy.Event] = {}  # waited for
+        self.arrived: dict[tuple[int, int, int, Action], float] = {}  # sent before anyone waited
 
     def worker(self, sl: Slice, work: StageWork) -> Proc:
         servers = self.servers
@@ -167,7 +168,10 @@ class StepDriver:
         """Wait for the inputs another stage sends; the part of the wait after the send
         started is exposed pipeline communication, the rest is bubble."""
         for stage, action in deps:
-            ev = self._arrival(sl.cycle, sl.replica, stage, action)
+            key = (sl.cycle, sl.replica, stage, action)
+            if self.arrived.pop(key, None) is not None:
+                continue  # sent before: no wait
+            ev = self._arrival(*key)
             if ev.processed:
                 continue
             t0 = self.env.now
@@ -186,6 +190,17 @@ class StepDriver:
         if ev is None:
             ev = self.arrivals[key] = self.env.event()
         return ev
+
+    def _arrive(self, cycle: int, replica: int, stage: int, action: Action, sent: float) -> None:
+        """An input has arrived (its send started at ``sent``): the stage waiting for it resumes;
+        if none waits yet, the arrival is only noted (no simpy event), and the stage that needs
+        it later goes on at once, as it would past an event already processed."""
+        key = (cycle, replica, stage, action)
+        ev = self.arrivals.get(key)
+        if ev is None:
+            self.arrived[key] = sent
+        else:
+            ev.succeed(sent)
 
     def _task(self, sl: Slice, action: Action, task: Task) -> Proc:
         env, t = self.env, sl.tally
@@ -308,8 +323,8 @@ class StepDriver:
         dst = (sl.stage + (1 if action.kind == "F" else -1)) % p
         start = self.env.now
         done = self.net.p2p(spec.nbytes, sl.stage, dst, sl.replica, spec.extra_s)
-        arrival = self._arrival(sl.cycle, sl.replica, sl.stage, action)
-        done.callbacks.append(lambda _ev: arrival.succeed(start))
+        key = (sl.cycle, sl.replica, sl.stage, action)
+        done.callbacks.append(lambda _ev: self._arrive(*key, start))
         if self.keep_spans:
             done.callbacks.append(lambda _ev: self.run.span(sl, "pp", spec.name, start, self.env.now, "pp_comm"))
 
@@ -319,7 +334,7 @@ class StepDriver:
         if self.plan.dualpipe:  # the next stage's rank (itself at the tip of DualPipeV's V)
             dst = dualpipe.neighbour(self.plan.schedule, action, sl.stage, p, self.plan.num_microbatches)
             if dst == sl.stage:
-                self._arrival(sl.cycle, sl.replica, sl.stage, action).succeed(self.env.now)
+                self._arrive(sl.cycle, sl.replica, sl.stage, action, self.env.now)
                 return
         else:
             dst = (sl.stage + (1 if action.kind == "F" else -1)) % p
@@ -328,4 +343,4 @@ class StepDriver:
         sl.tally.pp += self.env.now - start
         if self.keep_spans:
             self.run.span(sl, "pp", spec.name, start, self.env.now, "pp_comm")
-        self._arrival(sl.cycle, sl.replica, sl.stage, action).succeed(start)
+        self._arrive(sl.cycle, sl.replica, sl.stage, action, start)
