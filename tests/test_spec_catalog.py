@@ -48,21 +48,3 @@ def test_every_cluster_preset_builds(name):
     sc = scenario_from_dict({**base_scenario(global_batch_size=16), "cluster": {"preset": name, "num_nodes": 1},
                              "model": {"preset": "tiny"}})
     assert sc.cluster.name == name and sc.requires_profile == (name == "local")
-
-
-@pytest.mark.parametrize(("cluster", "field"), [({"num_nodes": 2**45}, "cluster.num_nodes"),
-                                                ({"num_nodes": 1, "gpus_per_node": 2**21}, "cluster.gpus_per_node")])
-def test_a_cluster_too_large_to_walk_is_refused_naming_the_field(cluster, field):
-    """Expert groups are walked rank by rank: a 2**45-node cluster (a fuzz case) ran out of memory."""
-    from simdist.errors import ScenarioError
-    from simdist.spec.cluster import MAX_GPUS
-
-    d = base_scenario(ep=8)
-    d["model"] = {"preset": "qwen3-30b-a3b"}
-    d["cluster"].update(cluster)
-    with pytest.raises(ScenarioError) as err:
-        scenario_from_dict(d)
-    assert field in {p.field for p in err.value.problems}
-    d["cluster"].update({"num_nodes": MAX_GPUS // 8, "gpus_per_node": 8})  # the largest modelled still builds
-    d["plan"]["global_batch_size"] = MAX_GPUS
-    assert scenario_from_dict(d).cluster.world_size == MAX_GPUS
