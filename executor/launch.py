@@ -9,7 +9,7 @@ naming its field) before anything starts. Then
 - a rank that crashes stops the group (torchrun ends the others); a rank that hangs makes its
   peers' collectives fail after the process-group timeout (``--pg-timeout``, 30 s); a run in
   which no rank starts a new step for ``--stall-timeout`` seconds (300 s; at least 120 s
-  before every rank has started) is killed as a backstop;
+  before every rank has started its first step) is killed as a backstop;
 - on any failure the launcher kills torchrun's process group and every worker pid it recorded
   (workers outlive a SIGKILLed torchrun in their own sessions), prints one line
   per rank saying what happened, and exits 1 without writing the measurement;

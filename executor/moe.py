@@ -120,17 +120,26 @@ class MoE(nn.Module):
 
     def _run_local(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Rows grouped by source rank, then by local expert (``counts`` [sources, local]): each
-        local expert on its rows, the outputs in the same layout."""
+        local expert on its rows, the outputs in the same layout.
+
+        Every local expert runs, on zero rows when none were routed to it: the output then still
+        depends on ``rows`` and on every expert weight, so the backward of the dispatch
+        all-to-all (a collective of the whole expert-parallel group) runs on this rank whatever
+        the routing, and every expert weight gets a gradient (zero) for the expert-data-parallel
+        all-reduce. Skipping an empty expert left a rank whose experts received nothing out of
+        the dispatch's backward while its peers waited in it (the EP+PP deadlock: a pipeline
+        stage's shape inference runs on uninitialised activations, which route every token to
+        one rank)."""
         sources, n = counts.shape
         starts = torch.zeros(sources * n, dtype=torch.long)
         flat = counts.reshape(-1)
         starts[1:] = torch.cumsum(flat, 0)[:-1]
         out = rows.new_zeros(rows.shape[0], self.spec.hidden_size)
         for j in range(n):
-            idx = torch.cat([torch.arange(int(starts[s * n + j]), int(starts[s * n + j] + counts[s, j]))
-                             for s in range(sources)]) if sources else torch.empty(0, dtype=torch.long)
-            if idx.numel():
-                out = out.index_copy(0, idx, self._expert(j, rows[idx]))
+            idx = torch.cat([torch.empty(0, dtype=torch.long)]
+                            + [torch.arange(int(starts[s * n + j]), int(starts[s * n + j] + counts[s, j]))
+                               for s in range(sources)])
+            out = out.index_copy(0, idx, self._expert(j, rows[idx]))
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ worker ``executor.worker``) and the calibration microbenchmarks (``simdist calib
 
 Watching: when ``heartbeats`` ranks write heartbeat files (:mod:`executor.faults`), a run in
 which no rank starts a new step for ``stall_timeout`` seconds (at least STARTUP_GRACE_S before
-every rank has reported once) is killed; ``timeout`` bounds the whole run. On a stall, a timeout
+every rank has started its first step) is killed; ``timeout`` bounds the whole run. On a stall, a timeout
 or Ctrl-C the launcher SIGTERMs torchrun's process group, then SIGKILLs it and every worker pid
 recorded in the run directory (workers outlive a SIGKILLed torchrun in their own sessions).
 While it watches, it samples how much CPU the rest of the machine used (:mod:`executor.hostload`),
@@ -33,7 +33,9 @@ from executor.faults import heartbeat_path, pid_path, read_json
 from executor.hostload import HostUsage, read_pids
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-STARTUP_GRACE_S = 120.0  # before every rank has reported once (imports, rendezvous)
+STARTUP_GRACE_S = 120.0  # before every rank has started its first step (imports, rendezvous, build)
+# heartbeat phases (executor.worker) before the first step of an attempt
+SETUP_PHASES = frozenset({"start", "init_process_group", "build", "resume"})
 
 
 @dataclass
@@ -123,16 +125,21 @@ class _Pump(threading.Thread):
 
 def _stalled_for(run_dir: Path, world: int, started: float) -> tuple[float, float]:
     """(seconds since the last heartbeat of any rank, the stall limit that applies now): until
-    every rank has written a heartbeat, the clock runs from the launch and the limit is at least
-    STARTUP_GRACE_S, so a slow start on a loaded host is not taken for a stall."""
-    times = []
+    every rank has written a heartbeat, the clock runs from the launch; until every rank has
+    left the set-up phases (:data:`SETUP_PHASES`: imports, rendezvous, building and wrapping the
+    model, loading a checkpoint), the limit is at least STARTUP_GRACE_S. So a slow start on a
+    loaded host is not taken for a stall: a set-up phase writes one heartbeat and may take
+    several seconds there (measured: a 2-rank DDP run on a loaded 2-core machine was killed by a
+    3 s ``--stall-timeout`` before its first step), where a step beats at every step."""
+    times, setup = [], False
     for r in range(world):
         beat = read_json(heartbeat_path(run_dir, r))
         if beat:
             times.append(float(beat.get("time", started)))
+            setup = setup or beat.get("phase") in SETUP_PHASES
     if len(times) < world:
         return time.time() - started, STARTUP_GRACE_S
-    return time.time() - max(times), 0.0
+    return time.time() - max(times), STARTUP_GRACE_S if setup else 0.0
 
 
 def _is_our_worker(pid: int, run_dir: Path) -> bool:

@@ -23,6 +23,7 @@ network or cooling (multiply by the data centre's PUE for the facility's energy)
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -69,20 +70,26 @@ def run_cost(scenario: Any, pred: Any, tokens: float | None = None) -> RunCost:
     power = scenario.cluster.gpu.board_power_w
     n, t = pred.world_size, pred.step_time_s
     u = utilisation(pred.breakdown_s, t)
-    gpu_hours = n * t / 3600
+    gpu_hours = t / 3600 * n  # the step time first: n * t overflowed for a step near 1e306 s
     out: dict[str, Any] = {
         "usd_per_gpu_hour": price, "board_power_w": power, "utilisation": u,
         "gpu_hours_per_step": gpu_hours,
         "usd_per_step": gpu_hours * price if price is not None else None,
-        "energy_kwh_per_step": n * power * u * t / 3.6e6 if power is not None else None,
+        "energy_kwh_per_step": t / 3.6e6 * u * power * n if power is not None else None,
     }
     if tokens is not None and pred.tokens_per_s > 0:
         seconds = tokens / pred.tokens_per_s
         steps = seconds / t
         out.update(tokens=tokens, steps_to_tokens=steps, days_to_tokens=seconds / 86400,
-                   usd_to_tokens=n * seconds / 3600 * price if price is not None else None,
+                   usd_to_tokens=seconds / 3600 * n * price if price is not None else None,
                    energy_mwh_to_tokens=(out["energy_kwh_per_step"] * steps / 1000
                                          if out["energy_kwh_per_step"] is not None else None))
+    bad = next((k for k, v in out.items() if isinstance(v, float) and not math.isfinite(v)), None)
+    if bad is not None:  # a run so long that its cost overflows (a peak of 1e-300 TFLOP/s, 1e15 tokens)
+        from simdist.spec.suspects import suspect
+
+        raise ScenarioError(Problem(suspect(scenario, None, "any", "slow"), f"leads to an absurd cost: {bad} "
+                                    f"is not a finite number (a step of {t:.3g} s); is it a realistic value?"))
     return RunCost(**out)
 
 

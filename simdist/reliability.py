@@ -79,7 +79,9 @@ def expected_goodput(tau: float, c: float, mtbf: float, restart: float) -> float
         return 0.0
     # evaluated in log space: e^{R/M} and e^{(tau+C)/M} overflow for tiny M
     a = (tau + c) / mtbf
-    log_wall = math.log(mtbf) + restart / mtbf + (a + math.log1p(-math.exp(-a)) if a > 0 else -math.inf)
+    # log(e^a - 1) = a + log(1 - e^-a), with 1 - e^-a as -expm1(-a): log1p(-exp(-a)) hit log1p(-1)
+    # (a domain error) once e^-a rounded to 1, for an MTBF 10^20 times the interval
+    log_wall = math.log(mtbf) + restart / mtbf + (a + math.log(-math.expm1(-a)) if a > 0 else -math.inf)
     return min(1.0, math.exp(math.log(tau) - log_wall))
 
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import yaml
 from conftest import base_scenario
 
 from simdist.cli import main
@@ -118,3 +119,26 @@ def test_dashboard_shows_the_cost_of_a_step(tmp_path, monkeypatch):
     assert not at.exception, at.exception
     shown = next(m for m in at.metric if m.label == "Cost per step")
     assert shown.value.startswith("$") and "kWh per step" in (shown.help or "")
+
+
+
+def test_an_absurd_but_finite_step_has_a_finite_cost_and_an_overflowing_run_names_the_input(tmp_path, capsys):
+    """A GPU of 1e-300 TFLOP/s (a fuzz case: DeepSeek-V3 on 1,024 GPUs) gives a step of ~1e304 s,
+    which the prediction accepts: its energy (GPUs x power x utilisation x time) is finite, though
+    the product's first factors once overflowed to Infinity; a run to 1e15 tokens at that pace is
+    past any float, refused naming the input behind it."""
+    d = {"name": "t", "model": {"preset": "deepseek-v3"},
+         "cluster": {"preset": "dgx-h100", "num_nodes": 128,
+                     "gpu": {"name": "g", "like": "h100-sxm", "peak_tflops": {"bf16": 1e-300}}},
+         "plan": {"tp": 2, "pp": 8, "virtual_pipeline_stages": 4, "schedule": "interleaved-1f1b", "ep": 64,
+                  "sequence_parallel": True, "zero_stage": 1, "global_batch_size": 8192, "precision": "bf16"}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(d))  # 1.0e-300 (YAML reads JSON's 1e-300 as a string)
+    assert main(["predict", str(path), "--json", "--no-store", "--engine", "analytic"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["step_time_s"] > 1e300 and 1e300 < out["cost"]["energy_kwh_per_step"] < float("inf")
+    sc = scenario_from_dict(d)
+    with pytest.raises(ScenarioError) as err:
+        run_cost(sc, predict(sc, engine="analytic"), tokens=1e15)
+    (problem,) = err.value.problems
+    assert problem.field == "cluster.gpu.peak_tflops.bf16" and "not a finite number" in problem.message

@@ -36,7 +36,7 @@ import pytest
 import simpy
 import yaml
 from conftest import SCENARIOS
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from simdist.cli import main as cli_main
@@ -321,11 +321,16 @@ def only_when_asked(request: pytest.FixtureRequest) -> None:
         pytest.skip("more cases: run with -m slow")
 
 
+# the slow variants report the first failing case as drawn: shrinking one whose prediction walks
+# millions of ranks before it fails took over 30 minutes
+UNSHRUNK = (Phase.explicit, Phase.generate)
+
+
 @pytest.mark.slow
 def test_predict_on_mutated_scenarios_many_more(request):
     only_when_asked(request)
 
-    @settings(FUZZ, max_examples=10 * EXAMPLES, derandomize=False)  # new cases each run
+    @settings(FUZZ, max_examples=10 * EXAMPLES, derandomize=False, phases=UNSHRUNK)  # new cases each run
     @given(mutated(), PROFILES)
     def many(case, k):
         check_case(*case, k)
@@ -403,7 +408,7 @@ def test_cli_predict_exits_2_naming_a_field_or_0_with_valid_json(text, engine):
 def test_cli_predict_many_more(request):
     only_when_asked(request)
 
-    @settings(FUZZ, max_examples=EXAMPLES, derandomize=False)  # new cases each run
+    @settings(FUZZ, max_examples=EXAMPLES, derandomize=False, phases=UNSHRUNK)  # new cases each run
     @given(cli_text(), st.sampled_from(["des", "analytic"]))
     def many(text, engine):
         check_cli(text, engine)

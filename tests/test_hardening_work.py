@@ -39,7 +39,8 @@ def _described(sc):
 # the issue's examples: (scenario, the input named)
 ISSUE = {
     "1 B buckets": (dict(cluster={"num_nodes": 2}, ddp_bucket_size="1 B"), "plan.ddp_bucket_size"),
-    "1e6 layers, ZeRO-3": (dict(model={"num_layers": 10**6}, zero_stage=3), "model.num_layers"),
+    # the issue had 10**6 layers, now refused when the model is built (model.MAX_LAYERS)
+    "1e5 layers, ZeRO-3": (dict(model={"num_layers": 10**5}, zero_stage=3), "model.num_layers"),
     "pp = 10,000": (dict(model={"num_layers": 10_000}, cluster={"num_nodes": 1250}, pp=10_000,
                          global_batch_size=20_000), "plan.pp"),
     "2^40 GPUs": (dict(cluster={"num_nodes": 2**37}, global_batch_size=2**40), "cluster.num_nodes"),
@@ -195,7 +196,9 @@ def test_search_notes_plans_the_engine_cannot_retime(monkeypatch):
 def test_the_documented_limits_are_the_code_s():
     from simdist.io.text import MAX_DEPTH, MAX_EXPANDED_NODES
     from simdist.search.space import MAX_MICRO_BATCH, MAX_SEARCH_GPUS
+    from simdist.spec.consistency import MAX_GROUP_RANKS
     from simdist.spec.files import MAX_INPUT_BYTES
+    from simdist.spec.model import MAX_LAYERS
 
     doc = (REPO / "docs" / "scenario-format.md").read_text(encoding="utf-8")
     section = doc[doc.index("## Input limits"):doc.index("## Top level")]
@@ -203,7 +206,8 @@ def test_the_documented_limits_are_the_code_s():
                    f"{budget.MAX_RANK_SCANS:,} ranks scanned", f"{budget.MAX_LINK_UPDATES:,} link updates",
                    f"{MAX_VIRTUAL_STAGES:,} (the closed form", f"at most {MAX_INPUT_BYTES // 2**20} MiB",
                    f"{MAX_DEPTH} levels", f"{MAX_EXPANDED_NODES:,} values", f"`--max-micro-batch` {MAX_MICRO_BATCH:,}",
-                   f"2^{MAX_SEARCH_GPUS.bit_length() - 1} GPUs", f"at {({10: 'ten'}).get(budget.HARD_FACTOR)} times the event limit"):
+                   f"2^{MAX_SEARCH_GPUS.bit_length() - 1} GPUs", f"| {MAX_GROUP_RANKS:,} (2^20;",
+                   f"| {MAX_LAYERS:,} |", f"at {({10: 'ten'}).get(budget.HARD_FACTOR)} times the event limit"):
         assert figure in section, figure
 
 

@@ -83,6 +83,22 @@ def test_a_model_too_deep_to_walk_is_refused_naming_the_field():
         make({"preset": "gpt3-1.3b", "num_layers": 652_405_696})
 
 
+def test_experts_on_a_cluster_too_large_to_walk_are_refused_naming_the_field():
+    """Expert and context-parallel groups are walked rank by rank: the fuzz test's 2**45-node
+    Qwen3 plan ran out of memory; a dense plan on as many GPUs still builds (closed-form groups)."""
+    from simdist.spec.consistency import MAX_GROUP_RANKS
+
+    nodes = 2**45
+    with pytest.raises(ScenarioError) as err:
+        make("qwen3-235b-a22b", nodes=nodes, tp=2, pp=8, ep=32, global_batch_size=nodes)
+    assert "cluster.num_nodes" in {p.field for p in err.value.problems}
+    with pytest.raises(ScenarioError, match=r"cluster\.num_nodes"):
+        make("gpt3-1.3b", nodes=nodes, cp=2, global_batch_size=nodes * 4)
+    assert make("gpt3-1.3b", nodes=nodes, global_batch_size=nodes * 8).cluster.num_nodes == nodes
+    largest = make("qwen3-30b-a3b", nodes=MAX_GROUP_RANKS // 8 * 2, pp=2, ep=8, global_batch_size=MAX_GROUP_RANKS)
+    assert largest.cluster.world_size // largest.plan.pp == MAX_GROUP_RANKS
+
+
 # --- parameters, FLOPs --------------------------------------------------------------------------
 
 

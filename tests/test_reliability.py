@@ -69,6 +69,14 @@ def test_goodput_first_order_form():
     assert expected_goodput(tau, c, m, r) == pytest.approx(approx, rel=1e-3)
 
 
+@pytest.mark.parametrize("mtbf", [1e20, 1e300, 3.6e294])  # 3.6e294 s: "1e+291 h", a fuzz case
+def test_goodput_with_a_vanishing_failure_rate_is_the_checkpoint_overhead_alone(mtbf):
+    """With failures vanishingly rare, Daly's goodput is tau / (tau + C): e^-a rounds to 1 there,
+    where log1p(-e^-a) was a math domain error."""
+    tau, c, r = 3600.0, 60.0, 600.0
+    assert expected_goodput(tau, c, mtbf, r) == pytest.approx(tau / (tau + c), rel=1e-9)
+
+
 def test_auto_interval_is_youngs_where_it_applies():
     """C = 17 GiB / 20 GB/s ~ 0.9 s << M = 6250 h: the chosen interval (whole steps) is
     sqrt(2 C M) within a step and 1 %."""

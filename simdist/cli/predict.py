@@ -17,8 +17,8 @@ from simdist.cli.inputs import (
 
 LIMITS_HELP = (
     "Input limits: a scenario file, hf_config or deepspeed_config is at most {mib} MiB, nested at most "
-    "{depth} levels, with YAML aliases expanding to at most {nodes:,} values; plans have at most {chunks:,} "
-    "pipeline chunks (pp x virtual stages). The discrete-event engine (the default) runs a scenario "
+    "{depth} levels, with YAML aliases expanding to at most {nodes:,} values; plans with experts or context "
+    "parallelism at most {gpus:,} GPUs per stage, models {layers:,} layers, plans {chunks:,} pipeline chunks (pp x virtual stages). The discrete-event engine (the default) runs a scenario "
     "only if its estimated work is within {events:,} events, {spans:,} timeline spans, {scans:,} rank "
     "scans and {updates:,} link updates (about a minute and under a gigabyte); past that the closed "
     "form answers (the JSON's engine says \"analytic\" and an assumption says why). See "
@@ -30,9 +30,12 @@ def limits_help() -> str:
     from simdist.io.text import MAX_DEPTH, MAX_EXPANDED_NODES
     from simdist.predict import MAX_VIRTUAL_STAGES
     from simdist.sim.engine import budget
+    from simdist.spec.consistency import MAX_GROUP_RANKS
     from simdist.spec.files import MAX_INPUT_BYTES
+    from simdist.spec.model import MAX_LAYERS
 
     return LIMITS_HELP.format(mib=MAX_INPUT_BYTES // 2**20, depth=MAX_DEPTH, nodes=MAX_EXPANDED_NODES,
+                              gpus=MAX_GROUP_RANKS, layers=MAX_LAYERS,
                               chunks=MAX_VIRTUAL_STAGES, events=budget.MAX_EVENTS, spans=budget.MAX_SPANS,
                               scans=budget.MAX_RANK_SCANS, updates=budget.MAX_LINK_UPDATES)
 

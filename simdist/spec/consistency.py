@@ -11,6 +11,10 @@ from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
+# the expert and data-with-context groups of a stage (simdist.spec.groups) are walked rank by
+# rank: a 2**45-node cluster with experts ran the fuzz test out of memory there
+MAX_GROUP_RANKS = 2**20
+
 
 def check_consistency(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
                       dp_given: bool = True) -> list[Problem]:
@@ -49,6 +53,11 @@ def check_consistency(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
     if plan.uses_parameter_servers and (plan.parameter_servers or 0) > world:
         add("plan.parameter_servers", f"{plan.parameter_servers} servers is more than the {world} GPUs")
     _experts(model, plan, add)
+    if plan.world_size == world and (model.is_moe or plan.cp > 1) and world // plan.pp > MAX_GROUP_RANKS:
+        add("cluster.num_nodes", f"{world:,} GPUs in {plan.pp} pipeline stage(s): with experts or context "
+            f"parallelism simdist models at most {MAX_GROUP_RANKS:,} GPUs per stage (their groups are "
+            "walked rank by rank); Llama 3 405B trained on up to 16K H100 (Dubey et al. 2024, "
+            "arXiv:2407.21783, section 3.3)")
     return out
 
 

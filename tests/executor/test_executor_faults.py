@@ -113,10 +113,33 @@ def test_a_hung_rank_times_out_its_peers(tmp_path, capsys):
 def test_a_stalled_run_is_killed_by_the_watchdog(tmp_path, capsys):
     """Backstop for hangs the process-group timeout does not catch (here: a long one)."""
     path = scenario_file(tmp_path)
-    err, took = failed(capsys, path, tmp_path / "m.json", fault="1:1:hang", pg_timeout=600, stall_timeout=3)
-    assert "no rank made progress for 3 s" in err
-    assert "rank 1: hung at step 1" in err
-    assert took < 60
+    # stall: far above a tiny DDP step (0.1-1 s on a loaded 2-core machine), far below pg_timeout
+    pg_timeout, stall = 600, 10
+    err, took = failed(capsys, path, tmp_path / "m.json", fault="1:1:hang", pg_timeout=pg_timeout, stall_timeout=stall)
+    assert f"no rank made progress for {stall} s" in err
+    assert "rank 1: hung at step 1" in err  # not killed in set-up, however long the build took
+    assert took < pg_timeout  # the watchdog ended it, not the process-group timeout
+
+
+@pytest.mark.parametrize(("phases", "grace"), [
+    (["start", "build"], True),  # set-up: building the model may outlast a short stall timeout
+    (["step", "resume"], True),  # one rank still loading its checkpoint
+    (["step", "step"], False),  # every rank in its steps: the stall timeout alone
+    (["step", "hang"], False),
+])
+def test_the_stall_watchdog_waits_for_set_up(tmp_path, phases, grace):
+    from executor.faults import heartbeat_path
+    from executor.torchrun import STARTUP_GRACE_S, _stalled_for
+    from simdist.spec.files import write_json_atomic
+
+    now = time.time()
+    for rank, phase in enumerate(phases):
+        write_json_atomic(heartbeat_path(tmp_path, rank), {"rank": rank, "phase": phase, "time": now - 10 * (rank + 1)})
+    idle, floor = _stalled_for(tmp_path, len(phases), started=now - 100)
+    assert floor == (STARTUP_GRACE_S if grace else 0.0)
+    assert 10 <= idle < 20  # since the newest heartbeat
+    idle, floor = _stalled_for(tmp_path, len(phases) + 1, started=now - 100)  # a rank not started yet
+    assert floor == STARTUP_GRACE_S and 100 <= idle < 110  # since the launch
 
 
 @pytest.mark.parametrize("spec,ok", [("1:2:crash", True), ("0:0:hang", True), ("1:2", False),
