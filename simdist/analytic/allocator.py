@@ -111,24 +111,25 @@ class CachingAllocator:
         free = self._free[block.pool]
         prev_id = block.prev  # merge with a free block before it: that one grows
         if prev_id is not None and blocks[prev_id].free:
-            prev = blocks[prev_id]
-            _drop(free, prev.size, prev_id)
-            prev.size += block.size
-            prev.next = block.next
-            if block.next is not None:
-                blocks[block.next].prev = prev_id
-            del blocks[bid]
-            bid, block = prev_id, prev
+            _drop(free, blocks[prev_id].size, prev_id)
+            self._absorb_next(prev_id)
+            bid, block = prev_id, blocks[prev_id]
         next_id = block.next  # and with a free block after it: this one grows
         if next_id is not None and blocks[next_id].free:
-            nxt = blocks[next_id]
-            _drop(free, nxt.size, next_id)
-            block.size += nxt.size
-            block.next = nxt.next
-            if nxt.next is not None:
-                blocks[nxt.next].prev = bid
-            del blocks[next_id]
+            _drop(free, blocks[next_id].size, next_id)
+            self._absorb_next(bid)
         bisect.insort(free, (block.size, bid))
+
+    def _absorb_next(self, bid: int) -> None:
+        """Block ``bid`` takes in the block after it (both free, of one segment)."""
+        blocks = self._blocks
+        block = blocks[bid]
+        gone_id = block.next
+        gone = blocks.pop(gone_id)
+        block.size += gone.size
+        block.next = gone.next
+        if gone.next is not None:
+            blocks[gone.next].prev = bid
 
     def live(self, key: object) -> bool:
         return key in self._live
