@@ -101,7 +101,7 @@ def moe_lines(d: StepDescription) -> list[str]:
                      f"us of host time per kernel until the host is ahead again)")
     else:
         parts.append("expert inputs padded to capacity: no host read of the tokens per expert")
-    if plan.ep > 1 and (plan.ep_comm_overlap or plan.dualpipe):
+    if moe.dispatch_overlapped(plan):
         parts.append(f"compute beside the overlapped dispatch runs without the {moe.dispatcher_sms(plan, d.scenario.cluster)} "
                      f"SMs of the dispatcher's kernels")
     if m.moe_router_group_topk < m.moe_router_groups:

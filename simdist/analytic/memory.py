@@ -173,7 +173,12 @@ def _shards_resident_params(plan: ParallelPlan) -> bool:
     differs from ZeRO-3 only in keeping the gathered compute-dtype weights from forward to
     backward (PyTorch FSDP docs, ShardingStrategy; Zhao et al. VLDB 2023 sec 3.2). Those
     gathered weights are added by :func:`_framework_copies`."""
-    return plan.shards_params or (conventions(plan).fsdp2_fp32_shards and plan.zero_stage == 2)
+    return plan.shards_params or _shard_grad_op(plan)
+
+
+def _shard_grad_op(plan: ParallelPlan) -> bool:
+    """ZeRO-2 run by FSDP (``ShardingStrategy.SHARD_GRAD_OP``, FSDP2 ``reshard_after_forward=False``)."""
+    return conventions(plan).fsdp2_fp32_shards and plan.zero_stage == 2
 
 
 def _framework_copies(m: ModelSpec, plan: ParallelPlan, stage: int, n: int, out: dict[str, float]) -> None:
@@ -186,7 +191,7 @@ def _framework_copies(m: ModelSpec, plan: ParallelPlan, stage: int, n: int, out:
     if plan.shards_params and plan.pp > 1 and conv.pp_fsdp_unsharded and conv.fsdp2_fp32_shards:
         out["params"] += n * gathered_weight_bytes(plan)  # reshard_after_forward=False
         out["grads"] += n * 4.0  # unsharded gradients accumulated in reduce_dtype (fp32)
-    if conv.fsdp2_fp32_shards and plan.zero_stage == 2:
+    if _shard_grad_op(plan):
         out["params"] += n * plan.element_bytes  # SHARD_GRAD_OP keeps the gathered weights
         # under a pipeline, torchtitan's stage defers the reduction to the last micro-batch and
         # accumulates unsharded fp32 gradients; elsewhere each micro-batch's gradients are

@@ -82,6 +82,12 @@ def rank_load_factor(m: ModelSpec, plan: ParallelPlan) -> float:
 DEEPEP_SMS = 20  # DeepSeek-V3 sec 3.2.2: 20 of H800's 132 SMs saturate IB and NVLink; DeepEP's default
 
 
+def dispatch_overlapped(plan: ParallelPlan) -> bool:
+    """Whether the dispatch and combine all-to-alls run beside another micro-batch's compute
+    (``ep_comm_overlap``, or a DualPipe schedule's paired forward and backward)."""
+    return plan.ep > 1 and (plan.ep_comm_overlap or plan.dualpipe)
+
+
 def dispatcher_sms(plan: ParallelPlan, cluster: ClusterSpec) -> int:
     """SMs the dispatch and combine kernels occupy while they run: DeepEP's (and HybridEP's)
     communication kernels for the ``flex`` dispatcher (:data:`DEEPEP_SMS`), one CTA per NCCL
@@ -156,12 +162,12 @@ def _grouped(name: str, rows: float, n: int, k: int, experts: int, bwd: bool,
     flops = 2.0 * rows * n * k * experts
     fp8_on = plan is not None and plan.precision == "fp8"
     if not bwd:
-        gemms = [Compute(name, "gemm", flops, m=r, n=n, k=k, batch=experts, fp8=fp8_on)]
+        gemms: list[Op] = [Compute(name, "gemm", flops, m=r, n=n, k=k, batch=experts, fp8=fp8_on)]
     else:
         gemms = [Compute(f"{name} wgrad", "gemm", flops, m=k, n=n, k=r, batch=experts, fp8=fp8_on),
                  Compute(f"{name} dgrad", "gemm", flops, m=r, n=k, k=n, batch=experts, fp8=fp8_on)]
-    if not fp8_on or plan is None:
-        return list(gemms)
+    if not fp8_on:
+        return gemms
     cb = fp8.cast_bytes(plan)
     # one cast kernel per expert (batch: the kernels, for the host's issue cost: analytic.host)
     weight = Compute(f"fp8 cast {name} weight", "memory",

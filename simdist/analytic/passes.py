@@ -21,7 +21,7 @@ from simdist.analytic.collectives import (
     layout_for_axis,
 )
 from simdist.analytic.cost import CostModel
-from simdist.analytic.moe import dispatcher_sms, wire_factor
+from simdist.analytic.moe import dispatch_overlapped, dispatcher_sms, wire_factor
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.profile import profile_layers
@@ -139,7 +139,7 @@ class OpTimer:
             else:
                 tp += exposed
         # on its own stream, beside everything the compute stream does (another micro-batch's pass)
-        hide_ep = compute + tp + cp if plan.ep > 1 and (plan.ep_comm_overlap or plan.dualpipe) else 0.0
+        hide_ep = compute + tp + cp if dispatch_overlapped(plan) else 0.0
         if hide_ep > 0.0 and ep > 0.0:
             # the compute beside the dispatch and combine runs on the SMs their kernels leave
             # free, so it takes sms / (sms - c) times as long while they run

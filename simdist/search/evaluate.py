@@ -38,6 +38,10 @@ from simdist.units import GiB
 # The searched fields that the model states and the runtime buffers never read (the activations
 # and their transients do): Evaluator.memory shares those between plans that differ only in them.
 ACTIVATION_ONLY = ("micro_batch_size", "recompute", "sequence_parallel")
+# the plan fields a search sets (Evaluator.plan); the others are the scenario's in every plan
+SEARCHED = ("tp", "pp", "dp", "cp", "virtual_pipeline_stages", "schedule", "zero_stage", "dp_shard", "ep", "etp",
+            *ACTIVATION_ONLY)
+STATE_FIELDS = tuple(f for f in SEARCHED if f not in ACTIVATION_ONLY)
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: called as plans are timed ("analytic", then "des")."""
@@ -99,8 +103,7 @@ class Evaluator:
         by the plans that differ only in what the activations depend on (:data:`ACTIVATION_ONLY`;
         the other fields of every plan are the scenario's)."""
         m, cluster = self.model, self.cluster
-        layout = (plan.tp, plan.pp, plan.dp, plan.cp, plan.virtual_pipeline_stages, plan.schedule,
-                  plan.zero_stage, plan.dp_shard, plan.ep, plan.etp)
+        layout = tuple(getattr(plan, f) for f in STATE_FIELDS)
         stages = []
         for s in distinct_stages(m.num_layers, plan.pp, plan.virtual_pipeline_stages):
             fixed = self._fixed.get((layout, s))

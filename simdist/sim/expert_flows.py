@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simdist.analytic.collectives import collective_time, layout_for_axis
-from simdist.analytic.moe import wire_factor
+from simdist.analytic.moe import dispatch_overlapped, wire_factor
 from simdist.analytic.stage import Chunk, StepDescription
 from simdist.analytic.variants import comm_bytes, layer_ops, mtp_ops, recompute_ops
 from simdist.sim.work import CommSpec, Task, size_label
@@ -62,7 +62,7 @@ def attach_expert_flows(d: StepDescription, chunk: Chunk, tasks: dict[tuple[str,
     fwd, bwd = chunk_flows(d, chunk)
     if fwd is None and bwd is None:
         return tasks
-    overlap = d.plan.ep_comm_overlap or d.plan.dualpipe
+    overlap = dispatch_overlapped(d.plan)
     out = {}
     for key, task in tasks.items():
         spec = fwd if key[0] == "F" else bwd if key[0] == "B" else None
