@@ -102,10 +102,10 @@ def test_a_crashing_rank_stops_the_run(tmp_path, capsys):
 @pytest.mark.distributed
 def test_a_hung_rank_times_out_its_peers(tmp_path, capsys):
     path = scenario_file(tmp_path, base="tiny-pp-1f1b")
-    err, took = failed(capsys, path, tmp_path / "m.json", fault="0:1:hang", pg_timeout=4)
+    err, _ = failed(capsys, path, tmp_path / "m.json", fault="0:1:hang", pg_timeout=4)
     assert "rank 0: hung at step 1" in err
     assert "rank 1: timed out after 4 s at step 1" in err
-    assert took < 60
+    assert "no rank made progress" not in err  # the process-group timeout ended it, not the watchdog
 
 
 @pytest.mark.distributed

@@ -98,13 +98,15 @@ def test_every_optimizer_matches_one_process_on_every_plan_kind(tmp_path):
 @pytest.mark.slow
 def test_hsdp_with_lamb_resumes_after_a_crash(tmp_path):
     ckpt = tmp_path / "ckpt"
+    start = time.monotonic()
     scenario, m = run(tmp_path, "tiny-hsdp", 4, steps=4, warmup=1, checkpoint_every=2,
                       checkpoint_dir=str(ckpt), max_restarts=1, fault="1:3:crash")
+    took = time.monotonic() - start
     plan = scenario.plan
     assert (plan.dp, plan.dp_shard, m["plan"]["data_parallel"]) == (4, 2, "fsdp")
     assert_losses_match(scenario, m)  # each step once, steps 2.. recomputed after the restart
     assert m["restarts"] == 1 and m["lost_steps"] == 1
-    assert 0 < m["restart_s"] < 60 and m["restart_s_each"] == [m["restart_s"]]
+    assert 0 < m["restart_s"] < took and m["restart_s_each"] == [m["restart_s"]]
     assert m["checkpoint"]["saves"] == 2
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-00000004"]  # complete, no temporary left
     for r in m["model_state_bytes"]:  # HSDP shards inside groups of dp_shard
