@@ -103,7 +103,9 @@ def paired_hidden(fwd: tuple[float, float, float], fwd_comm: tuple[float, float]
 
     inside the middle phase the forward experts wait for the forward dispatch and the backward
     dispatch for the backward experts. Each all-to-all hides only behind the compute node it is
-    paired with (DeepSeek-V3 sec 3.2.1, Fig. 4 splits a chunk the same way for DualPipe).
+    paired with (DeepSeek-V3 sec 3.2.1, Fig. 4 splits a chunk the same way for DualPipe; PyTorch's
+    DualPipeV overlap runs the forward and backward in lock-step at the same dispatch and combine
+    boundaries, pytorch/torchtitan#1721).
 
     ``fwd`` / ``bwd``: compute seconds of the pass around its two all-to-alls, in the pass's own
     order: (before the first, between them, after the second), i.e. forward (attention, experts,
