@@ -102,6 +102,8 @@ def moe_lines(d: StepDescription) -> list[str]:
     else:
         parts.append("expert inputs padded to capacity: no host read of the tokens per expert")
     if moe.dispatch_overlapped(plan):
+        parts.append("each layer's forward paired with another micro-batch's backward node by node (combined 1F1B): "
+                     "an all-to-all hides only behind the compute node paired with it")
         parts.append(f"compute beside the overlapped dispatch runs without the {moe.dispatcher_sms(plan, d.scenario.cluster)} "
                      f"SMs of the dispatcher's kernels")
     if m.moe_router_group_topk < m.moe_router_groups:

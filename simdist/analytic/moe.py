@@ -88,6 +88,40 @@ def dispatch_overlapped(plan: ParallelPlan) -> bool:
     return plan.ep > 1 and (plan.ep_comm_overlap or plan.dualpipe)
 
 
+def paired_hidden(fwd: tuple[float, float, float], fwd_comm: tuple[float, float],
+                  bwd: tuple[float, float, float], bwd_comm: tuple[float, float]) -> float:
+    """All-to-all seconds that one MoE layer's forward (one micro-batch) and backward (another)
+    hide behind each other's compute when they run paired, as Megatron-Core's combined 1F1B
+    schedule runs them (``--overlap-moe-expert-parallel-comm``; TransformerLayerSchedulePlan.run
+    in megatron/core/models/common/model_chunk_schedule_plan.py). A layer is split into nodes:
+    attention (through the router and the permute), dispatch, experts (mlp), combine; the
+    backward layer's nodes run in reverse. One pair runs in three phases, the compute stream
+    and the communication stream each in order, the streams joined at every phase's end::
+
+        comm:    combine bwd | dispatch fwd -> dispatch bwd | combine fwd
+        compute: attn fwd    | mlp bwd      -> mlp fwd      | attn bwd
+
+    inside the middle phase the forward experts wait for the forward dispatch and the backward
+    dispatch for the backward experts. Each all-to-all hides only behind the compute node it is
+    paired with (DeepSeek-V3 sec 3.2.1, Fig. 4 splits a chunk the same way for DualPipe; PyTorch's
+    DualPipeV overlap runs the forward and backward in lock-step at the same dispatch and combine
+    boundaries, pytorch/torchtitan#1721).
+
+    ``fwd`` / ``bwd``: compute seconds of the pass around its two all-to-alls, in the pass's own
+    order: (before the first, between them, after the second), i.e. forward (attention, experts,
+    unpermute and shared experts) and backward (their backward in reverse); what follows the
+    last all-to-all of a layer runs on the compute stream with the next layer's first node.
+    ``fwd_comm`` = (dispatch, combine), ``bwd_comm`` = (combine bwd, dispatch bwd)."""
+    attn_f, mlp_f = fwd[0] + fwd[2], fwd[1]
+    attn_b, mlp_b = bwd[0] + bwd[2], bwd[1]
+    (d_f, c_f), (c_b, d_b) = fwd_comm, bwd_comm
+    phase1 = max(c_b, attn_f)
+    phase2 = max(max(mlp_b, d_f) + mlp_f, max(d_f, mlp_b) + d_b)
+    phase3 = max(c_f, attn_b)
+    exposed = phase1 + phase2 + phase3 - (attn_f + mlp_f + attn_b + mlp_b)
+    return max(0.0, d_f + c_f + c_b + d_b - max(0.0, exposed))
+
+
 def dispatcher_sms(plan: ParallelPlan, cluster: ClusterSpec) -> int:
     """SMs the dispatch and combine kernels occupy while they run: DeepEP's (and HybridEP's)
     communication kernels for the ``flex`` dispatcher (:data:`DEEPEP_SMS`), one CTA per NCCL

@@ -21,7 +21,7 @@ from simdist.analytic.collectives import (
     layout_for_axis,
 )
 from simdist.analytic.cost import CostModel
-from simdist.analytic.moe import dispatch_overlapped, dispatcher_sms, wire_factor
+from simdist.analytic.moe import dispatch_overlapped, dispatcher_sms, paired_hidden, wire_factor
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.profile import profile_layers
@@ -80,6 +80,8 @@ class OpTimer:
         self.sc, self.cost, self.net = sc, cost, net
         self._layouts: dict[str, GroupLayout] = {}
         self._passes: dict[tuple[Op, ...], PassTime] = {}
+        # per op list with expert all-to-alls: compute (with exposed TP/CP) between them, and their times
+        self._ep_parts: dict[tuple[Op, ...], tuple[tuple[float, ...], tuple[float, ...]]] = {}
         self.op_extra = framework_overhead(sc, cost)
         self.sync_wait = sync_wait_fraction(sc, cost)
 
@@ -103,10 +105,34 @@ class OpTimer:
             cached = self._passes[ops] = self._sum(ops)
         return cached
 
+    def pair(self, fwd_ops: tuple[Op, ...], bwd_ops: tuple[Op, ...]) -> tuple[PassTime, PassTime]:
+        """A layer's forward and backward. With the all-to-all overlapped (``ep_comm_overlap``,
+        DualPipe), each micro-batch's forward runs paired with another's backward, node by node
+        (simdist.analytic.moe.paired_hidden): an all-to-all hides only behind the compute node it
+        is paired with, and what it cannot hide is exposed. The compute beside the hidden part
+        runs on the SMs the dispatcher's kernels leave free, sms / (sms - c) times as long."""
+        fwd, bwd = self.passes(fwd_ops), self.passes(bwd_ops)
+        parts_f, parts_b = self._ep_parts.get(fwd_ops), self._ep_parts.get(bwd_ops)
+        if (not dispatch_overlapped(self.sc.plan) or parts_f is None or parts_b is None
+                or len(parts_f[1]) != 2 or len(parts_b[1]) != 2):
+            return fwd, bwd
+        hidden = paired_hidden(parts_f[0], parts_f[1], parts_b[0], parts_b[1])  # type: ignore[arg-type]
+        c = dispatcher_sms(self.sc.plan, self.sc.cluster)
+        slow = c / max(1, self.sc.cluster.gpu.sms - c)
+        out = []
+        for p, (segs, _) in ((fwd, parts_f), (bwd, parts_b)):
+            h = hidden * p.ep / (fwd.ep + bwd.ep) if fwd.ep + bwd.ep > 0 else 0.0
+            compute = sum(segs) - p.tp_exposed - p.cp_exposed + h * slow
+            out.append(PassTime(compute, p.tp_exposed, p.cp_exposed, p.weight_grad, compute * self.sync_wait,
+                                p.ep, h))
+        return out[0], out[1]
+
     def _sum(self, ops: tuple[Op, ...]) -> PassTime:
         plan = self.sc.plan
         compute = tp = cp = w = ep = 0.0
         prev: Compute | None = None
+        segments: list[float] = []  # compute-stream time before each expert all-to-all
+        comms: list[float] = []
         for i, op in enumerate(ops):
             if isinstance(op, Compute) and op.kind == "sync":
                 compute += self.cost.time(op) + host.refill_idle(self._kernels(ops[i + 1:]))
@@ -122,6 +148,8 @@ class OpTimer:
             t = self.comm(op)
             if op.axis == "ep":  # expert all-to-all: exposed unless another micro-batch hides it
                 ep += t
+                segments.append(compute + tp + cp - sum(segments))
+                comms.append(t)
                 continue
             hide = 0.0
             nxt = _next_compute(ops, i)
@@ -138,8 +166,11 @@ class OpTimer:
                 cp += exposed
             else:
                 tp += exposed
-        # on its own stream, beside everything the compute stream does (another micro-batch's pass)
-        hide_ep = compute + tp + cp if dispatch_overlapped(plan) else 0.0
+        if comms:
+            self._ep_parts[ops] = ((*segments, compute + tp + cp - sum(segments)), tuple(comms))
+        # on its own stream, beside everything the compute stream does (another micro-batch's
+        # pass); a layer's forward and backward paired node by node: pair()
+        hide_ep = compute + tp + cp if dispatch_overlapped(plan) and ep > 0.0 else 0.0
         if hide_ep > 0.0 and ep > 0.0:
             # the compute beside the dispatch and combine runs on the SMs their kernels leave
             # free, so it takes sms / (sms - c) times as long while they run

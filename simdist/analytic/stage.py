@@ -205,8 +205,8 @@ def layer_passes(timer: OpTimer, kind: LayerKind = DENSE) -> LayerPasses:
     """A layer's forward and backward, and what recomputation runs again (ops.recompute_ops),
     for a layer of ``kind`` (simdist.analytic.variants)."""
     m, plan = timer.sc.model, timer.sc.plan
-    return LayerPasses(timer.passes(layer_ops(m, plan, "fwd", kind)), timer.passes(layer_ops(m, plan, "bwd", kind)),
-                       timer.passes(recompute_ops(m, plan, kind)))
+    fwd, bwd = timer.pair(layer_ops(m, plan, "fwd", kind), layer_ops(m, plan, "bwd", kind))
+    return LayerPasses(fwd, bwd, timer.passes(recompute_ops(m, plan, kind)))
 
 
 def stage_chunks(sc: Scenario, stage: int) -> tuple[Chunk, ...]:
