@@ -4,7 +4,8 @@ A search times thousands of plans of one scenario, and shares between them what 
 the model reads of a plan: parameter counts and stage chunks by pipeline layout, group layouts
 and fabric slow-downs by rank grid (simdist.analytic.collectives.grid), model states and runtime
 buffers by everything but the activations' fields (simdist.search.evaluate.ACTIVATION_ONLY),
-and builds its plans without the per-field checks. Here plans are evaluated in the search's
+layer passes by everything but the schedule, the chunks and the ZeRO stage, each stage's
+data-parallel traffic and optimizer step by everything but the micro-batch's shape, and builds its plans without the per-field checks. Here plans are evaluated in the search's
 order, the shared answers warm, and some of them again with every memo emptied: the same
 plan, memory and closed-form step time.
 """
@@ -18,6 +19,7 @@ from conftest import REPO
 
 from simdist.analytic import collectives, fabric, params, stage
 from simdist.analytic.memory_conventions import _conventions
+from simdist.analytic.steptime import analytic_step
 from simdist.search import Constraints, Evaluator, enumerate_plans, peak_memory
 from simdist.spec.scenario import load_scenario, scenario_from_dict
 
@@ -47,6 +49,12 @@ def _checked_plan(ev: Evaluator, cand) -> object:
     ("small", 1, 7),
     ("gpt3-175b-1024xa100.yaml", 3, 97),
     ("gpt-530b-2520xa100.yaml", 3, 101),
+    # experts (and DualPipeV), context parallelism, offload, compression, parameter servers
+    ("qwen3-30b-a3b-dualpipev-64xh100.yaml", 37, 13),
+    ("llama3-8b-ulysses-64xh100.yaml", 7, 11),
+    ("llama2-70b-zero3-offload-2xa100.yaml", 1, 5),
+    ("gpt3-1.3b-16x1gpu-25gbe-powersgd.yaml", 1, 11),
+    ("gpt3-1.3b-16x1gpu-25gbe-ps16.yaml", 1, 11),
 ])
 def test_shared_work_gives_each_plan_its_own_answer(source, every, check):
     sc = scenario_from_dict(SMALL) if source == "small" else load_scenario(REPO / "scenarios" / source)
@@ -67,5 +75,6 @@ def test_shared_work_gives_each_plan_its_own_answer(source, every, check):
         assert (peak, host) == peak_memory(sc.model, alone, sc.cluster)
         if t is not None:
             assert t == Evaluator(sc).analytic_time(alone)
+            assert t == analytic_step(replace(sc, plan=alone), ev.cost, ev.net).step_time  # no memo at all
         checked += 1
     assert checked >= 5

@@ -16,12 +16,14 @@ from dataclasses import replace
 from functools import cache
 from typing import Any
 
-from simdist.analytic.collectives import Network
+from simdist.analytic.collectives import CommContext, Network, grid
 from simdist.analytic.cost import CostModel
+from simdist.analytic.data_parallel import DataParallelTraffic
 from simdist.analytic.flops import model_flops_per_step
 from simdist.analytic.memory import model_state_bytes, stage_memory
 from simdist.analytic.runtime_memory import RuntimeMemory, runtime_memory
-from simdist.analytic.steptime import analytic_step
+from simdist.analytic.stage import ModelPasses, describe, model_passes, stage_sync
+from simdist.analytic.steptime import reduce_step
 from simdist.analytic.timeshare import time_shared
 from simdist.errors import Problem
 from simdist.results import Prediction
@@ -81,6 +83,8 @@ class Evaluator:
         self.net = Network.of(self.cluster, profile)
         self.capacity = self.cluster.gpu.memory_bytes
         self._fixed: dict[tuple[object, ...], tuple[dict[str, float], RuntimeMemory]] = {}
+        self._passes: dict[tuple[object, ...], ModelPasses] = {}
+        self._sync: dict[tuple[object, ...], tuple[DataParallelTraffic, float]] = {}
         self.host_capacity = (self.cluster.host.cpu_memory_bytes / self.cluster.gpus_per_node
                               if self.cluster.host is not None else None)
 
@@ -122,7 +126,41 @@ class Evaluator:
         return ok
 
     def analytic_time(self, plan: ParallelPlan) -> float:
-        return analytic_step(replace(self.scenario, plan=plan), self.cost, self.net).step_time
+        """The closed-form step time, with the layer, embedding and LM-head passes shared by the
+        plans that differ only in the schedule, the virtual stages and the ZeRO stage
+        (:meth:`passes_key`), and each stage's data-parallel traffic and optimizer step by those
+        that differ only in the micro-batch's shape (simdist.analytic.stage.stage_sync reads the
+        rank grid, the ZeRO stage, recompute's re-gathers and the stage's layers)."""
+        sc = replace(self.scenario, plan=plan)
+        key = self.passes_key(plan)
+        mp = self._passes.get(key)
+        if mp is None:
+            if len(self._passes) >= 65536:
+                self._passes.clear()
+            mp = self._passes[key] = model_passes(sc, self.cost, self.net)
+        sync_key = (plan.zero_stage, plan.recompute, plan.schedule, plan.virtual_pipeline_stages, *grid(plan))
+
+        def sync_of(ctx: CommContext, stage: int) -> tuple[DataParallelTraffic, float]:
+            got = self._sync.get((sync_key, stage))
+            if got is None:
+                if len(self._sync) >= 65536:
+                    self._sync.clear()
+                got = self._sync[(sync_key, stage)] = stage_sync(sc, ctx, self.cost, stage)
+            return got
+
+        return reduce_step(describe(sc, self.cost, self.net, passes_of=mp, sync_of=sync_of)).step_time
+
+    def passes_key(self, plan: ParallelPlan) -> tuple[object, ...]:
+        """What the passes read of a plan the search builds (the other fields are the
+        scenario's): the layer shapes, the TP/CP/EP groups on the rank grid (and their fabric
+        slow-downs), and whether a DualPipe schedule hides the expert all-to-all. A calibration
+        profile's per-layer terms follow the software layers, which read the schedule, the
+        chunks and the ZeRO stage too (simdist.spec.profile.profile_layers): with one, nothing
+        is shared."""
+        key = (plan.micro_batch_size, plan.sequence_parallel, plan.recompute, plan.dualpipe, *grid(plan))
+        if self.cost.profile is not None:
+            key += (plan.schedule, plan.virtual_pipeline_stages, plan.zero_stage)
+        return key
 
     def des(self, plan: ParallelPlan) -> Prediction:
         from simdist.predict import predict
