@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 from conftest import REPO
 
-from simdist.analytic import collectives, fabric, params, stage
+from simdist.analytic import activations, collectives, fabric, params, stage
 from simdist.analytic.memory_conventions import _conventions
 from simdist.analytic.steptime import analytic_step
 from simdist.search import Constraints, Evaluator, enumerate_plans, peak_memory
@@ -34,7 +34,7 @@ def _forget() -> None:
         d.clear()
     for f in (fabric.p2p_slowdown, collectives.collective_choice, _conventions, params._stage_layers,
               params._stage_params, params._stage_expert_params, params._params_per_rank,
-              stage._stage_chunks, stage._stage_kinds):
+              stage._stage_chunks, stage._stage_kinds, activations._interleaved_peak):
         f.cache_clear()
 
 
