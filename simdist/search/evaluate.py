@@ -16,6 +16,7 @@ from dataclasses import replace
 from functools import cache
 from typing import Any
 
+from simdist.analytic.activations import activation_bytes
 from simdist.analytic.collectives import CommContext, Network, grid
 from simdist.analytic.cost import CostModel
 from simdist.analytic.data_parallel import DataParallelTraffic
@@ -44,6 +45,7 @@ ACTIVATION_ONLY = ("micro_batch_size", "recompute", "sequence_parallel")
 SEARCHED = ("tp", "pp", "dp", "cp", "virtual_pipeline_stages", "schedule", "zero_stage", "dp_shard", "ep", "etp",
             *ACTIVATION_ONLY)
 STATE_FIELDS = tuple(f for f in SEARCHED if f not in ACTIVATION_ONLY)
+ACTIVATION_FIELDS = tuple(f for f in SEARCHED if f != "zero_stage")  # what activation_bytes reads
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: called as plans are timed ("analytic", then "des")."""
@@ -84,6 +86,7 @@ class Evaluator:
         self.capacity = self.cluster.gpu.memory_bytes
         self._fixed: dict[tuple[object, ...], tuple[dict[str, float], RuntimeMemory]] = {}
         self._passes: dict[tuple[object, ...], ModelPasses] = {}
+        self._act: dict[tuple[object, ...], float] = {}
         self._sync: dict[tuple[object, ...], tuple[DataParallelTraffic, float]] = {}
         self.host_capacity = (self.cluster.host.cpu_memory_bytes / self.cluster.gpus_per_node
                               if self.cluster.host is not None else None)
@@ -105,9 +108,12 @@ class Evaluator:
         """(peak GPU bytes, peak host bytes) over the pipeline stages: the same as
         :func:`peak_memory`, with the model states and runtime buffers of each stage kind shared
         by the plans that differ only in what the activations depend on (:data:`ACTIVATION_ONLY`;
-        the other fields of every plan are the scenario's)."""
+        the other fields of every plan are the scenario's), and the activations by those that
+        differ only in the ZeRO stage (:data:`ACTIVATION_FIELDS`; ZeRO-3's FP8 weight gathers
+        change what an FP8 forward saves, simdist.analytic.fp8_memory)."""
         m, cluster = self.model, self.cluster
         layout = tuple(getattr(plan, f) for f in STATE_FIELDS)
+        shape = (*(getattr(plan, f) for f in ACTIVATION_FIELDS), plan.shards_params)
         stages = []
         for s in distinct_stages(m.num_layers, plan.pp, plan.virtual_pipeline_stages):
             fixed = self._fixed.get((layout, s))
@@ -116,7 +122,12 @@ class Evaluator:
                     self._fixed.clear()
                 fixed = self._fixed[(layout, s)] = (model_state_bytes(m, plan, s, cluster),
                                                     runtime_memory(plan, cluster))
-            stages.append(stage_memory(m, plan, s, cluster, *fixed))
+            act = self._act.get((shape, s))
+            if act is None:
+                if len(self._act) >= 65536:
+                    self._act.clear()
+                act = self._act[(shape, s)] = activation_bytes(m, plan, s)
+            stages.append(stage_memory(m, plan, s, cluster, *fixed, act=act))
         return max(s.peak for s in stages), max(s.host for s in stages)
 
     def fits(self, peak: float, host: float, headroom: float = 0.0) -> bool:
