@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from functools import cache
+from operator import attrgetter
 from typing import Any
 
 from simdist.analytic.activations import activation_bytes
@@ -46,6 +47,7 @@ SEARCHED = ("tp", "pp", "dp", "cp", "virtual_pipeline_stages", "schedule", "zero
             *ACTIVATION_ONLY)
 STATE_FIELDS = tuple(f for f in SEARCHED if f not in ACTIVATION_ONLY)
 ACTIVATION_FIELDS = tuple(f for f in SEARCHED if f != "zero_stage")  # what activation_bytes reads
+_state_of, _shape_of = attrgetter(*STATE_FIELDS), attrgetter(*ACTIVATION_FIELDS)
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: called as plans are timed ("analytic", then "des")."""
@@ -112,8 +114,7 @@ class Evaluator:
         differ only in the ZeRO stage (:data:`ACTIVATION_FIELDS`; ZeRO-3's FP8 weight gathers
         change what an FP8 forward saves, simdist.analytic.fp8_memory)."""
         m, cluster = self.model, self.cluster
-        layout = tuple(getattr(plan, f) for f in STATE_FIELDS)
-        shape = (*(getattr(plan, f) for f in ACTIVATION_FIELDS), plan.shards_params)
+        layout, shape = _state_of(plan), (*_shape_of(plan), plan.shards_params)
         stages = []
         for s in distinct_stages(m.num_layers, plan.pp, plan.virtual_pipeline_stages):
             fixed = self._fixed.get((layout, s))
