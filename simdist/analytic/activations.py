@@ -14,6 +14,8 @@ Sources
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from simdist.analytic.eager import mlp_hidden_saved
 from simdist.analytic.fp8_memory import (
     linear_weight_params,
@@ -185,9 +187,13 @@ def interleaved_layers_held(plan: ParallelPlan, stage: int, chunk_layers: tuple[
     first and last chunks left without layers for the embedding and the LM head, Llama 3 sec
     3.3.2) count what they hold, not the largest chunk's. The live set repeats every p*v units
     of the steady state, so two such periods past the warm-up find the peak."""
-    p, v, m = plan.pp, len(chunk_layers), plan.num_microbatches
+    return _interleaved_peak(plan.pp, plan.num_microbatches, in_flight(plan, stage), chunk_layers)
+
+
+@lru_cache(maxsize=8192)  # a search's plans that differ in ZeRO, recompute or SP share the walk
+def _interleaved_peak(p: int, m: int, warm: int, chunk_layers: tuple[int, ...]) -> int:
+    v = len(chunk_layers)
     total = m * v
-    warm = in_flight(plan, stage)
     n = min(total, warm + 2 * p * v)
 
     def chunk(i: int, backward: bool) -> int:

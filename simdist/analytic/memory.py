@@ -235,14 +235,16 @@ class StageMemory:
 
 
 def stage_memory(m: ModelSpec, plan: ParallelPlan, stage: int, cluster: ClusterSpec | None = None,
-                 states: dict[str, float] | None = None, rt: RuntimeMemory | None = None) -> StageMemory:
+                 states: dict[str, float] | None = None, rt: RuntimeMemory | None = None,
+                 act: float | None = None) -> StageMemory:
     """The peak of one GPU of ``stage``; with ``cluster``, its runtime overheads too (none for
-    host processes, none without a cluster). ``states`` and ``rt``: :func:`model_state_bytes` and
-    :func:`runtime_memory` of the same arguments, when the caller has them already (a search
-    shares them between plans that differ only in what the activations depend on)."""
+    host processes, none without a cluster). ``states``, ``rt`` and ``act``: :func:`model_state_bytes`,
+    :func:`runtime_memory` and :func:`activation_bytes` of the same arguments, when the caller has
+    them already (a search shares them between plans that differ only in what they ignore)."""
     if states is None:
         states = model_state_bytes(m, plan, stage, cluster)
-    act = activation_bytes(m, plan, stage)
+    if act is None:
+        act = activation_bytes(m, plan, stage)
     parts, step_peak = transient_parts(m, plan, stage, act)
     if rt is None:
         rt = runtime_memory(plan, cluster)

@@ -19,6 +19,7 @@ middle stage when the layers do not divide evenly).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
@@ -165,23 +166,47 @@ class StepDescription:
         return tuple(stage_memory(sc.model, sc.plan, s, sc.cluster) for s in range(sc.plan.pp))
 
 
-def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True) -> StepDescription:
-    """Describe every stage of ``sc`` once per stage kind (see the module docstring);
-    ``per_kind=False`` describes each stage on its own (the same result, more slowly)."""
+@dataclass(frozen=True, slots=True)
+class ModelPasses:
+    """The passes of one micro-batch through each layer kind, the embedding and the LM head:
+    what :func:`describe` times first. They read the plan's layer shapes and TP/CP/EP groups,
+    not its schedule or ZeRO stage, so a search shares them between plans differing only there
+    (simdist.search.evaluate)."""
+
+    layer_kinds: tuple[tuple[LayerKind, LayerPasses], ...]
+    embedding: tuple[PassTime, PassTime]  # forward, backward
+    head: tuple[PassTime, PassTime]
+
+
+def model_passes(sc: Scenario, cost: CostModel, net: Network) -> ModelPasses:
     m, plan = sc.model, sc.plan
     timer = OpTimer(sc, cost, net)
     kinds_passes = tuple((k, layer_passes(timer, k)) for k, _ in model_kind_counts(m))
-    layer = kinds_passes[0][1]
     embedding = (timer.passes(embedding_ops(m, plan, "fwd")), timer.passes(embedding_ops(m, plan, "bwd")))
     head = (timer.passes(head_ops(m, plan, "fwd")) + timer.passes(mtp_ops(m, plan, "fwd")),
             timer.passes(head_ops(m, plan, "bwd")) + timer.passes(mtp_ops(m, plan, "bwd")))
+    return ModelPasses(kinds_passes, embedding, head)
+
+
+def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True,
+             passes_of: ModelPasses | None = None, sync_of: SyncOf | None = None) -> StepDescription:
+    """Describe every stage of ``sc`` once per stage kind (see the module docstring);
+    ``per_kind=False`` describes each stage on its own (the same result, more slowly);
+    ``passes_of``: :func:`model_passes` of ``sc``, when the caller has them already;
+    ``sync_of(ctx, stage)``: :func:`stage_sync` of ``sc``, the caller's (a search shares them)."""
+    m, plan = sc.model, sc.plan
+    mp = passes_of or model_passes(sc, cost, net)
+    kinds_passes, embedding, head = mp.layer_kinds, mp.embedding, mp.head
+    layer = kinds_passes[0][1]
     ctx = CommContext(sc.cluster, plan, net, lambda axis: fabric.slowdown(sc.cluster, plan, net, axis))
     passes = dict(kinds_passes)
     if per_kind:
         firsts, kind_of = _stage_kinds(m, plan.tp, plan.pp, plan.virtual_pipeline_stages, plan.schedule)
     else:
         firsts, kind_of = tuple(range(plan.pp)), tuple(range(plan.pp))
-    kinds = tuple(_describe_stage(sc, ctx, cost, passes, embedding, head, stage_chunks(sc, s), s) for s in firsts)
+    sync = sync_of or (lambda c, s: stage_sync(sc, c, cost, s))
+    kinds = tuple(_describe_stage(sc, ctx, cost, passes, embedding, head, stage_chunks(sc, s), s, sync(ctx, s))
+                  for s in firsts)
     return StepDescription(sc, cost, net, layer, embedding, head, pipeline_send(sc, net), kinds, kind_of,
                            kinds_passes)
 
@@ -256,7 +281,8 @@ def pipeline_send(sc: Scenario, net: Network) -> PipelineSend | None:
 
 def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, passes: dict[LayerKind, LayerPasses],
                     embedding: tuple[PassTime, PassTime], head: tuple[PassTime, PassTime],
-                    chunks: tuple[Chunk, ...], stage: int) -> StageDescription:
+                    chunks: tuple[Chunk, ...], stage: int,
+                    sync: tuple[DataParallelTraffic, float]) -> StageDescription:
     """One stage kind, described through ``stage``, a stage of that kind."""
     m, plan, cluster = sc.model, sc.plan, sc.cluster
     layers = sum(c.layers for c in chunks)
@@ -288,11 +314,20 @@ def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, passes: dic
             per_step = cost.memory_time(nbytes, kernels=4)
     return StageDescription(
         chunks=chunks, fwd=fwd, bwd=bwd, recompute=recompute,
-        dp=data_parallel_traffic(m, plan, stage).timed(ctx),
+        dp=sync[0],
         offload=offload, offload_s=offload_times(offload, cluster, plan), ps=ps,
         compression_per_microbatch=per_mb, compression_per_step=per_step,
-        optimizer=gpu_optimizer_time(sc, cost, stage),
+        optimizer=sync[1],
     )
+
+
+SyncOf = Callable[[CommContext, int], tuple[DataParallelTraffic, float]]
+
+
+def stage_sync(sc: Scenario, ctx: CommContext, cost: CostModel, stage: int) -> tuple[DataParallelTraffic, float]:
+    """A stage's data-parallel traffic, each call timed alone, and its GPU optimizer step: they
+    read the stage's parameters, the rank grid and the ZeRO stage, not the micro-batch's shape."""
+    return data_parallel_traffic(sc.model, sc.plan, stage).timed(ctx), gpu_optimizer_time(sc, cost, stage)
 
 
 def gpu_optimizer_time(sc: Scenario, cost: CostModel, stage: int) -> float:

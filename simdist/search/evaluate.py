@@ -14,14 +14,18 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from functools import cache
+from operator import attrgetter
 from typing import Any
 
-from simdist.analytic.collectives import Network
+from simdist.analytic.activations import activation_bytes
+from simdist.analytic.collectives import CommContext, Network, grid
 from simdist.analytic.cost import CostModel
+from simdist.analytic.data_parallel import DataParallelTraffic
 from simdist.analytic.flops import model_flops_per_step
 from simdist.analytic.memory import model_state_bytes, stage_memory
 from simdist.analytic.runtime_memory import RuntimeMemory, runtime_memory
-from simdist.analytic.steptime import analytic_step
+from simdist.analytic.stage import ModelPasses, describe, model_passes, stage_sync
+from simdist.analytic.steptime import reduce_step
 from simdist.analytic.timeshare import time_shared
 from simdist.errors import Problem
 from simdist.results import Prediction
@@ -42,6 +46,8 @@ ACTIVATION_ONLY = ("micro_batch_size", "recompute", "sequence_parallel")
 SEARCHED = ("tp", "pp", "dp", "cp", "virtual_pipeline_stages", "schedule", "zero_stage", "dp_shard", "ep", "etp",
             *ACTIVATION_ONLY)
 STATE_FIELDS = tuple(f for f in SEARCHED if f not in ACTIVATION_ONLY)
+ACTIVATION_FIELDS = tuple(f for f in SEARCHED if f != "zero_stage")  # what activation_bytes reads
+_state_of, _shape_of = attrgetter(*STATE_FIELDS), attrgetter(*ACTIVATION_FIELDS)
 
 Progress = Callable[[str, int, int], None]
 """``progress(stage, done, total)``: called as plans are timed ("analytic", then "des")."""
@@ -81,6 +87,9 @@ class Evaluator:
         self.net = Network.of(self.cluster, profile)
         self.capacity = self.cluster.gpu.memory_bytes
         self._fixed: dict[tuple[object, ...], tuple[dict[str, float], RuntimeMemory]] = {}
+        self._passes: dict[tuple[object, ...], ModelPasses] = {}
+        self._act: dict[tuple[object, ...], float] = {}
+        self._sync: dict[tuple[object, ...], tuple[DataParallelTraffic, float]] = {}
         self.host_capacity = (self.cluster.host.cpu_memory_bytes / self.cluster.gpus_per_node
                               if self.cluster.host is not None else None)
 
@@ -101,9 +110,11 @@ class Evaluator:
         """(peak GPU bytes, peak host bytes) over the pipeline stages: the same as
         :func:`peak_memory`, with the model states and runtime buffers of each stage kind shared
         by the plans that differ only in what the activations depend on (:data:`ACTIVATION_ONLY`;
-        the other fields of every plan are the scenario's)."""
+        the other fields of every plan are the scenario's), and the activations by those that
+        differ only in the ZeRO stage (:data:`ACTIVATION_FIELDS`; ZeRO-3's FP8 weight gathers
+        change what an FP8 forward saves, simdist.analytic.fp8_memory)."""
         m, cluster = self.model, self.cluster
-        layout = tuple(getattr(plan, f) for f in STATE_FIELDS)
+        layout, shape = _state_of(plan), (*_shape_of(plan), plan.shards_params)
         stages = []
         for s in distinct_stages(m.num_layers, plan.pp, plan.virtual_pipeline_stages):
             fixed = self._fixed.get((layout, s))
@@ -112,7 +123,12 @@ class Evaluator:
                     self._fixed.clear()
                 fixed = self._fixed[(layout, s)] = (model_state_bytes(m, plan, s, cluster),
                                                     runtime_memory(plan, cluster))
-            stages.append(stage_memory(m, plan, s, cluster, *fixed))
+            act = self._act.get((shape, s))
+            if act is None:
+                if len(self._act) >= 65536:
+                    self._act.clear()
+                act = self._act[(shape, s)] = activation_bytes(m, plan, s)
+            stages.append(stage_memory(m, plan, s, cluster, *fixed, act=act))
         return max(s.peak for s in stages), max(s.host for s in stages)
 
     def fits(self, peak: float, host: float, headroom: float = 0.0) -> bool:
@@ -122,7 +138,41 @@ class Evaluator:
         return ok
 
     def analytic_time(self, plan: ParallelPlan) -> float:
-        return analytic_step(replace(self.scenario, plan=plan), self.cost, self.net).step_time
+        """The closed-form step time, with the layer, embedding and LM-head passes shared by the
+        plans that differ only in the schedule, the virtual stages and the ZeRO stage
+        (:meth:`passes_key`), and each stage's data-parallel traffic and optimizer step by those
+        that differ only in the micro-batch's shape (simdist.analytic.stage.stage_sync reads the
+        rank grid, the ZeRO stage, recompute's re-gathers and the stage's layers)."""
+        sc = replace(self.scenario, plan=plan)
+        key = self.passes_key(plan)
+        mp = self._passes.get(key)
+        if mp is None:
+            if len(self._passes) >= 65536:
+                self._passes.clear()
+            mp = self._passes[key] = model_passes(sc, self.cost, self.net)
+        sync_key = (plan.zero_stage, plan.recompute, plan.schedule, plan.virtual_pipeline_stages, *grid(plan))
+
+        def sync_of(ctx: CommContext, stage: int) -> tuple[DataParallelTraffic, float]:
+            got = self._sync.get((sync_key, stage))
+            if got is None:
+                if len(self._sync) >= 65536:
+                    self._sync.clear()
+                got = self._sync[(sync_key, stage)] = stage_sync(sc, ctx, self.cost, stage)
+            return got
+
+        return reduce_step(describe(sc, self.cost, self.net, passes_of=mp, sync_of=sync_of)).step_time
+
+    def passes_key(self, plan: ParallelPlan) -> tuple[object, ...]:
+        """What the passes read of a plan the search builds (the other fields are the
+        scenario's): the layer shapes, the TP/CP/EP groups on the rank grid (and their fabric
+        slow-downs), and whether a DualPipe schedule hides the expert all-to-all. A calibration
+        profile's per-layer terms follow the software layers, which read the schedule, the
+        chunks and the ZeRO stage too (simdist.spec.profile.profile_layers): with one, nothing
+        is shared."""
+        key = (plan.micro_batch_size, plan.sequence_parallel, plan.recompute, plan.dualpipe, *grid(plan))
+        if self.cost.profile is not None:
+            key += (plan.schedule, plan.virtual_pipeline_stages, plan.zero_stage)
+        return key
 
     def des(self, plan: ParallelPlan) -> Prediction:
         from simdist.predict import predict

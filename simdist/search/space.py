@@ -292,7 +292,7 @@ def layout_problem(model: ModelSpec, tp: int, cp: int, pp: int, world_left: int)
     return None
 
 
-def canonical(cand: Candidate, flash_attention: bool, c: Constraints) -> Candidate:
+def canonical(cand: Candidate, flash_attention: bool, c: Constraints, experts: bool = False) -> Candidate:
     """The representative of the plans the model cannot tell apart from ``cand``.
 
     Exact in both the memory model and the closed-form step time (a test checks each rule); the
@@ -302,7 +302,11 @@ def canonical(cand: Candidate, flash_attention: bool, c: Constraints) -> Candida
     - tp = 1: sequence parallelism makes no difference (nothing to split);
     - FlashAttention: selective recompute re-runs only the attention core, which fused
       attention never stores, so it equals no recompute;
-    - dp = 1: ZeRO stages 0-2 shard nothing (stage 3 still holds gather buffers: it stays apart).
+    - dp = cp = 1 (and, with ``experts``, an expert data-parallel group of one: tp = ep * etp):
+      ZeRO stages 0-2 shard nothing (stage 3 still holds gather buffers: it stays apart). ZeRO
+      shards the dense states over dp * cp and the experts' over tp * cp * dp / (ep * etp)
+      (simdist.analytic.variant_memory), so a plan with dp = 1 but cp > 1 or an expert group of
+      several ranks does shard.
     """
     if cand.pp == 1 and cand.schedule in PLAIN_SCHEDULES:
         cand = cand._replace(schedule=next(s for s in PLAIN_SCHEDULES if s in c.schedules))
@@ -310,7 +314,7 @@ def canonical(cand: Candidate, flash_attention: bool, c: Constraints) -> Candida
         cand = cand._replace(sp=False)
     if flash_attention and cand.recompute == "selective" and "none" in c.recompute:
         cand = cand._replace(recompute="none")
-    if cand.dp == 1 and cand.zero <= 2:
+    if cand.dp * cand.cp == 1 and cand.zero <= 2 and (not experts or cand.tp == cand.ep * cand.etp):
         cand = cand._replace(zero=min(z for z in c.zero_stages if z <= 2))
     return cand
 
@@ -356,16 +360,17 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, c
                     continue
                 for ep, etp in experts:
                     _add_knobs(groups, Candidate(tp, pp, dp, cp, v, schedule, 0, False, "none", mbs, ep, etp),
-                               flash_attention, c)
+                               flash_attention, c, model.is_moe)
     return Enumeration(groups, grid, invalid)
 
 
-def _add_knobs(groups: dict[Candidate, Group], base: Candidate, flash: bool, c: Constraints) -> None:
+def _add_knobs(groups: dict[Candidate, Group], base: Candidate, flash: bool, c: Constraints,
+               experts: bool) -> None:
     for zero in c.zero_stages:
         for sp in (False, True):
             for rc in c.recompute:
                 cand = base._replace(zero=zero, sp=sp, recompute=rc)
-                rep = canonical(cand, flash, c)
+                rep = canonical(cand, flash, c, experts)
                 group = groups.get(rep)
                 if group is None:
                     group = groups[rep] = Group()
