@@ -1,5 +1,5 @@
 """Lowering: a described step (:mod:`simdist.analytic.stage`) -> the work of each pipeline stage
-(:mod:`simdist.sim.work`) for the event engine. Pure, no simpy, and no timing of its own: every
+(:mod:`simdist.sim.work`) for the event engine. Pure, no events, and no timing of its own: every
 length and byte count comes from the description, which the closed form reduces too.
 
 Each (micro-batch, chunk) action of the pipeline schedule becomes one task on the stage's

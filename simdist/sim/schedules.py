@@ -1,6 +1,6 @@
 """Pipeline-parallel schedules: the ordered compute actions of one optimizer step, per stage.
 
-Pure functions (no simpy). A schedule is ``sched[stage] -> [Action, ...]``, run strictly in
+Pure functions (no events). A schedule is ``sched[stage] -> [Action, ...]``, run strictly in
 order by that stage. Cross-stage ordering comes from :func:`dependencies`;
 :func:`simulate_unit_times` is a tiny zero-communication evaluator used by the tests and as a
 cross-check of the discrete-event engine.

@@ -24,17 +24,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-import simpy
-from simpy.core import EmptySchedule, StopSimulation
-
 from simdist.analytic.data_parallel import DataParallelTraffic
 from simdist.analytic.stage import StageDescription, StepDescription
 from simdist.errors import Problem, ScenarioError
+from simdist.sim import kernel
 from simdist.sim.engine.servers import ASYNC_CYCLES
+from simdist.sim.kernel import EmptySchedule, StopSimulation
 
 # each limit is about a minute or under a gigabyte on one core (5-20 us per event, 0.6 us and
 # 50 bytes per rank scanned, 0.1-2 us per estimated flow-link update)
-MAX_EVENTS = 3_000_000  # simpy events scheduled
+MAX_EVENTS = 3_000_000  # kernel events scheduled
 MAX_SPANS = 5_000_000  # timeline spans kept (a trace, the dashboard's timeline), ~200 bytes each
 MAX_RANK_SCANS = 10_000_000  # ranks listed to set up the links' loads
 MAX_LINK_UPDATES = 20_000_000  # flows x links x flows sharing them, in the fluid network
@@ -74,7 +73,7 @@ FIELD = {
 
 @dataclass(frozen=True)
 class WorkEstimate:
-    events: int  # simpy events the engine schedules (its time)
+    events: int  # kernel events the engine schedules (its time)
     spans: int  # timeline spans it keeps (their memory)
     rank_scans: int  # ranks listed to set up the links' loads
     link_updates: int  # parameter-server flows x the links they load x the flows sharing those
@@ -140,7 +139,7 @@ def check_work(d: StepDescription, fidelity: str = "symmetric", keep_spans: bool
     return est
 
 
-def run_bounded(env: simpy.Environment, est: WorkEstimate, until: simpy.Event | None = None) -> None:
+def run_bounded(env: kernel.Environment, est: WorkEstimate, until: kernel.Event | None = None) -> None:
     """``env.run(until)``, stopped past HARD_FACTOR x MAX_EVENTS events (a ScenarioError naming
     the input that drives the work: the estimate was wrong, the bound holds anyway) or when the
     simulated clock stops being a finite number (FloatingPointError: an input so extreme that a

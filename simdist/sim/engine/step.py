@@ -16,10 +16,8 @@ isend/irecv is waited for before the next action).
 
 from __future__ import annotations
 
-import simpy
-
 from simdist.analytic.passes import sync_wait_part
-from simdist.sim import dualpipe
+from simdist.sim import dualpipe, kernel
 from simdist.sim.engine.servers import Servers
 from simdist.sim.engine.state import Proc, Run, Slice, Tally
 from simdist.sim.engine.streams import Streams
@@ -41,7 +39,7 @@ class StepDriver:
         self.env, self.plan, self.net = run.env, run.plan, run.network
         self.keep_spans = run.keep_spans
         self.sync_on_tp = sync_wait_part(run.plan) == "tp_comm"
-        self.arrivals: dict[tuple[int, int, int, Action], simpy.Event] = {}  # waited for
+        self.arrivals: dict[tuple[int, int, int, Action], kernel.Event] = {}  # waited for
         self.arrived: dict[tuple[int, int, int, Action], float] = {}  # sent before anyone waited
 
     def worker(self, sl: Slice, work: StageWork) -> Proc:
@@ -184,7 +182,7 @@ class StepDriver:
                 self.run.span(sl, "compute", "bubble", t0, now - exposed, "idle")
                 self.run.span(sl, "pp", f"recv {what}", now - exposed, now, "pp_comm")
 
-    def _arrival(self, cycle: int, replica: int, stage: int, action: Action) -> simpy.Event:
+    def _arrival(self, cycle: int, replica: int, stage: int, action: Action) -> kernel.Event:
         key = (cycle, replica, stage, action)
         ev = self.arrivals.get(key)
         if ev is None:
@@ -193,7 +191,7 @@ class StepDriver:
 
     def _arrive(self, cycle: int, replica: int, stage: int, action: Action, sent: float) -> None:
         """An input has arrived (its send started at ``sent``): the stage waiting for it resumes;
-        if none waits yet, the arrival is only noted (no simpy event), and the stage that needs
+        if none waits yet, the arrival is only noted (no event), and the stage that needs
         it later goes on at once, as it would past an event already processed."""
         key = (cycle, replica, stage, action)
         ev = self.arrivals.get(key)
@@ -215,7 +213,7 @@ class StepDriver:
             else:
                 flow.callbacks.append(lambda _e, t0=t0: self.run.span(sl, "ep", spec.name, t0, env.now, "ep_comm"))
         start = env.now
-        ready: list[tuple[simpy.Event | None, simpy.Event | None]] = []  # per segment: upload, gather
+        ready: list[tuple[kernel.Event | None, kernel.Event | None]] = []  # per segment: upload, gather
         pieces, k = task.pieces, 0  # ordered by segment
         ahead = 2 if task.overlapped else 1
         for i, seg in enumerate(task.segments):
@@ -284,7 +282,7 @@ class StepDriver:
             t.offload += env.now - start
             self.run.span(sl, "compute", "wait for gradient copy to host", start, env.now, "offload")
 
-    def _prefetch(self, sl: Slice, task: Task, j: int) -> tuple[simpy.Event | None, simpy.Event | None]:
+    def _prefetch(self, sl: Slice, task: Task, j: int) -> tuple[kernel.Event | None, kernel.Event | None]:
         """Segment ``j``'s parameters: the shard fetched from the host (parameter offload), then
         the all-gather that waits for it (ZeRO-3)."""
         now = self.env.now
