@@ -21,6 +21,7 @@ from typing import Any
 URGENT = 0  # a process's start
 NORMAL = 1  # everything else
 _PENDING = object()
+_new = object.__new__
 
 
 class EmptySchedule(Exception):
@@ -69,14 +70,14 @@ class Event:
             raise RuntimeError(f"{self!r} has already been triggered")
         self._value = value
         env = self.env
-        heappush(env._queue, (env._now, NORMAL, next(env._eid), self))
+        heappush(env._queue, (env.now, NORMAL, next(env._eid), self))
         return self
 
     def succeed_in(self, delay: float, value: Any = None) -> None:
         """Trigger the event ``delay`` seconds from now."""
         self._value = value
         env = self.env
-        heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), self))
+        heappush(env._queue, (env.now + delay, NORMAL, next(env._eid), self))
 
 
 class Timeout(Event):
@@ -90,7 +91,7 @@ class Timeout(Event):
         self.env = env
         self.callbacks = []
         self._value = value
-        heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), self))
+        heappush(env._queue, (env.now + delay, NORMAL, next(env._eid), self))
 
 
 class Process(Event):
@@ -108,7 +109,7 @@ class Process(Event):
         start = Event(env)
         start._value = None
         start.callbacks.append(self._resume)
-        heappush(env._queue, (env._now, URGENT, next(env._eid), start))
+        heappush(env._queue, (env.now, URGENT, next(env._eid), start))
 
     def _resume(self, event: Event) -> None:
         send = self._gen.send
@@ -118,7 +119,7 @@ class Process(Event):
             except StopIteration as stop:
                 self._value = stop.value
                 env = self.env
-                heappush(env._queue, (env._now, NORMAL, next(env._eid), self))
+                heappush(env._queue, (env.now, NORMAL, next(env._eid), self))
                 return
             callbacks = event.callbacks
             if callbacks is not None:
@@ -156,19 +157,22 @@ class Environment:
     """The clock and the queue of scheduled events."""
 
     def __init__(self) -> None:
-        self._now: float = 0
+        self.now: float = 0  # the clock (an attribute: the engine reads it at every step)
         self._queue: list[tuple[float, int, int, Event]] = []
         self._eid = count()  # events scheduled so far (next() numbers the next one)
-
-    @property
-    def now(self) -> float:
-        return self._now
 
     def event(self) -> Event:
         return Event(self)
 
     def timeout(self, delay: float, value: Any = None) -> Timeout:
-        return Timeout(self, delay, value)
+        if delay < 0:
+            raise ValueError(f"negative delay {delay}")
+        event = _new(Timeout)  # Timeout(self, delay, value), one call fewer on the hottest path
+        event.env = self
+        event.callbacks = []
+        event._value = value
+        heappush(self._queue, (self.now + delay, NORMAL, next(self._eid), event))
+        return event
 
     def process(self, generator: Generator[Event, Any, Any]) -> Process:
         return Process(self, generator)
@@ -177,17 +181,30 @@ class Environment:
         return AllOf(self, events)
 
     def schedule(self, event: Event, priority: int = NORMAL, delay: float = 0) -> None:
-        heappush(self._queue, (self._now + delay, priority, next(self._eid), event))
+        heappush(self._queue, (self.now + delay, priority, next(self._eid), event))
 
     def step(self) -> None:
         """Process the next event: advance the clock to it and run its callbacks."""
         try:
-            self._now, _, _, event = heappop(self._queue)
+            self.now, _, _, event = heappop(self._queue)
         except IndexError:
             raise EmptySchedule from None
         callbacks, event.callbacks = event.callbacks, None
         for callback in callbacks:
             callback(event)
+
+    def steps(self, n: int) -> None:
+        """Process the next ``n`` events (:meth:`step` ``n`` times, in one frame: the engine's
+        hot loop)."""
+        queue = self._queue
+        for _ in range(n):
+            try:
+                self.now, _, _, event = heappop(queue)
+            except IndexError:
+                raise EmptySchedule from None
+            callbacks, event.callbacks = event.callbacks, None
+            for callback in callbacks:
+                callback(event)
 
     def run(self, until: Event | None = None) -> Any:
         """Process events until ``until`` is processed (its value is returned) or, without it,

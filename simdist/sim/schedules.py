@@ -13,8 +13,7 @@ Pipeline Parallelism", arXiv:2401.10241, sec 2.1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from simdist.spec.plan import SCHEDULES  # the one list of schedule names (ParallelPlan.schedule)
 
@@ -34,8 +33,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Action:
+class Action(NamedTuple):  # a tuple: hashed and compared in C (the engine keys its arrivals by it)
     kind: Literal["F", "B", "W"]  # forward; backward (input grad, or whole backward); weight grad
     microbatch: int  # 0..m-1
     chunk: int = 0  # model chunk on this stage (virtual stage), 0..v-1

@@ -42,11 +42,13 @@ class StepDriver:
         self.arrivals: dict[tuple[int, int, int, Action], kernel.Event] = {}  # waited for
         self.arrived: dict[tuple[int, int, int, Action], float] = {}  # sent before anyone waited
 
+    def process(self, sl: Slice, work: StageWork) -> Proc:
+        """The slice's process: one step, or (asynchronous parameter servers) cycles of them."""
+        return self.worker(sl, work) if self.servers.async_mode else self._step(sl, work)
+
     def worker(self, sl: Slice, work: StageWork) -> Proc:
+        """Asynchronous parameter servers: the slice's steps, one per cycle."""
         servers = self.servers
-        if not servers.async_mode:
-            yield from self._step(sl, work)
-            return
         if sl.replica and servers.stagger > 0:
             yield self.env.timeout(sl.replica * servers.stagger)
         for cycle in range(servers.target + 1):  # the run stops at the target-th update
@@ -57,23 +59,50 @@ class StepDriver:
 
     def _step(self, sl: Slice, work: StageWork) -> Proc:
         env, m, t, record = self.env, self.run.microbatches, sl.tally, sl.record
+        # the hot loop (every action of the step): the common cases inline, with their state in locals
+        keep, timeout, arrived, p2p = self.keep_spans, env.timeout, self.arrived, self.net.p2p
+        cycle, replica, stage, factor = sl.cycle, sl.replica, sl.stage, sl.factor
+        fwd, bwd = (stage + 1) % self.plan.pp, (stage - 1) % self.plan.pp
+        blocking = not self.plan.dualpipe  # a blocking send to the next or previous stage
+        sync_on_tp = self.sync_on_tp
         for action, deps in zip(work.actions, work.deps, strict=True):
             if record is not None:
-                record.append(snapshot(env.now, t))
-            if deps:
-                yield from self._wait(sl, deps)
+                record.append((env.now, t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp,
+                               t.offload))  # snapshot(env.now, t)
+            for i, (dep_stage, dep) in enumerate(deps):  # inputs sent before: no wait
+                if arrived.pop((cycle, replica, dep_stage, dep), None) is None:
+                    yield from self._wait(sl, deps[i:])
+                    break
             chunk = work.chunks[action.chunk]
-            task = chunk.task(action.kind, action.microbatch == m - 1)
-            if task.plain and not self.keep_spans:  # one stretch of compute: _task's steps, inline
+            kind = action.kind
+            task = chunk.task(kind, action.microbatch == m - 1)
+            if task.plain and not keep:  # one stretch of compute: _task's steps, inline
                 seg = task.segments[0]
-                yield env.timeout(seg.total(sl.factor))
-                self._tally(t, seg, sl.factor)
+                yield timeout(seg.total(factor))
+                t.compute += seg.compute * factor  # self._tally(t, seg, factor)
+                t.recompute += seg.recompute * factor
+                t.compression += seg.compression * factor
+                t.tp += seg.tp
+                t.cp += seg.cp
+                if sync_on_tp:
+                    t.tp += seg.sync
+                else:
+                    t.dp += seg.sync
             else:
                 yield from self._task(sl, action, task)
-            spec = chunk.send_fwd if action.kind == "F" else chunk.send_bwd if action.kind == "B" else None
-            if spec is not None and chunk.send_async:
+            spec = chunk.send_fwd if kind == "F" else chunk.send_bwd if kind == "B" else None
+            if spec is None:
+                continue
+            if chunk.send_async:
                 self._send_async(sl, action, spec)
-            elif spec is not None:
+            elif blocking:  # _send's steps, inline
+                start = env.now
+                yield p2p(spec.nbytes, stage, fwd if kind == "F" else bwd, replica, spec.extra_s)
+                t.pp += env.now - start
+                if keep:
+                    self.run.span(sl, "pp", spec.name, start, env.now, "pp_comm")
+                self._arrive(cycle, replica, stage, action, start)
+            else:
                 yield from self._send(sl, action, spec)
         if record is not None:
             record.append(snapshot(env.now, t))

@@ -67,26 +67,30 @@ class FluidNetwork:
             return done
         now = env.now
         flow = _Flow(work, loads, done, now, tail)
-        on, total, track = self._on, self._total, self.track
-        busy = self.busy
-        for key, load in loads:
-            if track:
+        on, total = self._on, self._total
+        if self.track:
+            busy = self.busy
+            for key, load in loads:
                 busy[key] = busy.get(key, 0.0) + load * work
+        shared = False  # does another flow use one of its links?
+        for key, load in loads:
             flows = on.get(key)
             if flows is None:
                 flows = on[key] = {}
+            elif flows:
+                shared = True
             flows[flow] = load
             total[key] = total.get(key, 0.0) + load
-        # the other flows on these links: a total only grew, so it is their new maximum or nothing
-        grown: dict[_Flow, None] = {}
-        for key, _ in loads:
-            t = total[key]
-            for f in on[key]:
-                if t > f.over and f is not flow:
-                    f.over, f.arg = t, key
-                    grown[f] = None
-        if grown:
-            self._rerate(grown)
+        if shared:  # the other flows on these links: a total only grew, so it is their new maximum or nothing
+            grown: dict[_Flow, None] = {}
+            for key, _ in loads:
+                t = total[key]
+                for f in on[key]:
+                    if t > f.over and f is not flow:
+                        f.over, f.arg = t, key
+                        grown[f] = None
+            if grown:
+                self._rerate(grown)
         self._rescan(flow)
         self._rerate((flow,))
         self._arm()
