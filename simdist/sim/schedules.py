@@ -168,6 +168,31 @@ def dependencies(
     return [(stage, Action("B", mb, action.chunk))]
 
 
+def stage_dependencies(actions: list[Action], stage: int, p: int, v: int,
+                       split_backward: bool) -> tuple[tuple[tuple[int, Action], ...], ...]:
+    """Per action of ``stage``: its :func:`dependencies` on other stages (those on the stage
+    itself are met by the order of its own actions), worked out in one loop (the lowering's
+    hot spot: every action of every stage)."""
+    last, none, new = p * v - 1, (), tuple.__new__
+    out: list[tuple[tuple[int, Action], ...]] = []
+    for a in actions:
+        kind, mb, chunk = a
+        k = chunk * p + stage
+        if kind == "F":
+            j = k - 1 if k > 0 else -1
+        elif kind == "B":
+            j = k + 1 if k < last else -1  # the last virtual stage needs its own forward
+        elif not split_backward:
+            raise ValueError(f"{a} is a weight-grad pass but split_backward is False")
+        else:
+            j = -1  # its own backward
+        if j < 0 or j % p == stage:
+            out.append(none)
+        else:
+            out.append(((j % p, new(Action, (kind, mb, j // p))),))
+    return tuple(out)
+
+
 def in_flight_peak(actions: list[Action], freed_by: Literal["B", "W"] | None = None) -> int:
     """Peak number of (microbatch, chunk) whose activations are alive at once on a stage.
 

@@ -91,8 +91,21 @@ class FluidNetwork:
                         grown[f] = None
             if grown:
                 self._rerate(grown)
-        self._rescan(flow)
-        self._rerate((flow,))
+            self._rescan(flow)
+            self._rerate((flow,))
+        else:  # alone on its links: _rescan and _rerate of this one flow, inline
+            over, arg = 0.0, flow.arg
+            for key, _ in loads:
+                t = total[key]
+                if t > over:
+                    over, arg = t, key
+            flow.over, flow.arg = over, arg
+            rate = 1.0 / over if over > 1.0 + 1e-9 else 1.0
+            if rate < 1.0 and over > self.peak_overload:
+                self.peak_overload = over
+            flow.rate, flow.token = rate, 1
+            self._order += 1
+            heapq.heappush(self._heap, (now + max(0.0, work) / rate, self._order, flow, 1))
         self._arm()
         return done
 
