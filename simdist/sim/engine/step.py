@@ -22,7 +22,7 @@ from simdist.sim.engine.servers import Servers
 from simdist.sim.engine.state import Proc, Run, Slice, Tally
 from simdist.sim.engine.streams import Streams
 from simdist.sim.schedules import Action
-from simdist.sim.work import CommSpec, GradPiece, HostXfer, StageWork, Task, Work
+from simdist.sim.work import ChunkWork, CommSpec, GradPiece, HostXfer, StageWork, Task, Work
 
 CATEGORY = {"F": "forward", "B": "backward", "W": "backward"}
 TALLIED = ("compute", "recompute", "compression", "tp", "cp", "ep", "pp", "dp", "offload")  # summed per action
@@ -64,7 +64,9 @@ class StepDriver:
         cycle, replica, stage, factor = sl.cycle, sl.replica, sl.stage, sl.factor
         fwd, bwd = (stage + 1) % self.plan.pp, (stage - 1) % self.plan.pp
         blocking = not self.plan.dualpipe  # a blocking send to the next or previous stage
-        sync_on_tp = self.sync_on_tp
+        sync_on_tp, arrivals = self.sync_on_tp, self.arrivals
+        # (chunk, kind, last micro-batch?) -> the chunk, the task, the plain task's length, the send
+        looked_up: dict[tuple[int, str, bool], tuple[ChunkWork, Task, float | None, CommSpec | None]] = {}
         for action, deps in zip(work.actions, work.deps, strict=True):
             if record is not None:
                 record.append((env.now, t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp,
@@ -73,12 +75,19 @@ class StepDriver:
                 if arrived.pop((cycle, replica, dep_stage, dep), None) is None:
                     yield from self._wait(sl, deps[i:])
                     break
-            chunk = work.chunks[action.chunk]
-            kind = action.kind
-            task = chunk.task(kind, action.microbatch == m - 1)
-            if task.plain and not keep:  # one stretch of compute: _task's steps, inline
+            kind, mb, c = action
+            what = (c, kind, mb == m - 1)
+            found = looked_up.get(what)
+            if found is None:
+                chunk = work.chunks[c]
+                task = chunk.task(kind, mb == m - 1)
+                length = task.segments[0].total(factor) if task.plain and not keep else None
+                spec = chunk.send_fwd if kind == "F" else chunk.send_bwd if kind == "B" else None
+                found = looked_up[what] = (chunk, task, length, spec)
+            chunk, task, length, spec = found
+            if length is not None:  # one stretch of compute: _task's steps, inline
                 seg = task.segments[0]
-                yield timeout(seg.total(factor))
+                yield timeout(length)
                 t.compute += seg.compute * factor  # self._tally(t, seg, factor)
                 t.recompute += seg.recompute * factor
                 t.compression += seg.compression * factor
@@ -90,7 +99,6 @@ class StepDriver:
                     t.dp += seg.sync
             else:
                 yield from self._task(sl, action, task)
-            spec = chunk.send_fwd if kind == "F" else chunk.send_bwd if kind == "B" else None
             if spec is None:
                 continue
             if chunk.send_async:
@@ -101,7 +109,12 @@ class StepDriver:
                 t.pp += env.now - start
                 if keep:
                     self.run.span(sl, "pp", spec.name, start, env.now, "pp_comm")
-                self._arrive(cycle, replica, stage, action, start)
+                key = (cycle, replica, stage, action)  # self._arrive(*key, start), inline
+                ev = arrivals.get(key)
+                if ev is None:
+                    arrived[key] = start
+                else:
+                    ev.succeed(start)
             else:
                 yield from self._send(sl, action, spec)
         if record is not None:

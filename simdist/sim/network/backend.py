@@ -65,6 +65,7 @@ class FluidBackend:
         self.sc = sc
         self.links = LinkModel(sc, net, replicas_alike)
         self.fluid = FluidNetwork(env, track=plan.uses_parameter_servers or plan.offload.any)
+        self._sends: dict[tuple, tuple] = {}  # a pipeline send's arguments -> its transfer's
 
     def collective(self, kind: str, nbytes: float, axis: str, stage: int, replicas: tuple[int, ...],
                    extra_s: float = 0.0) -> kernel.Event:
@@ -72,8 +73,12 @@ class FluidBackend:
         return self.fluid.transfer(t.work, t.loads, t.latency + extra_s)
 
     def p2p(self, nbytes: float, src_stage: int, dst_stage: int, replica: int, extra_s: float = 0.0) -> kernel.Event:
-        t = self.links.p2p(nbytes, src_stage, dst_stage, replica)
-        return self.fluid.transfer(t.work, t.loads, t.latency + extra_s)
+        key = (nbytes, src_stage, dst_stage, replica, extra_s)
+        args = self._sends.get(key)
+        if args is None:
+            t = self.links.p2p(nbytes, src_stage, dst_stage, replica)
+            args = self._sends[key] = (t.work, t.loads, t.latency + extra_s)
+        return self.fluid.transfer(*args)
 
     def host(self, resource: str, seconds: float, stage: int, replica: int) -> kernel.Event:
         t = self.links.host(resource, seconds, stage, replica)
