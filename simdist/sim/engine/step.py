@@ -71,10 +71,20 @@ class StepDriver:
             if record is not None:
                 record.append((env.now, t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp,
                                t.offload))  # snapshot(env.now, t)
-            for i, (dep_stage, dep) in enumerate(deps):  # inputs sent before: no wait
-                if arrived.pop((cycle, replica, dep_stage, dep), None) is None:
+            for i, (dep_stage, dep) in enumerate(deps):  # the inputs: _wait's steps, inline
+                key = (cycle, replica, dep_stage, dep)
+                if arrived.pop(key, None) is not None:
+                    continue  # sent before: no wait
+                if keep:
                     yield from self._wait(sl, deps[i:])
                     break
+                ev = arrivals.get(key)
+                if ev is None:
+                    ev = arrivals[key] = kernel.Event(env)
+                if ev.callbacks is not None:  # not processed yet
+                    t0 = env.now
+                    yield ev
+                    t.pp += env.now - max(t0, ev._value)
             kind, mb, c = action
             what = (c, kind, mb == m - 1)
             found = looked_up.get(what)
