@@ -44,7 +44,7 @@ def test_a_processed_event_lets_the_process_go_on_at_once() -> None:
     p = env.process(proc())
     assert env.run(until=p) == "end"
     assert got == [(2.0, "x")]
-    assert p.processed and p.value == "end"
+    assert p.triggered and p.value == "end"
 
 
 def test_all_of_fires_when_the_last_event_is_processed() -> None:
