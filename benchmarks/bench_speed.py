@@ -110,11 +110,13 @@ def measure(tree: Path, case: str, repeat: int) -> dict[str, Any]:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / f"simdist-bench-pyc-{zlib.crc32(str(tree).encode()):08x}")
         cmd = [sys.executable, "-m", "simdist.cli", "predict", str(GPT3)]
-        subprocess.run(cmd, check=True, capture_output=True, env=env)  # warm-up: writes the bytecode
+        # run in the checkout measured: ``python -m`` puts the working directory first on the
+        # path, so from another checkout it would import that one's simdist
+        subprocess.run(cmd, check=True, capture_output=True, env=env, cwd=tree)  # warm-up: writes the bytecode
         secs = cpu = float("inf")
         for _ in range(repeat):
             t, c = time.perf_counter(), _children_cpu()
-            subprocess.run(cmd, check=True, capture_output=True, env=env)
+            subprocess.run(cmd, check=True, capture_output=True, env=env, cwd=tree)
             secs, cpu = min(secs, time.perf_counter() - t), min(cpu, _children_cpu() - c)
         return {"s": secs, "cpu_s": cpu, "answer": ""}
     out = subprocess.run([sys.executable, __file__, "--child", case, "--repeat", str(repeat)], check=True,

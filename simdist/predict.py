@@ -103,7 +103,7 @@ def _predict(scenario: Scenario, profile: CalibrationProfile | None, engine: str
     assumptions += [f"not simulated yet: {n.field} ({n.instead})" for n in unsimulated]
 
     result: StepResult
-    if engine == "des":  # simpy is imported only for this engine
+    if engine == "des":  # the event engine is imported only for it
         from simdist.sim.engine.budget import estimate_work
         from simdist.sim.engine.grouping import simulated_fidelity
 

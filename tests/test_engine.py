@@ -7,7 +7,6 @@ import math
 from typing import Any
 
 import pytest
-import simpy
 
 from simdist.analytic.collectives import (
     DEEPSPEED_ZERO3_BUSBW,
@@ -19,6 +18,7 @@ from simdist.analytic.cost import CostModel
 from simdist.analytic.stage import describe
 from simdist.predict import predict
 from simdist.results import BREAKDOWN_KEYS
+from simdist.sim import kernel
 from simdist.sim.engine import simulate
 from simdist.sim.lowering import lower
 from simdist.sim.network import FluidNetwork, LinkModel, software_resource
@@ -216,7 +216,7 @@ def test_rejects_unknown_fidelity() -> None:
 
 def run_flows(starts: list[tuple[float, float, tuple]]) -> list[float]:
     """Start flows (start time, solo seconds, loads); return their finish times."""
-    env = simpy.Environment()
+    env = kernel.Environment()
     fluid = FluidNetwork(env)
     ends: list[float] = [0.0] * len(starts)
 
@@ -311,11 +311,11 @@ class SoloBackend:
     """A network backend without contention: each transfer takes its solo time (what the fluid
     backend gives a transfer alone). It only implements simdist.sim.network.NetworkBackend."""
 
-    def __init__(self, env: simpy.Environment, sc: Scenario, net: Network, replicas_alike: bool):
+    def __init__(self, env: kernel.Environment, sc: Scenario, net: Network, replicas_alike: bool):
         self.env, self.links = env, LinkModel(sc, net, replicas_alike)
         self.calls: dict[str, int] = {}
 
-    def _alone(self, what: str, latency: float, work: float, extra: float = 0.0) -> simpy.Event:
+    def _alone(self, what: str, latency: float, work: float, extra: float = 0.0) -> kernel.Event:
         self.calls[what] = self.calls.get(what, 0) + 1
         return self.env.timeout(work + latency + extra)
 

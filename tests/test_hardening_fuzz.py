@@ -2,7 +2,7 @@
 where the work bound lets the event engine run) ends in a clean ScenarioError whose problems
 each name a field on one line, or a finite, sane prediction (step time > 0, MFU in (0, 1],
 finite memory, strict JSON); within a memory bound (RLIMIT_AS) and a work bound (the event
-engine's limits lowered, and the simpy events it actually processes counted), never a
+engine's limits lowered, and the kernel events it actually processes counted), never a
 wall-clock assert.
 
 Scenarios are mutated from every bundled one: numbers and quantities scaled by factors from 0
@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import simpy
 import yaml
 from conftest import SCENARIOS
 from hypothesis import HealthCheck, Phase, given, settings
@@ -42,6 +41,7 @@ from hypothesis import strategies as st
 from simdist.cli import main as cli_main
 from simdist.errors import ScenarioError
 from simdist.predict import predict
+from simdist.sim import kernel
 from simdist.sim.engine import budget
 from simdist.spec.files import MAX_INPUT_BYTES
 from simdist.spec.profile import PROFILE_VERSION, load_profile
@@ -206,8 +206,8 @@ PROFILES = st.one_of(st.none(), st.sampled_from([1.0, 0.0, 1e-300, 1e-6, 3.0, 1e
 # --- the bounds and the checks -----------------------------------------------------------------
 
 
-class CountingEnvironment(simpy.Environment):
-    """simpy's environment, counting the events it processes; past the bound it stops the run
+class CountingEnvironment(kernel.Environment):
+    """the kernel.s environment, counting the events it processes; past the bound it stops the run
     (an AssertionError: the work bound failed)."""
 
     processed = 0
@@ -228,7 +228,7 @@ def bounded():
     with pytest.MonkeyPatch.context() as mp:
         for name, value in LIMITS.items():
             mp.setattr(budget, name, value)
-        mp.setattr("simdist.sim.engine.state.simpy.Environment", CountingEnvironment)
+        mp.setattr("simdist.sim.engine.state.kernel.Environment", CountingEnvironment)
         resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
         try:
             yield

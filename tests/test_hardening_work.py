@@ -10,7 +10,6 @@ import itertools
 import json
 
 import pytest
-import simpy
 from conftest import REPO, base_scenario
 
 from simdist.analytic.collectives import Network
@@ -20,6 +19,7 @@ from simdist.cli import main
 from simdist.errors import ScenarioError
 from simdist.predict import MAX_VIRTUAL_STAGES, predict
 from simdist.search import Constraints, search
+from simdist.sim import kernel
 from simdist.sim.engine import budget, simulate
 from simdist.spec.scenario import load_scenario, scenario_from_dict
 from simdist.spec.stages import stage_layer_ranges
@@ -101,7 +101,7 @@ def test_stragglers_past_the_limits_are_refused_not_dropped():
         predict(sc, engine="des", keep_spans=False, stragglers={0: 2.0})
 
 
-class _Counting(simpy.Environment):
+class _Counting(kernel.Environment):
     processed = 0
 
     def step(self) -> None:
@@ -118,7 +118,7 @@ def test_the_estimate_follows_the_events_processed(monkeypatch, name, fidelity):
     sc = load_scenario(REPO / "scenarios" / f"{name}.yaml")
     d = _described(sc)
     est = budget.estimate_work(d, fidelity)
-    monkeypatch.setattr("simdist.sim.engine.state.simpy.Environment", _Counting)
+    monkeypatch.setattr("simdist.sim.engine.state.kernel.Environment", _Counting)
     # the estimate bounds the whole simulation, what runs when neither the periodic extension
     # nor rank grouping applies (both only ever shorten it)
     monkeypatch.setattr("simdist.sim.engine.periodic.short_count", lambda *a, **k: None)

@@ -222,3 +222,16 @@ def test_property_complete_and_deadlock_free(
     assert makespan >= max(work, p * t_f + p * t_b + (t_w if split else 0.0)) - 1e-9
     if name in ("1f1b", "zero-bubble"):
         assert [in_flight_peak(a, freed_by="B") for a in sched] == [min(p - s, m) for s in range(p)]
+
+
+@pytest.mark.parametrize(("name", "p", "m", "v"), [("gpipe", 4, 6, 1), ("1f1b", 5, 7, 1), ("1f1b", 1, 3, 1),
+                                                   ("zero-bubble", 4, 8, 1), ("interleaved-1f1b", 4, 8, 3),
+                                                   ("interleaved-1f1b", 2, 4, 2)])
+def test_stage_dependencies_are_the_cross_stage_dependencies(name: str, p: int, m: int, v: int) -> None:
+    from simdist.sim.schedules import dependencies, stage_dependencies
+
+    split = name == "zero-bubble"
+    sched = schedule(name, p, m, v)
+    for stage, actions in enumerate(sched):
+        want = tuple(tuple(x for x in dependencies(a, stage, p, v, split) if x[0] != stage) for a in actions)
+        assert stage_dependencies(actions, stage, p, v, split) == want

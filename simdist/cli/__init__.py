@@ -38,7 +38,8 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(requested=next((a for a in argv if not a.startswith("-")), None))
+    requested = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(requested, alone=bool(argv) and argv[0] == requested)
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
         parser.print_help()
@@ -63,14 +64,20 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_BAD_INPUT)
 
 
-def build_parser(requested: str | None = None) -> argparse.ArgumentParser:
-    """The parser; only the ``requested`` command's module is imported and declares its options."""
+def build_parser(requested: str | None = None, alone: bool = False) -> argparse.ArgumentParser:
+    """The parser; only the ``requested`` command's module is imported and declares its options.
+    ``alone``: the command line starts with that command, so the other commands' parsers are
+    left out (argparse's sub-parsers cost a few milliseconds each); an unknown name gets them
+    all, for the message that lists them."""
     from simdist import __version__
 
     p = _Parser(prog="simdist", description="Predict distributed LLM training step time, memory and the best plan.")
     p.add_argument("--version", action="version", version=f"simdist {__version__}")
     sub = p.add_subparsers(title="commands", parser_class=_Parser)
+    known = any(name == requested for name, _, _ in COMMANDS)
     for name, helptext, module_name in COMMANDS:
+        if alone and known and name != requested:
+            continue
         sp = sub.add_parser(name, help=helptext)
         if name == requested:
             module = importlib.import_module(module_name)

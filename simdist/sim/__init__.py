@@ -1,2 +1,2 @@
 """The event layer: pipeline schedules, lowering of the per-stage description to tasks, the
-network backends and the discrete-event engine (simpy)."""
+network backends and the discrete-event engine (its kernel: simdist.sim.kernel)."""

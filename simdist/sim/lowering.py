@@ -1,5 +1,5 @@
 """Lowering: a described step (:mod:`simdist.analytic.stage`) -> the work of each pipeline stage
-(:mod:`simdist.sim.work`) for the event engine. Pure, no simpy, and no timing of its own: every
+(:mod:`simdist.sim.work`) for the event engine. Pure, no events, and no timing of its own: every
 length and byte count comes from the description, which the closed form reduces too.
 
 Each (micro-batch, chunk) action of the pipeline schedule becomes one task on the stage's
@@ -55,7 +55,7 @@ from simdist.analytic.stage import Chunk, StageDescription, StepDescription
 from simdist.analytic.variants import layer_ops
 from simdist.sim import dualpipe
 from simdist.sim.expert_flows import attach_expert_flows
-from simdist.sim.schedules import Action, dependencies, schedule
+from simdist.sim.schedules import Action, schedule, stage_dependencies
 from simdist.sim.work import (
     ChunkWork,
     CommSpec,
@@ -137,17 +137,18 @@ def lower(d: StepDescription, microbatches: int | None = None) -> Lowered:
     if plan.dualpipe:  # DeepSeek-V3's bidirectional schedules (simdist.sim.dualpipe)
         sched = dualpipe.schedule(plan.schedule, p, m)
 
-        def deps_of(a: Action, stage: int) -> list[tuple[int, Action]]:
-            return dualpipe.dependencies(plan.schedule, a, stage, p, m, split)
+        def stage_deps(actions: list[Action], stage: int) -> tuple[tuple[tuple[int, Action], ...], ...]:
+            return tuple(tuple(x for x in dualpipe.dependencies(plan.schedule, a, stage, p, m, split) if x[0] != stage)
+                         for a in actions)
     else:
         sched = schedule(plan.schedule, p, m, v)
 
-        def deps_of(a: Action, stage: int) -> list[tuple[int, Action]]:
-            return dependencies(a, stage, p, v, split)
+        def stage_deps(actions: list[Action], stage: int) -> tuple[tuple[tuple[int, Action], ...], ...]:
+            return stage_dependencies(actions, stage, p, v, split)
     kinds = [_kind_work(d, s, split) for s in d.kinds]
     stages = []
     for stage, actions in enumerate(sched):
-        deps = tuple(tuple(x for x in deps_of(a, stage) if x[0] != stage) for a in actions)
+        deps = stage_deps(actions, stage)
         stages.append(replace(kinds[d.kind_of[stage]], stage=stage, actions=tuple(actions), deps=deps))
     return Lowered(tuple(stages), split, tuple(_notes(d.scenario)))
 

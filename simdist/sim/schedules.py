@@ -1,6 +1,6 @@
 """Pipeline-parallel schedules: the ordered compute actions of one optimizer step, per stage.
 
-Pure functions (no simpy). A schedule is ``sched[stage] -> [Action, ...]``, run strictly in
+Pure functions (no events). A schedule is ``sched[stage] -> [Action, ...]``, run strictly in
 order by that stage. Cross-stage ordering comes from :func:`dependencies`;
 :func:`simulate_unit_times` is a tiny zero-communication evaluator used by the tests and as a
 cross-check of the discrete-event engine.
@@ -13,8 +13,7 @@ Pipeline Parallelism", arXiv:2401.10241, sec 2.1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from simdist.spec.plan import SCHEDULES  # the one list of schedule names (ParallelPlan.schedule)
 
@@ -34,8 +33,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Action:
+class Action(NamedTuple):  # a tuple: hashed and compared in C (the engine keys its arrivals by it)
     kind: Literal["F", "B", "W"]  # forward; backward (input grad, or whole backward); weight grad
     microbatch: int  # 0..m-1
     chunk: int = 0  # model chunk on this stage (virtual stage), 0..v-1
@@ -168,6 +166,31 @@ def dependencies(
     if not split_backward:
         raise ValueError(f"{action} is a weight-grad pass but split_backward is False")
     return [(stage, Action("B", mb, action.chunk))]
+
+
+def stage_dependencies(actions: list[Action], stage: int, p: int, v: int,
+                       split_backward: bool) -> tuple[tuple[tuple[int, Action], ...], ...]:
+    """Per action of ``stage``: its :func:`dependencies` on other stages (those on the stage
+    itself are met by the order of its own actions), worked out in one loop (the lowering's
+    hot spot: every action of every stage)."""
+    last, none, new = p * v - 1, (), tuple.__new__
+    out: list[tuple[tuple[int, Action], ...]] = []
+    for a in actions:
+        kind, mb, chunk = a
+        k = chunk * p + stage
+        if kind == "F":
+            j = k - 1 if k > 0 else -1
+        elif kind == "B":
+            j = k + 1 if k < last else -1  # the last virtual stage needs its own forward
+        elif not split_backward:
+            raise ValueError(f"{a} is a weight-grad pass but split_backward is False")
+        else:
+            j = -1  # its own backward
+        if j < 0 or j % p == stage:
+            out.append(none)
+        else:
+            out.append(((j % p, new(Action, (kind, mb, j // p))),))
+    return tuple(out)
 
 
 def in_flight_peak(actions: list[Action], freed_by: Literal["B", "W"] | None = None) -> int:

@@ -1,9 +1,9 @@
-"""The discrete-event engine (simpy): every simulated rank's compute and communication streams
+"""The discrete-event engine (on simdist.sim.kernel): every simulated rank's compute and communication streams
 over the cluster's links, for one optimizer step.
 
 A *slice* is the tensor- and context-parallel group of one pipeline stage of one data-parallel
 replica: its ranks run the same kernels in lock-step (TP/CP collectives inside every layer
-synchronise them), so one simpy process drives its compute stream. Symmetric fidelity simulates
+synchronise them), so one process drives its compute stream. Symmetric fidelity simulates
 one slice per stage (replica 0; the other replicas do the same work at the same time, and their
 load on shared links is counted by the network backend); full fidelity simulates every replica,
 so stragglers and slow nodes delay the collectives that wait for them.

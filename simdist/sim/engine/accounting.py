@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import simpy
-
 from simdist.analytic.result import Span, StepResult, breakdown_keys
+from simdist.sim import kernel
 from simdist.sim.engine.assumptions import engine_assumptions
 from simdist.sim.engine.servers import Servers
 from simdist.sim.engine.state import Run, Tally
@@ -27,8 +26,8 @@ PRE_FLUSH = ("compute", "recompute", "compression", "tp", "pp", "dp", "offload",
 BREAKDOWN_NAME = {"tp": "tp_comm", "pp": "pp_comm", "dp": "dp_comm", "cp": "cp_comm", "ep": "ep_comm"}
 
 
-def events_scheduled(env: simpy.Environment) -> int:
-    """Events the environment has scheduled so far (simpy numbers them with ``_eid``)."""
+def events_scheduled(env: kernel.Environment) -> int:
+    """Events the environment has scheduled so far (the kernel numbers them with ``_eid``)."""
     counter = getattr(env, "_eid", None)
     return next(counter) if counter is not None else 0
 

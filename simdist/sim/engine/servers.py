@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import simpy
-
 from simdist.analytic.param_server import async_staleness_steps
+from simdist.sim import kernel
 from simdist.sim.engine.state import Pull, Run, Slice
 from simdist.sim.engine.streams import Streams
 from simdist.sim.work import PsSpec
@@ -28,7 +27,7 @@ class Servers:
         self.run, self.streams = run, streams
         self.async_mode = run.plan.async_parameter_servers
         self.meetings: dict[tuple, list] = {}  # (stage, key) -> [pushes arrived, update done]
-        self.update_began: dict[simpy.Event, float] = {}  # synchronous servers: when each update started
+        self.update_began: dict[kernel.Event, float] = {}  # synchronous servers: when each update started
         # asynchronous parameter servers: updates of the first stage's parameters, in order
         self.stagger = stagger
         self.updates = 0
@@ -50,14 +49,14 @@ class Servers:
                 meet = self.meetings[key] = [0, run.env.event()]
             meet[0] += 1
             if meet[0] == len(run.group(sl.replica, "dp")):
-                done: simpy.Event = meet[1]
+                done: kernel.Event = meet[1]
                 self.update_began[done] = run.env.now
                 self._update(sl, spec).callbacks.append(lambda _e: done.succeed())
             update = meet[1]
         sl.tails["update"] = update
         self.streams.submit(sl, "pull", run.env.now, (Pull(spec),), after=update)
 
-    def _update(self, sl: Slice, spec: PsSpec) -> simpy.Event:
+    def _update(self, sl: Slice, spec: PsSpec) -> kernel.Event:
         run = self.run
         start = run.env.now
         flow = run.network.ps_update(spec.update_s)

@@ -104,7 +104,7 @@ class Simulation:
         state = self.state
         env = state.env
         for sl in state.slices:
-            env.process(self.driver.worker(sl, state.lowered.stages[sl.stage]))
+            env.process(self.driver.process(sl, state.lowered.stages[sl.stage]))
         until = self.servers.stop if self.servers.async_mode else None
         if work is None:
             env.run(until=until)

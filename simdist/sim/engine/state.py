@@ -7,16 +7,15 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-import simpy
-
 from simdist.analytic.collectives import Network
+from simdist.sim import kernel
 from simdist.sim.network import NetworkBackend
 from simdist.sim.work import Lowered, PsSpec
 from simdist.spec.plan import RankCoord, rank_of
 from simdist.spec.scenario import Scenario
 
-Proc = Generator[simpy.Event, Any, Any]
-BackendFactory = Callable[[simpy.Environment, Scenario, Network, bool], NetworkBackend]
+Proc = Generator[kernel.Event, Any, Any]
+BackendFactory = Callable[[kernel.Environment, Scenario, Network, bool], NetworkBackend]
 
 
 @dataclass
@@ -57,7 +56,7 @@ class Slice:
     ranks: tuple[int, ...]  # ranks that get spans (the representative, or the whole slice)
     factor: float  # compute slow-down (the slowest rank of the slice)
     tally: Tally = field(default_factory=Tally)
-    tails: dict[str, simpy.Event] = field(default_factory=dict)  # stream -> last submitted item
+    tails: dict[str, kernel.Event] = field(default_factory=dict)  # stream -> last submitted item
     seq: dict[str, int] = field(default_factory=dict)  # stream -> items submitted
     cycle: int = 0
     history: list[Tally] = field(default_factory=list)  # finished cycles (asynchronous mode)
@@ -83,7 +82,7 @@ class Run:
         self.microbatches = sc.plan.num_microbatches if microbatches is None else microbatches
         self.extended = 0.0  # simulated seconds the periodic extension added (engine.periodic)
         self.full, self.keep_spans, self.notes = full, keep_spans, notes
-        self.env = simpy.Environment()
+        self.env = kernel.Environment()
         self.network = backend(self.env, sc, net, not full)  # replicas alike unless all are simulated
         self.spans: list[tuple] = []
         self.stragglers = stragglers

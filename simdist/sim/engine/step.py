@@ -16,15 +16,13 @@ isend/irecv is waited for before the next action).
 
 from __future__ import annotations
 
-import simpy
-
 from simdist.analytic.passes import sync_wait_part
-from simdist.sim import dualpipe
+from simdist.sim import dualpipe, kernel
 from simdist.sim.engine.servers import Servers
 from simdist.sim.engine.state import Proc, Run, Slice, Tally
 from simdist.sim.engine.streams import Streams
 from simdist.sim.schedules import Action
-from simdist.sim.work import CommSpec, GradPiece, HostXfer, StageWork, Task, Work
+from simdist.sim.work import ChunkWork, CommSpec, GradPiece, HostXfer, StageWork, Task, Work
 
 CATEGORY = {"F": "forward", "B": "backward", "W": "backward"}
 TALLIED = ("compute", "recompute", "compression", "tp", "cp", "ep", "pp", "dp", "offload")  # summed per action
@@ -41,14 +39,16 @@ class StepDriver:
         self.env, self.plan, self.net = run.env, run.plan, run.network
         self.keep_spans = run.keep_spans
         self.sync_on_tp = sync_wait_part(run.plan) == "tp_comm"
-        self.arrivals: dict[tuple[int, int, int, Action], simpy.Event] = {}  # waited for
+        self.arrivals: dict[tuple[int, int, int, Action], kernel.Event] = {}  # waited for
         self.arrived: dict[tuple[int, int, int, Action], float] = {}  # sent before anyone waited
 
+    def process(self, sl: Slice, work: StageWork) -> Proc:
+        """The slice's process: one step, or (asynchronous parameter servers) cycles of them."""
+        return self.worker(sl, work) if self.servers.async_mode else self._step(sl, work)
+
     def worker(self, sl: Slice, work: StageWork) -> Proc:
+        """Asynchronous parameter servers: the slice's steps, one per cycle."""
         servers = self.servers
-        if not servers.async_mode:
-            yield from self._step(sl, work)
-            return
         if sl.replica and servers.stagger > 0:
             yield self.env.timeout(sl.replica * servers.stagger)
         for cycle in range(servers.target + 1):  # the run stops at the target-th update
@@ -59,23 +59,73 @@ class StepDriver:
 
     def _step(self, sl: Slice, work: StageWork) -> Proc:
         env, m, t, record = self.env, self.run.microbatches, sl.tally, sl.record
+        # the hot loop (every action of the step): the common cases inline, with their state in locals
+        keep, timeout, arrived, p2p = self.keep_spans, env.timeout, self.arrived, self.net.p2p
+        cycle, replica, stage, factor = sl.cycle, sl.replica, sl.stage, sl.factor
+        fwd, bwd = (stage + 1) % self.plan.pp, (stage - 1) % self.plan.pp
+        blocking = not self.plan.dualpipe  # a blocking send to the next or previous stage
+        sync_on_tp, arrivals = self.sync_on_tp, self.arrivals
+        # (chunk, kind, last micro-batch?) -> the chunk, the task, the plain task's length, the send
+        looked_up: dict[tuple[int, str, bool], tuple[ChunkWork, Task, float | None, CommSpec | None]] = {}
         for action, deps in zip(work.actions, work.deps, strict=True):
             if record is not None:
-                record.append(snapshot(env.now, t))
-            if deps:
-                yield from self._wait(sl, deps)
-            chunk = work.chunks[action.chunk]
-            task = chunk.task(action.kind, action.microbatch == m - 1)
-            if task.plain and not self.keep_spans:  # one stretch of compute: _task's steps, inline
+                record.append((env.now, t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp,
+                               t.offload))  # snapshot(env.now, t)
+            for i, (dep_stage, dep) in enumerate(deps):  # the inputs: _wait's steps, inline
+                key = (cycle, replica, dep_stage, dep)
+                if arrived.pop(key, None) is not None:
+                    continue  # sent before: no wait
+                if keep:
+                    yield from self._wait(sl, deps[i:])
+                    break
+                ev = arrivals.get(key)
+                if ev is None:
+                    ev = arrivals[key] = kernel.Event(env)
+                if ev.callbacks is not None:  # not processed yet
+                    t0 = env.now
+                    yield ev
+                    t.pp += env.now - max(t0, ev._value)
+            kind, mb, c = action
+            what = (c, kind, mb == m - 1)
+            found = looked_up.get(what)
+            if found is None:
+                chunk = work.chunks[c]
+                task = chunk.task(kind, mb == m - 1)
+                length = task.segments[0].total(factor) if task.plain and not keep else None
+                spec = chunk.send_fwd if kind == "F" else chunk.send_bwd if kind == "B" else None
+                found = looked_up[what] = (chunk, task, length, spec)
+            chunk, task, length, spec = found
+            if length is not None:  # one stretch of compute: _task's steps, inline
                 seg = task.segments[0]
-                yield env.timeout(seg.total(sl.factor))
-                self._tally(t, seg, sl.factor)
+                yield timeout(length)
+                t.compute += seg.compute * factor  # self._tally(t, seg, factor)
+                t.recompute += seg.recompute * factor
+                t.compression += seg.compression * factor
+                t.tp += seg.tp
+                t.cp += seg.cp
+                if sync_on_tp:
+                    t.tp += seg.sync
+                else:
+                    t.dp += seg.sync
             else:
                 yield from self._task(sl, action, task)
-            spec = chunk.send_fwd if action.kind == "F" else chunk.send_bwd if action.kind == "B" else None
-            if spec is not None and chunk.send_async:
+            if spec is None:
+                continue
+            if chunk.send_async:
                 self._send_async(sl, action, spec)
-            elif spec is not None:
+            elif blocking:  # _send's steps, inline
+                start = env.now
+                yield p2p(spec.nbytes, stage, fwd if kind == "F" else bwd, replica, spec.extra_s)
+                t.pp += env.now - start
+                if keep:
+                    self.run.span(sl, "pp", spec.name, start, env.now, "pp_comm")
+                key = (cycle, replica, stage, action)  # self._arrive(*key, start), inline
+                ev = arrivals.get(key)
+                if ev is None:
+                    arrived[key] = start
+                else:
+                    ev.succeed(start)
+            else:
                 yield from self._send(sl, action, spec)
         if record is not None:
             record.append(snapshot(env.now, t))
@@ -184,7 +234,7 @@ class StepDriver:
                 self.run.span(sl, "compute", "bubble", t0, now - exposed, "idle")
                 self.run.span(sl, "pp", f"recv {what}", now - exposed, now, "pp_comm")
 
-    def _arrival(self, cycle: int, replica: int, stage: int, action: Action) -> simpy.Event:
+    def _arrival(self, cycle: int, replica: int, stage: int, action: Action) -> kernel.Event:
         key = (cycle, replica, stage, action)
         ev = self.arrivals.get(key)
         if ev is None:
@@ -193,7 +243,7 @@ class StepDriver:
 
     def _arrive(self, cycle: int, replica: int, stage: int, action: Action, sent: float) -> None:
         """An input has arrived (its send started at ``sent``): the stage waiting for it resumes;
-        if none waits yet, the arrival is only noted (no simpy event), and the stage that needs
+        if none waits yet, the arrival is only noted (no event), and the stage that needs
         it later goes on at once, as it would past an event already processed."""
         key = (cycle, replica, stage, action)
         ev = self.arrivals.get(key)
@@ -215,7 +265,7 @@ class StepDriver:
             else:
                 flow.callbacks.append(lambda _e, t0=t0: self.run.span(sl, "ep", spec.name, t0, env.now, "ep_comm"))
         start = env.now
-        ready: list[tuple[simpy.Event | None, simpy.Event | None]] = []  # per segment: upload, gather
+        ready: list[tuple[kernel.Event | None, kernel.Event | None]] = []  # per segment: upload, gather
         pieces, k = task.pieces, 0  # ordered by segment
         ahead = 2 if task.overlapped else 1
         for i, seg in enumerate(task.segments):
@@ -284,7 +334,7 @@ class StepDriver:
             t.offload += env.now - start
             self.run.span(sl, "compute", "wait for gradient copy to host", start, env.now, "offload")
 
-    def _prefetch(self, sl: Slice, task: Task, j: int) -> tuple[simpy.Event | None, simpy.Event | None]:
+    def _prefetch(self, sl: Slice, task: Task, j: int) -> tuple[kernel.Event | None, kernel.Event | None]:
         """Segment ``j``'s parameters: the shard fetched from the host (parameter offload), then
         the all-gather that waits for it (ZeRO-3)."""
         now = self.env.now

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import simpy
-
+from simdist.sim import kernel
 from simdist.sim.engine.state import Proc, Run, Slice
 from simdist.sim.work import CommSpec, HostXfer, PsSpec
 
@@ -23,8 +22,8 @@ class Streams:
         # simulation to its servers' handler
         self.pushed: Callable[[Slice, PsSpec], None] = lambda sl, spec: None
 
-    def submit(self, sl: Slice, stream: str, ready: float, items: tuple, after: simpy.Event | None = None,
-               ) -> simpy.Event:
+    def submit(self, sl: Slice, stream: str, ready: float, items: tuple, after: kernel.Event | None = None,
+               ) -> kernel.Event:
         """Queue ``items`` on a FIFO stream of the slice, to start no earlier than ``ready`` and
         not before ``after``."""
         prev = sl.tails.get(stream)
@@ -34,8 +33,8 @@ class Streams:
         sl.tails[stream] = proc
         return proc
 
-    def _item(self, sl: Slice, stream: str, seq: int, prev: simpy.Event | None,
-              ready: float, items: tuple, after: simpy.Event | None) -> Proc:
+    def _item(self, sl: Slice, stream: str, seq: int, prev: kernel.Event | None,
+              ready: float, items: tuple, after: kernel.Event | None) -> Proc:
         run = self.run
         env, net = run.env, run.network
         if prev is not None and not prev.processed:
@@ -61,7 +60,7 @@ class Streams:
                 run.span(sl, stream, "pull " + spec.spec.name.removeprefix("push+pull "), start, env.now,
                          "dp_comm")
 
-    def collective(self, sl: Slice, spec: CommSpec, key: tuple) -> simpy.Event:
+    def collective(self, sl: Slice, spec: CommSpec, key: tuple) -> kernel.Event:
         """A DP-family collective: it starts when every simulated member slice has reached it."""
         run = self.run
         group = run.group(sl.replica, spec.axis)
@@ -70,16 +69,16 @@ class Streams:
             meet = self.meetings[(sl.stage, spec.axis, group, key)] = [0, run.env.event()]
         meet[0] += 1
         if meet[0] == len(group):
-            done: simpy.Event = meet[1]
+            done: kernel.Event = meet[1]
             flow = run.network.collective(spec.collective, spec.nbytes, spec.axis, sl.stage, group, spec.extra_s)
             flow.callbacks.append(lambda _e: done.succeed())
         return meet[1]
 
-    def flow(self, sl: Slice, resource: str, seconds: float) -> simpy.Event:
+    def flow(self, sl: Slice, resource: str, seconds: float) -> kernel.Event:
         """One GPU's transfer on a host resource."""
         return self.run.network.host(resource, seconds, sl.stage, sl.replica)
 
-    def host(self, sl: Slice, xfer: HostXfer) -> simpy.Event:
+    def host(self, sl: Slice, xfer: HostXfer) -> kernel.Event:
         """All parts of a host transfer at once; done when the last is."""
         events = [self.flow(sl, r, s) for r, s in xfer.parts]
-        return events[0] if len(events) == 1 else simpy.AllOf(self.run.env, events)
+        return events[0] if len(events) == 1 else kernel.AllOf(self.run.env, events)

@@ -3,7 +3,7 @@ its system layer from its network backends.
 
 The engine asks a :class:`NetworkBackend` to move data (a collective over a plan axis, a
 pipeline send, a transfer on a host resource, a parameter-server push or pull, the servers'
-update) and waits for the simpy event it returns; it never looks at links. :class:`FluidBackend`
+update) and waits for the event it returns; it never looks at links. :class:`FluidBackend`
 is today's backend: the transfers' solo times and link loads (:mod:`simdist.sim.network.links`)
 shared as a fluid (:mod:`simdist.sim.network.fluid`). A backend without contention (each
 transfer its solo time) fits the same interface.
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-import simpy
-
 from simdist.analytic.collectives import Network
+from simdist.sim import kernel
 from simdist.sim.network.fluid import FluidNetwork
 from simdist.sim.network.links import HOST_DIRECTION, LinkModel, host_link, node_resource
 from simdist.spec.scenario import Scenario
@@ -28,23 +27,23 @@ class NetworkBackend(Protocol):
     the replicas that are not)."""
 
     def collective(self, kind: str, nbytes: float, axis: str, stage: int, replicas: tuple[int, ...],
-                   extra_s: float = 0.0) -> simpy.Event:
+                   extra_s: float = 0.0) -> kernel.Event:
         """A collective of buffer size ``nbytes`` over ``axis``, then ``extra_s`` more."""
         ...
 
-    def p2p(self, nbytes: float, src_stage: int, dst_stage: int, replica: int, extra_s: float = 0.0) -> simpy.Event:
+    def p2p(self, nbytes: float, src_stage: int, dst_stage: int, replica: int, extra_s: float = 0.0) -> kernel.Event:
         """A pipeline send between two stages of one replica, then ``extra_s`` more."""
         ...
 
-    def host(self, resource: str, seconds: float, stage: int, replica: int) -> simpy.Event:
+    def host(self, resource: str, seconds: float, stage: int, replica: int) -> kernel.Event:
         """One GPU's transfer of ``seconds`` alone on a host resource (work.HOST_RESOURCES)."""
         ...
 
-    def ps(self, kind: str, nbytes: float, stage: int, replicas: tuple[int, ...]) -> simpy.Event:
+    def ps(self, kind: str, nbytes: float, stage: int, replicas: tuple[int, ...]) -> kernel.Event:
         """A parameter-server push ("push") or pull ("pull") of ``nbytes`` per worker."""
         ...
 
-    def ps_update(self, seconds: float) -> simpy.Event:
+    def ps_update(self, seconds: float) -> kernel.Event:
         """The servers applying one bucket: ``seconds`` on the busiest server node, alone."""
         ...
 
@@ -61,30 +60,35 @@ class FluidBackend:
     """Links of the cluster shared as a fluid: a link carrying more than its bandwidth slows
     every flow on it in proportion (see simdist.sim.network.fluid)."""
 
-    def __init__(self, env: simpy.Environment, sc: Scenario, net: Network, replicas_alike: bool):
+    def __init__(self, env: kernel.Environment, sc: Scenario, net: Network, replicas_alike: bool):
         plan = sc.plan
         self.sc = sc
         self.links = LinkModel(sc, net, replicas_alike)
         self.fluid = FluidNetwork(env, track=plan.uses_parameter_servers or plan.offload.any)
+        self._sends: dict[tuple, tuple] = {}  # a pipeline send's arguments -> its transfer's
 
     def collective(self, kind: str, nbytes: float, axis: str, stage: int, replicas: tuple[int, ...],
-                   extra_s: float = 0.0) -> simpy.Event:
+                   extra_s: float = 0.0) -> kernel.Event:
         t = self.links.collective(kind, nbytes, axis, stage, replicas)
         return self.fluid.transfer(t.work, t.loads, t.latency + extra_s)
 
-    def p2p(self, nbytes: float, src_stage: int, dst_stage: int, replica: int, extra_s: float = 0.0) -> simpy.Event:
-        t = self.links.p2p(nbytes, src_stage, dst_stage, replica)
-        return self.fluid.transfer(t.work, t.loads, t.latency + extra_s)
+    def p2p(self, nbytes: float, src_stage: int, dst_stage: int, replica: int, extra_s: float = 0.0) -> kernel.Event:
+        key = (nbytes, src_stage, dst_stage, replica, extra_s)
+        args = self._sends.get(key)
+        if args is None:
+            t = self.links.p2p(nbytes, src_stage, dst_stage, replica)
+            args = self._sends[key] = (t.work, t.loads, t.latency + extra_s)
+        return self.fluid.transfer(*args)
 
-    def host(self, resource: str, seconds: float, stage: int, replica: int) -> simpy.Event:
+    def host(self, resource: str, seconds: float, stage: int, replica: int) -> kernel.Event:
         t = self.links.host(resource, seconds, stage, replica)
         return self.fluid.transfer(t.work, t.loads)
 
-    def ps(self, kind: str, nbytes: float, stage: int, replicas: tuple[int, ...]) -> simpy.Event:
+    def ps(self, kind: str, nbytes: float, stage: int, replicas: tuple[int, ...]) -> kernel.Event:
         t = self.links.ps(kind, nbytes, stage, replicas)
         return self.fluid.transfer(t.work, t.loads, t.latency)
 
-    def ps_update(self, seconds: float) -> simpy.Event:
+    def ps_update(self, seconds: float) -> kernel.Event:
         t = self.links.ps_update(seconds)
         return self.fluid.transfer(t.work, t.loads)
 

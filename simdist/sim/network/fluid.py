@@ -11,25 +11,14 @@ import heapq
 from collections.abc import Iterable
 from functools import partial
 
-import simpy
-
+from simdist.sim import kernel
 from simdist.sim.network.links import LinkKey, Loads
-
-
-class _Done(simpy.Event):
-    """A flow's completion, fired ``delay`` after the transfer ends (simpy's Timeout does the
-    same: mark the event ok, then schedule it with a delay)."""
-
-    def succeed_in(self, delay: float) -> None:
-        self._ok = True
-        self._value = None
-        self.env.schedule(self, simpy.events.NORMAL, delay)
 
 
 class _Flow:
     __slots__ = ("arg", "done", "loads", "over", "rate", "remaining", "stamp", "tail", "token")
 
-    def __init__(self, work: float, loads: Loads, done: _Done, now: float, tail: float):
+    def __init__(self, work: float, loads: Loads, done: kernel.Event, now: float, tail: float):
         self.remaining, self.loads, self.done, self.tail = work, loads, done, tail
         self.rate, self.stamp, self.token = 0.0, now, 0
         self.over, self.arg = 0.0, loads[0][0]  # total load of its most loaded link, and which
@@ -40,15 +29,15 @@ class FluidNetwork:
     a flow runs at the rate its most overloaded link allows (1 = its solo speed).
 
     Each flow keeps the total load of its most loaded link, so a change on one link re-rates
-    only the flows it concerns; finish times wait in one heap, woken by one simpy timeout at
+    only the flows it concerns; finish times wait in one heap, woken by one timeout at
     a time (a rate change leaves a stale entry that its token voids), so a busy network costs
-    one simpy event per flow, not one per rate change.
+    one kernel event per flow, not one per rate change.
 
     With ``track`` it also adds up what each link carries, in seconds of full use (a flow's
     load times its solo seconds: its bytes over the link's bandwidth), into ``busy``, from which
     :meth:`busiest` names the bottleneck."""
 
-    def __init__(self, env: simpy.Environment, track: bool = False):
+    def __init__(self, env: kernel.Environment, track: bool = False):
         self.env = env
         self._on: dict[LinkKey, dict[_Flow, float]] = {}  # link -> its flows and their loads
         self._total: dict[LinkKey, float] = {}
@@ -68,38 +57,55 @@ class FluidNetwork:
         v, k = min(cands)
         return k, -v
 
-    def transfer(self, work: float, loads: Loads, tail: float = 0.0) -> simpy.Event:
+    def transfer(self, work: float, loads: Loads, tail: float = 0.0) -> kernel.Event:
         """Start a flow of ``work`` solo seconds; the event fires ``tail`` seconds (latency,
         fixed extra time) after it has finished."""
         env = self.env
-        done = _Done(env)
+        done = kernel.Event(env)  # the flow's completion, fired its tail after the transfer ends
         if work <= 0.0:
             done.succeed_in(tail)
             return done
         now = env.now
         flow = _Flow(work, loads, done, now, tail)
-        on, total, track = self._on, self._total, self.track
-        busy = self.busy
-        for key, load in loads:
-            if track:
+        on, total = self._on, self._total
+        if self.track:
+            busy = self.busy
+            for key, load in loads:
                 busy[key] = busy.get(key, 0.0) + load * work
+        shared = False  # does another flow use one of its links?
+        for key, load in loads:
             flows = on.get(key)
             if flows is None:
                 flows = on[key] = {}
+            elif flows:
+                shared = True
             flows[flow] = load
             total[key] = total.get(key, 0.0) + load
-        # the other flows on these links: a total only grew, so it is their new maximum or nothing
-        grown: dict[_Flow, None] = {}
-        for key, _ in loads:
-            t = total[key]
-            for f in on[key]:
-                if t > f.over and f is not flow:
-                    f.over, f.arg = t, key
-                    grown[f] = None
-        if grown:
-            self._rerate(grown)
-        self._rescan(flow)
-        self._rerate((flow,))
+        if shared:  # the other flows on these links: a total only grew, so it is their new maximum or nothing
+            grown: dict[_Flow, None] = {}
+            for key, _ in loads:
+                t = total[key]
+                for f in on[key]:
+                    if t > f.over and f is not flow:
+                        f.over, f.arg = t, key
+                        grown[f] = None
+            if grown:
+                self._rerate(grown)
+            self._rescan(flow)
+            self._rerate((flow,))
+        else:  # alone on its links: _rescan and _rerate of this one flow, inline
+            over, arg = 0.0, flow.arg
+            for key, _ in loads:
+                t = total[key]
+                if t > over:
+                    over, arg = t, key
+            flow.over, flow.arg = over, arg
+            rate = 1.0 / over if over > 1.0 + 1e-9 else 1.0
+            if rate < 1.0 and over > self.peak_overload:
+                self.peak_overload = over
+            flow.rate, flow.token = rate, 1
+            self._order += 1
+            heapq.heappush(self._heap, (now + max(0.0, work) / rate, self._order, flow, 1))
         self._arm()
         return done
 
@@ -148,7 +154,7 @@ class FluidNetwork:
         env = self.env
         env.timeout(at - env.now if at > env.now else 0.0).callbacks.append(partial(self._wake, at))
 
-    def _wake(self, at: float, _event: simpy.Event) -> None:
+    def _wake(self, at: float, _event: kernel.Event) -> None:
         """Finish every flow due by ``at`` (in finish-time, then queueing order)."""
         self._armed.discard(at)
         heap = self._heap
