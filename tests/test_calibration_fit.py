@@ -171,7 +171,7 @@ def test_version_1_profiles_still_load_and_version_2_round_trips(tmp_path):
     old = {"version": 1, "device": "cpu", "peak_flops": 1e10, "links": {}, "compute_curves": {}}
     (tmp_path / "v1.json").write_text(json.dumps(old))
     v1 = load_profile(tmp_path / "v1.json")
-    assert v1.version == 2 and v1.cores == 0 and v1.error_band == 0.0
+    assert v1.version == 3 and v1.cores == 0 and v1.error_band == 0.0
     v2 = replace(fit_profile({**synthetic_bench(), "cores": 2}), spreads={"dp": 0.05}, error_band=0.08)
     v2.save(tmp_path / "v2.json")
     assert load_profile(tmp_path / "v2.json") == v2 and v2.cores == 2 and v2.ranks == 2

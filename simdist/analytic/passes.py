@@ -24,7 +24,7 @@ from simdist.analytic.cost import CostModel
 from simdist.analytic.moe import dispatch_overlapped, dispatcher_sms, wire_factor
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.spec.plan import ParallelPlan
-from simdist.spec.profile import profile_layers
+from simdist.spec.profile import profile_layers, wait_keys
 from simdist.spec.scenario import Scenario
 
 
@@ -204,4 +204,4 @@ def sync_wait_fraction(sc: Scenario, cost: CostModel) -> float:
     """Wait at the per-layer sync points of this plan per second of compute (profile's
     ``sync_wait_fractions`` of its software layers); 0 otherwise."""
     fr = cost.profile.sync_wait_fractions if cost.profile else {}
-    return sum(fr.get(k, 0.0) for k in software_layers(sc))
+    return sum(fr.get(k, 0.0) for k in wait_keys(sc.plan))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simdist.spec.profile import CalibrationProfile, busy_ranks, profile_layers
+from simdist.spec.profile import CalibrationProfile, busy_ranks, wait_keys
 
 
 def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[CalibrationProfile | None, float]:
@@ -46,7 +46,7 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     full = reduce_step(describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, profile),
                                 Network.of(cluster, profile)))
     b = full.breakdown
-    waits = sum(profile.sync_wait_fractions.get(k, 0.0) for k in profile_layers(scenario.plan))
+    waits = sum(profile.sync_wait_fractions.get(k, 0.0) for k in wait_keys(scenario.plan))
     idle = b.get("bubble", 0.0) + waits * (b.get("compute", 0.0) + b.get("recompute", 0.0))
     busy = max(0.0, full.step_time - idle)
     factor = max(1.0, share * busy / full.step_time) if full.step_time > 0 else share

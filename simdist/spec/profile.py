@@ -17,7 +17,15 @@ Version 2 adds what makes a profile honest about itself and about the machine it
 - ``gemm_shapes`` and ``bus_bandwidth``: a GPU's GEMM efficiency by (m, n, k) and the
   collectives' bus bandwidth by message size (``executor.bench`` on CUDA).
 
-Version 1 files still load (the new fields take their defaults: no cores known, no band).
+Version 3 adds what the executor runs measured beside the microbenchmarks, phase by phase
+(simdist.calibrate.phases): ``compute_scale``, the rate the training loop's kernels achieved
+relative to the microbenchmarks' (already applied to ``peak_flops`` and the memory bandwidth,
+kept for the record), and the optimizer's cost per parameter tensor (``optimizer_tensor_s``,
+plus ``optimizer_layer_tensor_s`` per software layer: DTensor's dispatch on TP and FSDP2
+parameters), which replaces a fixed kernel count when set.
+
+Version 1 and 2 files still load (the new fields take their defaults: no cores known, no band,
+no optimizer term).
 """
 
 from __future__ import annotations
@@ -31,8 +39,8 @@ from typing import Any
 from simdist.errors import Problem, ScenarioError
 from simdist.spec.files import read_json_object, write_json_atomic
 
-PROFILE_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+PROFILE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +84,10 @@ class CalibrationProfile:
     terms_from: dict[str, str] = field(default_factory=dict)
     gemm_shapes: list[tuple[int, int, int, float]] = field(default_factory=list)  # (m, n, k, efficiency)
     bus_bandwidth: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # kind -> [(bytes, busbw)]
+    # v3: phase-resolved executor terms (module docstring)
+    compute_scale: float = 1.0  # executor kernels' rate / the microbenchmarks' (applied to the peaks)
+    optimizer_tensor_s: float | None = None  # optimizer seconds per parameter tensor per step (None: not fitted)
+    optimizer_layer_tensor_s: dict[str, float] = field(default_factory=dict)  # software layer -> extra s/tensor
 
     def efficiency(self, kind: str, size: float) -> float | None:
         """Interpolated efficiency for an op of ``kind`` and ``size``, or None if not fitted."""
@@ -119,6 +131,8 @@ class CalibrationProfile:
             memory_bandwidth_bytes_per_s=self.memory_bandwidth_bytes_per_s / s,
             kernel_overhead_s=None if self.kernel_overhead_s is None else self.kernel_overhead_s * s,
             framework_overheads_s={k: v * s for k, v in self.framework_overheads_s.items()},
+            optimizer_tensor_s=None if self.optimizer_tensor_s is None else self.optimizer_tensor_s * s,
+            optimizer_layer_tensor_s={k: v * s for k, v in self.optimizer_layer_tensor_s.items()},
             links={k: LinkFit(latency_s=v.latency_s * s, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s / s)
                    for k, v in self.links.items()},
         )
@@ -206,6 +220,15 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
         if plan.virtual_pipeline_stages > 1 or plan.schedule == "zero-bubble":
             out.append("multichunk")
     return tuple(out)
+
+
+BASE_TERMS = "base"  # the key of terms every plan pays (sync_wait_fractions: the plain plans' own waits)
+
+
+def wait_keys(plan: Any) -> tuple[str, ...]:
+    """The keys of ``sync_wait_fractions`` a plan pays: the plain plans' waits (at the gradient
+    all-reduce, on the CPU gloo's work competing with compute) and those of its layers."""
+    return (BASE_TERMS, *profile_layers(plan))
 
 
 def load_profile(path: str | Path) -> CalibrationProfile:

@@ -1,0 +1,106 @@
+"""Phase-by-phase fitting of a profile's executor terms (simdist.calibrate.phases), the CPU
+optimizer's per-tensor cost (simdist.analytic.cpu_optimizer) and refitting from the run store
+(simdist.calibrate.refit, `simdist calibrate --refit`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import yaml
+from conftest import measurement, run_cli
+from test_calibration import local_scenario, synthetic_bench
+
+from simdist.analytic.cpu_optimizer import block_tensors, stage_tensors
+from simdist.calibrate.compare import predicted_quantities
+from simdist.calibrate.fit import fit_profile
+from simdist.calibrate.phases import one_term, two_terms
+from simdist.calibrate.refit import microbenchmark_part
+from simdist.calibrate.repeat import Repeated
+from simdist.calibrate.store import RunStore
+from simdist.calibrate.terms import FitRun, fit_checks, fit_terms
+from simdist.spec.measurement import Measurement
+from simdist.spec.profile import BASE_TERMS, load_profile
+from simdist.spec.scenario import scenario_from_dict
+
+
+def truth():
+    """A machine whose executor runs 0.8x the microbenchmarks' rate, with known terms."""
+    base = fit_profile({**synthetic_bench(), "cores": 2})
+    return replace(base, peak_flops=base.peak_flops * 0.8,
+                   memory_bandwidth_bytes_per_s=base.memory_bandwidth_bytes_per_s * 0.8, compute_scale=0.8,
+                   kernel_overhead_s=3e-5, optimizer_tensor_s=2e-5, framework_overheads_s={"tp": 1e-4},
+                   optimizer_layer_tensor_s={"tp": 5e-5}, sync_wait_fractions={BASE_TERMS: 0.05, "tp": 0.3})
+
+
+def phased(profile, name: str, **plan) -> tuple[dict, FitRun]:
+    """A run whose phases and step are ``profile``'s prediction (as the executor reports them)."""
+    d = {**local_scenario(**plan), "name": name}
+    q = predicted_quantities(scenario_from_dict(d), profile)
+    phases = {"forward": q["forward_s"], "backward": q["backward_s"], "optimizer": q["optimizer_s"],
+              "comm": q["comm_s"], "core_wait": 0.0, "other": 0.0}
+    payload = measurement(name=name, scenario_hash=scenario_from_dict(d).hash(), step_time_s=q["step_time_s"],
+                          phases_s=phases)
+    runs = (Measurement.from_dict(payload),)
+    return payload, FitRun(name, yaml.safe_dump(d), ".", Repeated(name, runs, True, "stable"))
+
+
+def test_the_phases_give_back_the_rate_the_overheads_and_the_waits():
+    t = truth()
+    runs = [phased(t, "small")[1], phased(t, "large", micro_batch_size=8, global_batch_size=16)[1],
+            phased(t, "tp", tp=2)[1]]
+    fitted, bounds, unusable = fit_terms(microbenchmark_part(t), runs)
+    assert unusable == [] and not [b for b in bounds if b.hit]
+    assert fitted.compute_scale == pytest.approx(0.8, rel=0.02)
+    assert fitted.peak_flops == pytest.approx(t.peak_flops, rel=0.02)
+    assert fitted.kernel_overhead_s == pytest.approx(3e-5, rel=0.05)
+    assert fitted.optimizer_tensor_s == pytest.approx(2e-5, rel=0.05)
+    assert fitted.framework_overheads_s["tp"] == pytest.approx(1e-4, rel=0.05)
+    assert fitted.optimizer_layer_tensor_s["tp"] == pytest.approx(5e-5, rel=0.05)
+    assert fitted.sync_wait_fractions[BASE_TERMS] == pytest.approx(0.05, rel=0.05, abs=1e-3)
+    assert fitted.sync_wait_fractions["tp"] == pytest.approx(0.3, rel=0.05)
+    assert all(abs(c.error) < 0.01 for c in fit_checks(fitted, runs))
+
+
+def test_least_squares_on_relative_error():
+    assert one_term([(3.0, 1.0, 2.0), (5.0, 1.0, 4.0)]) == pytest.approx(1.0)
+    assert one_term([(1.0, 2.0, 1.0)]) == 0.0  # never below zero: the model already overprices
+    assert two_terms([(3.0, 2.0, 1.0), (9.0, 8.0, 1.0)]) == pytest.approx((1.0, 1.0))
+    assert two_terms([(3.0, 2.0, 1.0)]) == pytest.approx((1.0, 1.0))  # one run: the rate stays
+
+
+def test_the_optimizer_pays_per_tensor_on_a_cpu_profile_only():
+    d = local_scenario()
+    sc = scenario_from_dict(d)
+    n = stage_tensors(sc.model, sc.plan, 0)
+    layers = sc.model.num_layers * block_tensors(sc.model, 0)
+    assert n > layers  # plus the embeddings, the final norm and the head
+    base = fit_profile(synthetic_bench())
+    without = predicted_quantities(sc, base)["optimizer_s"]
+    zero = predicted_quantities(sc, replace(base, optimizer_tensor_s=0.0))["optimizer_s"]
+    with_term = predicted_quantities(sc, replace(base, optimizer_tensor_s=1e-4))["optimizer_s"]
+    assert with_term - zero == pytest.approx(n * 1e-4) and without > zero  # the old 20 kernels are gone
+    pp = scenario_from_dict(local_scenario(pp=2))
+    assert stage_tensors(pp.model, pp.plan, 0) + stage_tensors(pp.model, pp.plan, 1) == n + (1 if sc.model.tie_embeddings else 0)
+
+
+def test_refit_from_the_run_store_keeps_the_microbenchmarks(tmp_path):
+    t = truth()
+    store = RunStore(tmp_path / "runs.db")
+    files = []
+    for name, plan in (("small", {}), ("large", {"micro_batch_size": 8, "global_batch_size": 16})):
+        payload, run = phased(t, name, **plan)
+        store.add("measurement", payload, run.scenario_yaml)
+        (tmp_path / f"{name}.yaml").write_text(run.scenario_yaml)
+        files.append(str(tmp_path / f"{name}.yaml"))
+    t.save(tmp_path / "old.json")
+    r = run_cli("calibrate", "--refit", str(tmp_path / "old.json"), "--db", str(tmp_path / "runs.db"),
+                "--out", str(tmp_path / "new.json"), *files)
+    assert r.returncode == 0, r.stderr
+    new = load_profile(tmp_path / "new.json")
+    assert new.compute_curves == t.compute_curves and new.links == t.links
+    assert new.kernel_overhead_s == pytest.approx(3e-5, rel=0.05) and new.compute_scale == pytest.approx(0.8, rel=0.02)
+    assert new.fitted_from == ["microbenchmarks", "small", "large"]
+    missing = run_cli("calibrate", "--refit", str(tmp_path / "old.json"), "--db", str(tmp_path / "runs.db"),
+                      "--out", str(tmp_path / "x.json"), "scenarios/tiny-ddp.yaml")
+    assert missing.returncode == 2 and "holds no measurement of it" in missing.stderr
