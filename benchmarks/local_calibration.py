@@ -4,6 +4,8 @@ and tiny plan, and set each error beside the run-to-run spread of its measuremen
     python benchmarks/local_calibration.py [--out out/calibration] [--steps 5] [--min-runs 3]
         [--max-runs 5] [--only NAME ...] [--profile PROFILE]   (reuse a profile: no fit)
         [--repredict]   (no runs: predict --out's report.json again, after a model change)
+        [--refit]   (no runs: fit --out's profile again from its run store's fit runs, then --repredict)
+        [--before PROFILE]   (with --repredict/--refit: a column of this profile's predictions)
 
 Fit (``simdist calibrate --nproc 2``, every run repeated until its median is stable): the
 microbenchmarks, then one plan per software layer of the executor (simdist.spec.profile.
@@ -117,12 +119,27 @@ def main() -> int:
     ap.add_argument("--force", action="store_true", help="keep going with a refused fit (simdist calibrate --force)")
     ap.add_argument("--repredict", action="store_true",
                     help="no runs: predict the plans of --out's report.json again with its profile (after a model change)")
+    ap.add_argument("--refit", action="store_true",
+                    help="no runs: keep --out's profile's microbenchmarks, fit its executor terms again from the fit "
+                         "runs in --out's run store (simdist calibrate --refit; the old profile is kept as "
+                         "profile.previous.json), then --repredict")
+    ap.add_argument("--before", help="with --repredict or --refit: also predict with this profile (a 'before' column)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     (out / "fit").mkdir(parents=True, exist_ok=True)
     db, profile = str(out / "runs.db"), args.profile or str(out / "profile.json")
+    if args.refit:
+        fit = [REPO / "scenarios" / f"{n}.yaml" for n in FIT_BUNDLED] + [variant(n, out / "fit") for n in FIT_VARIANTS]
+        previous = out / "profile.previous.json"
+        previous.write_bytes(Path(profile).read_bytes())
+        r = simdist("calibrate", "--refit", str(previous), "--db", db, "--out", profile, *map(str, fit),
+                    *(["--force"] if args.force else []))
+        print(r.stdout + r.stderr, flush=True)
+        if r.returncode != 0:
+            return r.returncode
+        return repredict(out, profile, args.before or str(previous), fit)
     if args.repredict:
-        return repredict(out, profile)
+        return repredict(out, profile, args.before)
     load0 = os.getloadavg()
     print(f"load average at the start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on {os.cpu_count()} CPUs",
           flush=True)
@@ -167,16 +184,31 @@ def main() -> int:
     return 0
 
 
-def repredict(out: Path, profile: str) -> int:
-    rows = json.loads((out / "report.json").read_text())
+def repredict(out: Path, profile: str, before: str | None = None, fit: list[Path] | None = None) -> int:
+    """Predict the fit runs (from the run store) and the held-out plans (report.json's
+    measurements) with ``profile``, and with ``before`` beside it (else report.json's own)."""
+    from simdist.calibrate.store import RunStore
+
+    rows = []
+    store = RunStore(out / "runs.db")
+    for path in fit or []:
+        medians = [r.step_time_s for r in store.runs("measurement", path.stem) if r.step_time_s]
+        if medians:
+            med = statistics.median(medians)
+            rows.append({"scenario": path.stem, "path": path, "role": "fit", "median_s": med, "ranks": processes(path),
+                         "spread": (max(medians) - min(medians)) / med, "others_cores": 0.0})
+    for row in json.loads((out / "report.json").read_text()):
+        rows.append({**row, "role": "held", "path": REPO / "scenarios" / f"{row['scenario']}.yaml"})
     for row in rows:
-        row["predicted_s"], row["kind"] = predict(REPO / "scenarios" / f"{row['scenario']}.yaml", profile)
+        old = predict(row["path"], before)[0] if before else row.get("predicted_s")
+        row["predicted_s"], row["kind"] = predict(row["path"], profile)
         row["error"] = row["predicted_s"] / row["median_s"] - 1
-        print(f"{row['scenario']:<24} {row['kind']:<26} {row['ranks']:>2} ranks  {row['median_s']:8.4f} s  spread "
-              f"{row['spread']:6.1%}  predicted {row['predicted_s']:8.4f} s  error {row['error']:+7.1%}  others "
-              f"{row['others_cores']:.2f} cores")
-    within = [r for r in rows if abs(r["error"]) <= 0.15]
-    print(f"\n{len(within)} of {len(rows)} held-out plans within 15% of their measured median")
+        was = "" if old is None else f"  before {old:8.4f} s ({old / row['median_s'] - 1:+7.1%})"
+        print(f"{row['role']:<4} {row['scenario']:<24} {row['kind']:<26} {row['ranks']:>2} ranks  {row['median_s']:8.4f} s"
+              f"  spread {row['spread']:6.1%}{was}  predicted {row['predicted_s']:8.4f} s  error {row['error']:+7.1%}")
+    held = [r for r in rows if r["role"] == "held"]
+    within = [r for r in held if abs(r["error"]) <= 0.15]
+    print(f"\n{len(within)} of {len(held)} held-out plans within 15% of their measured median")
     return 0
 
 

@@ -33,9 +33,9 @@ def truth():
                    optimizer_layer_tensor_s={"tp": 5e-5}, sync_wait_fractions={BASE_TERMS: 0.05, "tp": 0.3})
 
 
-def phased(profile, name: str, **plan) -> tuple[dict, FitRun]:
+def phased(profile, name: str, cluster: dict | None = None, **plan) -> tuple[dict, FitRun]:
     """A run whose phases and step are ``profile``'s prediction (as the executor reports them)."""
-    d = {**local_scenario(**plan), "name": name}
+    d = {**local_scenario(**plan), "name": name, **({"cluster": cluster} if cluster else {})}
     q = predicted_quantities(scenario_from_dict(d), profile)
     phases = {"forward": q["forward_s"], "backward": q["backward_s"], "optimizer": q["optimizer_s"],
               "comm": q["comm_s"], "core_wait": 0.0, "other": 0.0}
@@ -104,3 +104,32 @@ def test_refit_from_the_run_store_keeps_the_microbenchmarks(tmp_path):
     missing = run_cli("calibrate", "--refit", str(tmp_path / "old.json"), "--db", str(tmp_path / "runs.db"),
                       "--out", str(tmp_path / "x.json"), "scenarios/tiny-ddp.yaml")
     assert missing.returncode == 2 and "holds no measurement of it" in missing.stderr
+
+
+def test_sync_points_follow_the_executors_calls():
+    """The counts the executor measured on the bundled plans (collectives_per_rank, 2026-11-24)."""
+    from simdist.analytic.cpu_syncs import sync_points
+    from simdist.spec.scenario import load_scenario
+
+    for name, measured in (("tiny-ddp", 1), ("tiny-pp-1f1b", 8), ("tiny-pp-interleaved", 24), ("tiny-hsdp", 31),
+                           ("tiny-2d-pp-fsdp", 16)):
+        sc = load_scenario(f"scenarios/{name}.yaml")
+        assert max(sync_points(sc, s) for s in range(sc.plan.pp)) == pytest.approx(measured, rel=0.05), name
+
+
+def test_time_shared_ranks_wait_at_sync_points_and_the_fit_finds_it():
+    from simdist.analytic.cpu_syncs import sync_points
+    from simdist.analytic.timeshare import time_shared
+
+    four = {"cluster": {"preset": "local", "num_nodes": 1, "gpus_per_node": 4}}
+    t = replace(truth(), coschedule_wait_s=1.5e-3)
+    sc = scenario_from_dict({**local_scenario(zero_stage=3, global_batch_size=8), **four})
+    points = sync_points(sc, 0)
+    waited = time_shared(sc, t)[1] - time_shared(sc, replace(t, coschedule_wait_s=0.0))[1]
+    full = predicted_quantities(sc, replace(t, cores=0))["step_time_s"]
+    assert waited * full == pytest.approx(points * 0.5 * 1.5e-3, rel=1e-6)  # half the peers descheduled
+    shared = phased(t, "four", four["cluster"], global_batch_size=8)[1]
+    runs = [phased(t, "small")[1], phased(t, "large", micro_batch_size=8, global_batch_size=16)[1], shared]
+    fitted, bounds, _ = fit_terms(microbenchmark_part(t), runs)
+    assert not [b for b in bounds if b.hit]
+    assert fitted.coschedule_wait_s == pytest.approx(1.5e-3, rel=0.05) and fitted.terms_from["coschedule"] == "four"

@@ -14,7 +14,10 @@ group of terms, so each is fitted on its own phase by least squares on relative 
   cpu_optimizer: PyTorch's CPU optimizers loop over tensors);
 - each software layer then adds its own per-op cost to forward + backward and its own
   per-tensor cost to the optimizer (DTensor dispatch), fitted on that layer's runs with the
-  plain terms held.
+  plain terms held, and its own waits (comm + core wait) from those of its runs whose ranks
+  have a core each;
+- last, runs with more ranks than cores fit the wait at a sync point whose peers are
+  descheduled (simdist.analytic.cpu_syncs) on their step times.
 
 Each model quantity's dependence on a term is found by probing: the prediction with the term
 at 0 and at a small value (the model is linear in each of them), so the fit needs no second
@@ -150,4 +153,15 @@ def fit_waits(profile: CalibrationProfile, key: str, runs: Sequence[Any]) -> Cal
             rows.append((m, at0, slope))
     if not rows:
         return profile
+    return wait(profile, one_term(rows))
+
+
+def fit_coschedule(profile: CalibrationProfile, runs: Sequence[Any]) -> CalibrationProfile:
+    """The wait at a sync point whose peers are descheduled (``coschedule_wait_s``,
+    simdist.analytic.cpu_syncs), from the step times of runs with more ranks than cores, every
+    other term held."""
+    def wait(p: CalibrationProfile, v: float) -> CalibrationProfile:
+        return replace(p, coschedule_wait_s=v)
+
+    rows = [(r.repeated.median, *probe(r, profile, lambda q: q["step_time_s"], wait)) for r in runs]
     return wait(profile, one_term(rows))

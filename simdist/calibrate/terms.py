@@ -31,9 +31,15 @@ import yaml
 
 from simdist.calibrate.fit import OVERHEAD_RANGE, SYNC_WAIT_MAX, fit_overhead
 from simdist.calibrate.honesty import Bound, FitCheck
-from simdist.calibrate.phases import SCALE_RANGE, fit_layer, fit_plain, fit_waits
+from simdist.calibrate.phases import SCALE_RANGE, fit_coschedule, fit_layer, fit_plain, fit_waits
 from simdist.calibrate.repeat import Repeated
-from simdist.spec.profile import BASE_TERMS, CalibrationProfile, local_processes, profile_layers
+from simdist.spec.profile import (
+    BASE_TERMS,
+    CalibrationProfile,
+    busy_ranks,
+    local_processes,
+    profile_layers,
+)
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,13 @@ def _mean_log_error(runs: list[FitRun]):
     return error
 
 
+COSCHEDULE_MAX = 0.05  # s: ten times the slice Linux gives a task on 64 cores (simdist.analytic.cpu_syncs)
+
+
+def _time_shared(run: FitRun, profile: CalibrationProfile) -> bool:
+    return profile.cores > 0 and busy_ranks(run.scenario) > profile.cores
+
+
 def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[CalibrationProfile, list[Bound], list[str]]:
     """The profile with every layer's terms fitted, the bounds to check, and the runs that could
     not be used (one line each)."""
@@ -121,13 +134,20 @@ def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[Calibrat
                 fit_overhead(profile, _mean_log_error(subset), layer)
             bounds.append(Bound(f"the {layer} per-op overhead (s)", profile.framework_overheads_s[layer],
                                 *OVERHEAD_RANGE))
-            if phased:
-                profile = fit_waits(profile, layer, subset)
+            own_cores = [r for r in subset if not _time_shared(r, profile)]  # waits of shared ones: coschedule
+            if phased and own_cores:
+                profile = fit_waits(profile, layer, own_cores)
                 wait = profile.sync_wait_fractions.get(layer, 0.0)
                 bounds.append(Bound(f"the {layer} sync-point waits (share of compute)", wait, 0.0, SYNC_WAIT_MAX))
             terms_from[layer] = ", ".join(r.name for r in subset)
             fitted.add(layer)
         pending = [r for r in pending if any(x not in fitted for x in r.layers)]
+    shared = [r for r in runs if _time_shared(r, profile)]
+    if phased and shared:
+        profile = fit_coschedule(profile, shared)
+        bounds.append(Bound("the wait at a sync point of ranks that time-share the cores (s)",
+                            profile.coschedule_wait_s, 0.0, COSCHEDULE_MAX))
+        terms_from["coschedule"] = ", ".join(r.name for r in shared)
     for r in pending:
         new = [x for x in r.layers if x not in fitted]
         problems.append(f"{r.name}: its plan runs through {' and '.join(new)} at once, which one run cannot tell "

@@ -22,7 +22,8 @@ Version 3 adds what the executor runs measured beside the microbenchmarks, phase
 relative to the microbenchmarks' (already applied to ``peak_flops`` and the memory bandwidth,
 kept for the record), and the optimizer's cost per parameter tensor (``optimizer_tensor_s``,
 plus ``optimizer_layer_tensor_s`` per software layer: DTensor's dispatch on TP and FSDP2
-parameters), which replaces a fixed kernel count when set.
+parameters), which replaces a fixed kernel count when set, and ``coschedule_wait_s``, the wait
+at a sync point of ranks that time-share the cores (simdist.analytic.cpu_syncs).
 
 Version 1 and 2 files still load (the new fields take their defaults: no cores known, no band,
 no optimizer term).
@@ -88,6 +89,8 @@ class CalibrationProfile:
     compute_scale: float = 1.0  # executor kernels' rate / the microbenchmarks' (applied to the peaks)
     optimizer_tensor_s: float | None = None  # optimizer seconds per parameter tensor per step (None: not fitted)
     optimizer_layer_tensor_s: dict[str, float] = field(default_factory=dict)  # software layer -> extra s/tensor
+    # wait at one sync point whose peers are descheduled, with more ranks than cores (simdist.analytic.cpu_syncs)
+    coschedule_wait_s: float = 0.0
 
     def efficiency(self, kind: str, size: float) -> float | None:
         """Interpolated efficiency for an op of ``kind`` and ``size``, or None if not fitted."""
