@@ -133,3 +133,15 @@ def test_time_shared_ranks_wait_at_sync_points_and_the_fit_finds_it():
     fitted, bounds, _ = fit_terms(microbenchmark_part(t), runs)
     assert not [b for b in bounds if b.hit]
     assert fitted.coschedule_wait_s == pytest.approx(1.5e-3, rel=0.05) and fitted.terms_from["coschedule"] == "four"
+
+
+def test_ops_below_the_smallest_benchmark_keep_their_fixed_cost():
+    """t = fixed + size/rate through the two smallest points: 10 and 20 time units at sizes 1e3
+    and 1e4 (efficiency 100 and 500 per unit) -> fixed 8.89, so a 1e2 op takes about 9, not 1."""
+    prof = replace(fit_profile(synthetic_bench()), compute_curves={"memory": [(1e3, 100.0), (1e4, 500.0), (1e5, 900.0)]})
+    time = lambda size: size / prof.efficiency("memory", size)  # noqa: E731
+    assert time(1e3) == pytest.approx(10.0) and time(1e4) == pytest.approx(20.0)
+    assert time(1e2) == pytest.approx(80 / 9 + 1e2 / 900, rel=1e-9)
+    assert time(1.0) > 8.8  # never below the fixed part
+    flat = replace(prof, compute_curves={"memory": [(1e3, 0.5), (1e4, 0.4)]})  # no fixed part: the old clamp
+    assert flat.efficiency("memory", 10.0) == 0.5

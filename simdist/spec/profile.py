@@ -101,7 +101,7 @@ class CalibrationProfile:
         x = math.log(max(size, 1.0))
         i = bisect.bisect_left(xs, x)
         if i == 0:
-            return points[0][1]
+            return _below_smallest(points, size)
         if i >= len(points):
             return points[-1][1]
         w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
@@ -167,6 +167,23 @@ class CalibrationProfile:
     def save(self, path: str | Path) -> None:
         """Write atomically: whole or not at all."""
         write_json_atomic(path, self.to_dict())
+
+
+def _below_smallest(points: list[tuple[float, float]], size: float) -> float:
+    """Efficiency of an op smaller than the smallest measured: the op's time extrapolated along
+    the line through the two smallest points (t = fixed + size / rate: below some size an op
+    costs its launch and little else), not the smallest point's efficiency (which would make
+    time shrink in proportion to size, to nothing)."""
+    (s0, e0) = points[0]
+    if len(points) < 2 or size >= s0 or e0 <= 0 or points[1][1] <= 0:
+        return e0
+    s1, e1 = points[1]
+    t0, t1 = s0 / e0, s1 / e1  # times x peak
+    slope = (t1 - t0) / (s1 - s0)
+    fixed = t0 - slope * s0
+    if slope <= 0 or fixed <= 0:
+        return e0
+    return max(size, 1.0) / (fixed + slope * max(size, 1.0))
 
 
 def local_processes(scenario: Any) -> int:
