@@ -99,11 +99,16 @@ def _workers(path: Path) -> int:
 
 
 def predict(path: Path, profile: str) -> tuple[float, str]:
+    """The step time of the plan as the executor runs it (its ``as_run`` fields, as simdist
+    compare predicts a measurement), and the plan's software layers."""
+    from executor.checks import as_run
+    from simdist.calibrate.compare import as_run_dict
     from simdist.predict import predict as run_predict
     from simdist.spec.profile import load_profile, profile_layers
-    from simdist.spec.scenario import load_scenario
+    from simdist.spec.scenario import load_scenario, scenario_from_dict
 
     sc = load_scenario(path)
+    sc = scenario_from_dict(as_run_dict(yaml.safe_load(path.read_text()), as_run(sc)), str(path.parent))
     kind = "+".join(profile_layers(sc.plan)) or "ddp"
     return run_predict(sc, profile=load_profile(profile), engine="des", keep_spans=False).step_time_s, kind
 
