@@ -11,7 +11,7 @@ The device is chosen as for a run (:mod:`executor.devices`): on a node with a GP
 GEMMs run in bf16 on CUDA over LLM-shaped (m, n, k) (:data:`GPU_GEMM_SHAPES`; the fit keeps the
 efficiency of each shape) and the collectives on NCCL up to 1 GiB, timed between
 ``torch.cuda.synchronize`` calls (nccl-tests' method: the bus bandwidth of each size follows);
-on the CPU, fp32 GEMMs and gloo. The JSON also records the cores the ranks could use
+on the CPU, fp32 GEMMs (and the same GEMMs under bf16 autocast, ``gemm_bf16``) and gloo. The JSON also records the cores the ranks could use
 (``os.sched_getaffinity``) and how many ranks ran at once, which the profile keeps.
 """
 
@@ -89,6 +89,28 @@ def bench_gemm(dtype: torch.dtype, quick: bool, device: str = "cpu") -> list[dic
         once = _time(lambda a=a, b=b: a @ b, 1, 1, cpu_clock=True)
         t = _time(lambda a=a, b=b: a @ b, _reps(once, 0.3), cpu_clock=True)
         out.append({"m": m, "n": n, "k": k, "flops": 2.0 * m * n * k, "seconds": t})
+    return out
+
+
+BF16_MAX_FLOPS = 2.2e9  # the CPU's bf16 GEMMs run 10-100x slower than fp32 without AVX512-BF16/AMX: bounded
+
+
+def bench_gemm_autocast(quick: bool) -> list[dict[str, Any]]:
+    """The CPU's GEMMs under bf16 autocast (what a bf16 plan runs: fp32 weights cast to bf16,
+    the product in bf16), on the fp32 shapes up to :data:`BF16_MAX_FLOPS`. Without AVX512-BF16
+    or AMX the bf16 kernel is a slow path (measured on the 2-core EPYC this was written on:
+    11x fp32's time at 32x64x64, 10-30x from 64^3 to 512^3), which the profile must know."""
+    out = []
+    for m, n, k in [s for s in GEMM_SHAPES[: 6 if quick else None] if 2.0 * s[0] * s[1] * s[2] <= BF16_MAX_FLOPS]:
+        x, w = torch.randn(m, k), torch.randn(n, k)
+
+        def op(x=x, w=w):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return F.linear(x, w)
+
+        once = _time(op, 1, 1, cpu_clock=True)
+        out.append({"m": m, "n": n, "k": k, "flops": 2.0 * m * n * k,
+                    "seconds": _time(op, _reps(once, 0.3), cpu_clock=True)})
     return out
 
 
@@ -207,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         result[name] = fn(dtype, args.quick, device)
         if progress is not None:
             progress.update(1)
+    if device == "cpu" and dtype == torch.float32:
+        result["gemm_bf16"] = bench_gemm_autocast(args.quick)
     result["collectives"] = bench_collectives(args.quick, progress, device)
     if rank == 0:
         progress.close()

@@ -145,3 +145,16 @@ def test_ops_below_the_smallest_benchmark_keep_their_fixed_cost():
     assert time(1.0) > 8.8  # never below the fixed part
     flat = replace(prof, compute_curves={"memory": [(1e3, 0.5), (1e4, 0.4)]})  # no fixed part: the old clamp
     assert flat.efficiency("memory", 10.0) == 0.5
+
+
+def test_bf16_plans_use_the_cpus_bf16_gemms():
+    """A CPU without bf16 instructions runs autocast GEMMs on a slow path: the profile keeps them apart."""
+    bench = synthetic_bench()
+    slow = [{**r, "seconds": 10 * r["seconds"]} for r in bench["gemm"]]
+    prof = fit_profile({**bench, "gemm_bf16": slow})
+    assert prof.efficiency("gemm.bf16", 2.0 * 256**3) == pytest.approx(prof.efficiency("gemm", 2.0 * 256**3) / 10)
+    fp32 = scenario_from_dict(local_scenario())
+    bf16 = scenario_from_dict(local_scenario(precision="bf16"))
+    plain = fit_profile(bench)
+    assert predicted_quantities(bf16, prof)["forward_s"] > 3 * predicted_quantities(bf16, plain)["forward_s"]
+    assert predicted_quantities(fp32, prof)["forward_s"] == predicted_quantities(fp32, plain)["forward_s"]

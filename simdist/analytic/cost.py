@@ -120,8 +120,10 @@ class CostModel:
         return t
 
     def gemm_efficiency(self, op: Compute) -> float:
-        if self.profile:
-            fitted = self.profile.efficiency("gemm", op.flops)
+        if self.profile:  # a CPU profile may hold its GEMMs in another precision apart (gemm.bf16)
+            fitted = self.profile.efficiency(f"gemm.{self.precision}", op.flops)
+            if fitted is None:
+                fitted = self.profile.efficiency("gemm", op.flops)
             if fitted is not None:
                 return fitted
         return self._eff("fp8_gemm" if op.fp8 else "gemm") * gemm_shape_efficiency(op.m, op.n, op.k, self.gpu.sms,
