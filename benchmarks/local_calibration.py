@@ -13,8 +13,9 @@ profile_layers), each of another shape than the bundled plans it predicts: local
 DDP plan (per-op overhead: large ops and small ones), local-tp-fit and a tiny TP plan (DTensor
 TP), local-zero3-fit and a tiny FSDP plan (FSDP2 resharding), and variants of tiny plans written
 under ``--out/fit`` (as many micro-batches, each twice as large): ZeRO-1, ZeRO-2, HSDP (4 ranks), a 1F1B pipeline, an
-interleaved pipeline (several chunks per rank), fp16 compression and the synchronous parameter
-server. A refused fit (a noisy machine) stops here with the reasons.
+interleaved pipeline (several chunks per rank), fp16 compression, the synchronous parameter
+server, expert parallelism (all-to-all dispatch) and context parallelism (4 ranks: a ring of
+point-to-point exchanges on time-shared cores). A refused fit (a noisy machine) stops here with the reasons.
 
 Held out: every bundled ``scenarios/local-*.yaml`` and ``scenarios/tiny-*.yaml`` the fit did not
 use, 2 to 8 ranks on this machine's cores (more ranks than cores are priced as time-sharing
@@ -44,7 +45,8 @@ FIT_BUNDLED = ["local-dp", "local-tp-fit", "local-zero3-fit"]
 # (bundled plan, what its variant fits): the variant doubles the micro-batch (same micro-batches and ops,
 # twice the tokens in each); the plain DDP variant pins the per-op overhead with small ops, local-dp with large
 FIT_VARIANTS = {"tiny-ddp": "per-op overhead", "tiny-llama-tp": "tp", "tiny-fsdp3": "zero3", "tiny-zero1": "zero1", "tiny-fsdp2": "zero2", "tiny-hsdp": "hsdp", "tiny-pp-1f1b": "pipeline",
-                "tiny-pp-interleaved": "multichunk", "tiny-compress-fp16": "compression", "tiny-ps": "ps"}
+                "tiny-pp-interleaved": "multichunk", "tiny-compress-fp16": "compression", "tiny-ps": "ps",
+                "tiny-moe-ep": "ep", "tiny-cp": "cp"}
 
 
 def simdist(*args: str) -> subprocess.CompletedProcess:
@@ -135,6 +137,7 @@ def main() -> int:
     db, profile = str(out / "runs.db"), args.profile or str(out / "profile.json")
     if args.refit:
         fit = [REPO / "scenarios" / f"{n}.yaml" for n in FIT_BUNDLED] + [variant(n, out / "fit") for n in FIT_VARIANTS]
+        fit = stored(fit, db)
         previous = out / "profile.previous.json"
         previous.write_bytes(Path(profile).read_bytes())
         r = simdist("calibrate", "--refit", str(previous), "--db", db, "--out", profile, *map(str, fit),
@@ -187,6 +190,18 @@ def main() -> int:
     print(f"\n{len(within)} of {len(rows)} held-out plans within 15% of their measured median; load average at "
           f"the end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     return 0
+
+
+def stored(files: list[Path], db: str) -> list[Path]:
+    """The fit scenarios the run store has runs of (naming the others: an older calibration)."""
+    from simdist.calibrate.store import RunStore
+    from simdist.spec.scenario import load_scenario
+
+    store = RunStore(db)
+    have = [f for f in files if store.runs("measurement", load_scenario(f).hash())]
+    for f in sorted(set(files) - set(have)):
+        print(f"{f.stem}: no stored runs in {db}, left out of the refit", flush=True)
+    return have
 
 
 def repredict(out: Path, profile: str, before: str | None = None, fit: list[Path] | None = None) -> int:

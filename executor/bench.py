@@ -150,7 +150,7 @@ def bench_collectives(quick: bool, progress, device: str = "cpu") -> list[dict[s
         if rank >= n:
             dist.barrier()
             continue
-        for kind in ("allreduce", "allgather", "reducescatter", "sendrecv"):
+        for kind in ("allreduce", "allgather", "reducescatter", "sendrecv", "alltoall"):
             for nbytes in sizes:
                 numel = max(n, nbytes // 4 // n * n)
                 buf = torch.ones(numel, device=device)
@@ -166,6 +166,8 @@ def bench_collectives(quick: bool, progress, device: str = "cpu") -> list[dict[s
                             _REDUCE_SCATTER(shard, buf, group=group)
                         except (RuntimeError, NotImplementedError, ValueError):
                             dist.all_reduce(buf, group=group)  # gloo: a full-size all-reduce
+                    elif kind == "alltoall":  # S bytes per rank, S/n to every peer (expert dispatch)
+                        dist.all_to_all_single(torch.empty_like(buf), buf, group=group)
                     elif rank in (0, 1):  # sendrecv between ranks 0 and 1
                         if rank == 0:
                             dist.send(buf, 1)
@@ -219,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         from tqdm import tqdm
 
         sizes = len((GPU_MESSAGE_SIZES if device == "cuda" else MESSAGE_SIZES)[: 6 if args.quick else None])
-        n_coll = sum(4 if n == 2 else 3 for n in range(2, world + 1)) * sizes
+        n_coll = sum(5 if n == 2 else 4 for n in range(2, world + 1)) * sizes
         progress = tqdm(total=3 + n_coll, desc="microbenchmarks", file=sys.stderr, leave=False)
     result: dict[str, Any] = {"world_size": world, "threads": torch.get_num_threads(), "dtype": dtype_name,
                               "torch_version": torch.__version__, "device": device, "backend": backend,

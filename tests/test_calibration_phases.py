@@ -158,3 +158,16 @@ def test_bf16_plans_use_the_cpus_bf16_gemms():
     plain = fit_profile(bench)
     assert predicted_quantities(bf16, prof)["forward_s"] > 3 * predicted_quantities(bf16, plain)["forward_s"]
     assert predicted_quantities(fp32, prof)["forward_s"] == predicted_quantities(fp32, plain)["forward_s"]
+
+
+def test_all_to_all_is_benchmarked_and_fitted_as_the_model_prices_it():
+    """S bytes per rank, S/n to each of n - 1 peers: one latency and (n-1)/n S over the link."""
+    from simdist.calibrate.fit import fit_alpha_beta, ring_terms
+    from simdist.spec.profile import profile_layers
+    from simdist.spec.scenario import load_scenario
+
+    assert ring_terms("alltoall", 4, 4096.0) == (1, 3072.0)
+    rows = [{"kind": "alltoall", "ranks": 2, "bytes": b, "seconds": 2e-4 + b / 2 / 1e9} for b in (4096.0, 2**20, 2**24)]
+    alpha, beta, rms = fit_alpha_beta(rows)
+    assert alpha == pytest.approx(2e-4, rel=1e-6) and beta == pytest.approx(1e9, rel=1e-6) and rms < 1e-9
+    assert profile_layers(load_scenario("scenarios/tiny-moe-ep.yaml").plan) == ("ep",)

@@ -32,6 +32,8 @@ def ring_terms(kind: str, n: int, nbytes: float) -> tuple[float, float]:
         return 2 * (n - 1), 2 * (n - 1) / n * nbytes
     if kind in ("allgather", "reducescatter"):
         return n - 1, (n - 1) / n * nbytes
+    if kind == "alltoall":  # S/n to each of n - 1 peers at once (simdist.analytic.collectives.alltoall_parts)
+        return 1, (n - 1) / n * nbytes
     return 1, nbytes  # sendrecv
 
 

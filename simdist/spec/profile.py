@@ -216,10 +216,16 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
     (ZeroRedundancyOptimizer), "zero2" (FSDP2 keeping parameters gathered), "zero3" (FSDP2
     resharding them), "hsdp" (FSDP2 on a 2-D mesh), "pipeline" (torch.distributed.pipelining),
     "multichunk" (several chunks per rank or zero-bubble's split backward, under FSDP2's
-    replicate), "compression" (DDP communication hooks) and "ps" (the parameter server)."""
+    replicate), "compression" (DDP communication hooks), "ps" (the parameter server), "cp"
+    (context parallelism: the ring's point-to-point exchanges, executor.context) and "ep" (expert
+    parallelism: the executor's all-to-all dispatch and its loop over local experts, executor.moe)."""
     out: list[str] = []
     if plan.tp > 1:
         out.append("tp")
+    if plan.cp > 1:
+        out.append("cp")
+    if plan.ep > 1:
+        out.append("ep")
     if plan.uses_parameter_servers:
         return (*out, "ps", *(("zero3",) if plan.zero_stage == 3 else ()))
     if plan.dp > 1:
