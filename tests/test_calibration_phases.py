@@ -37,7 +37,8 @@ def phased(profile, name: str, cluster: dict | None = None, **plan) -> tuple[dic
     """A run whose phases and step are ``profile``'s prediction (as the executor reports them)."""
     d = {**local_scenario(**plan), "name": name, **({"cluster": cluster} if cluster else {})}
     q = predicted_quantities(scenario_from_dict(d), profile)
-    phases = {"forward": q["forward_s"], "backward": q["backward_s"], "optimizer": q["optimizer_s"],
+    cpu = predicted_quantities(scenario_from_dict(d), replace(profile, cores=0))  # CPU time: never stretched
+    phases = {"forward": cpu["forward_s"], "backward": cpu["backward_s"], "optimizer": cpu["optimizer_s"],
               "comm": q["comm_s"], "core_wait": 0.0, "other": 0.0}
     payload = measurement(name=name, scenario_hash=scenario_from_dict(d).hash(), step_time_s=q["step_time_s"],
                           phases_s=phases)
@@ -171,3 +172,15 @@ def test_all_to_all_is_benchmarked_and_fitted_as_the_model_prices_it():
     alpha, beta, rms = fit_alpha_beta(rows)
     assert alpha == pytest.approx(2e-4, rel=1e-6) and beta == pytest.approx(1e9, rel=1e-6) and rms < 1e-9
     assert profile_layers(load_scenario("scenarios/tiny-moe-ep.yaml").plan) == ("ep",)
+
+
+def test_a_layer_may_cost_less_per_op_than_plain_ddp_never_less_than_nothing():
+    t = replace(truth(), framework_overheads_s={"compression": -1e-5}, optimizer_layer_tensor_s={"compression": -5e-6})
+    runs = [phased(t, "small")[1], phased(t, "large", micro_batch_size=8, global_batch_size=16)[1],
+            phased(t, "fp16", grad_compression={"method": "fp16"})[1]]
+    fitted, _, _ = fit_terms(microbenchmark_part(t), runs)
+    assert fitted.framework_overheads_s["compression"] == pytest.approx(-1e-5, rel=0.05)
+    assert fitted.optimizer_layer_tensor_s["compression"] == pytest.approx(-5e-6, rel=0.05)
+    far = replace(fitted, framework_overheads_s={"compression": -1.0}, optimizer_layer_tensor_s={"compression": -1.0})
+    q = predicted_quantities(scenario_from_dict(local_scenario(grad_compression={"method": "fp16"})), far)
+    assert q["forward_s"] > 0 and q["optimizer_s"] > 0  # clamped where used

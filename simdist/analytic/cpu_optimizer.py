@@ -55,4 +55,4 @@ def per_tensor_optimizer_time(sc: Any, profile: Any, stage: int) -> float | None
         return None
     per = profile.optimizer_tensor_s + sum(profile.optimizer_layer_tensor_s.get(k, 0.0)
                                            for k in profile_layers(sc.plan))
-    return stage_tensors(sc.model, sc.plan, stage) * per
+    return stage_tensors(sc.model, sc.plan, stage) * max(0.0, per)  # a layer's term may be negative

@@ -191,7 +191,8 @@ def framework_overhead(sc: Scenario, cost: CostModel) -> float:
     """Extra framework seconds per compute op that a calibration profile measured for the
     software layers this plan runs through; 0 otherwise."""
     over = cost.profile.framework_overheads_s if cost.profile else {}
-    return sum(over.get(k, 0.0) for k in software_layers(sc))
+    extra = sum(over.get(k, 0.0) for k in software_layers(sc))
+    return max(extra, -cost.kernel_overhead)  # a layer cheaper per op than plain DDP, an op never below zero
 
 
 def sync_wait_part(plan: ParallelPlan) -> str:

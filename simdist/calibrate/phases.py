@@ -71,12 +71,20 @@ def probe(run: Any, profile: CalibrationProfile, quantity: Callable[[dict[str, f
     return at0, (at1 - at0) / PROBE_S
 
 
-def one_term(rows: Sequence[tuple[float, float, float]]) -> float:
-    """The value v >= 0 minimising sum(((a + k v) / m - 1)^2) over rows (measured m, model at
-    v = 0 a, slope k): least squares on relative error."""
+def cpu_time(setting: Callable[[CalibrationProfile, float], CalibrationProfile]
+             ) -> Callable[[CalibrationProfile, float], CalibrationProfile]:
+    """``setting`` on the profile without its cores: the forward, backward and optimizer phases
+    are the training thread's CPU time, which time-sharing the cores does not stretch (the wait
+    for a core is measured apart), so they are compared with the unshared prediction."""
+    return lambda p, v: replace(setting(p, v), cores=0)
+
+
+def one_term(rows: Sequence[tuple[float, float, float]], low: float = 0.0) -> float:
+    """The value v >= ``low`` minimising sum(((a + k v) / m - 1)^2) over rows (measured m, model
+    at v = 0 a, slope k): least squares on relative error."""
     num = sum(k * (m - a) / m ** 2 for m, a, k in rows if m > 0)
     den = sum((k / m) ** 2 for m, a, k in rows if m > 0)
-    return max(0.0, num / den) if den > 0 else 0.0
+    return max(low, num / den) if den > 0 else 0.0
 
 
 def two_terms(rows: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
@@ -106,14 +114,14 @@ def fit_plain(profile: CalibrationProfile, runs: Sequence[Any]) -> CalibrationPr
     cost (optimizer phase) from runs through no software layer."""
     rows = []
     for r in runs:
-        rate, ops = probe(r, profile, compute_s, _overhead)
+        rate, ops = probe(r, profile, compute_s, cpu_time(_overhead))
         rows.append((measured_compute(r.measured()), rate, ops))
     x, overhead = two_terms(rows)
     s = min(max(1.0 / x, SCALE_RANGE[0]), SCALE_RANGE[1])
     profile = replace(profile, peak_flops=profile.peak_flops * s,
                       memory_bandwidth_bytes_per_s=profile.memory_bandwidth_bytes_per_s * s,
                       compute_scale=profile.compute_scale * s, kernel_overhead_s=overhead)
-    opt = [(r.measured().get("optimizer_s", 0.0), *probe(r, profile, optimizer_s, _optimizer)) for r in runs
+    opt = [(r.measured().get("optimizer_s", 0.0), *probe(r, profile, optimizer_s, cpu_time(_optimizer))) for r in runs
            if r.measured().get("optimizer_s") is not None]
     return replace(profile, optimizer_tensor_s=one_term(opt))
 
@@ -127,15 +135,26 @@ def fit_layer(profile: CalibrationProfile, layer: str, runs: Sequence[Any]) -> C
     def tensor(p: CalibrationProfile, v: float) -> CalibrationProfile:
         return replace(p, optimizer_layer_tensor_s={**p.optimizer_layer_tensor_s, layer: v})
 
+    # a layer may cost less per op than plain DDP (a communication hook or a parameter server
+    # takes over the work DDP's reducer does on the training thread), never less than nothing
     measured = [r.measured() for r in runs]
-    rows = [(measured_compute(m), *probe(r, profile, compute_s, op))
+    rows = [(measured_compute(m), *probe(r, profile, compute_s, cpu_time(op)))
             for r, m in zip(runs, measured, strict=True)]
-    profile = op(profile, one_term(rows))
+    profile = op(profile, one_term(rows, low=-_sum_others(profile.kernel_overhead_s, profile.framework_overheads_s,
+                                                           layer, runs)))
     if profile.optimizer_tensor_s is not None:
-        rows = [(m["optimizer_s"], *probe(r, profile, optimizer_s, tensor))
+        rows = [(m["optimizer_s"], *probe(r, profile, optimizer_s, cpu_time(tensor)))
                 for r, m in zip(runs, measured, strict=True) if m.get("optimizer_s") is not None]
-        profile = tensor(profile, one_term(rows))
+        profile = tensor(profile, one_term(rows, low=-_sum_others(profile.optimizer_tensor_s,
+                                                                   profile.optimizer_layer_tensor_s, layer, runs)))
     return profile
+
+
+def _sum_others(base: float | None, per_layer: dict[str, float], layer: str, runs: Sequence[Any]) -> float:
+    """The smallest per-op (or per-tensor) cost the runs' other terms give: how far below zero
+    ``layer``'s own term may go."""
+    others = [(base or 0.0) + sum(per_layer.get(k, 0.0) for k in r.layers if k != layer) for r in runs]
+    return max(0.0, min(others, default=0.0))
 
 
 def fit_waits(profile: CalibrationProfile, key: str, runs: Sequence[Any]) -> CalibrationProfile:

@@ -133,7 +133,7 @@ def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[Calibrat
             profile = fit_layer(profile, layer, subset) if phased else \
                 fit_overhead(profile, _mean_log_error(subset), layer)
             bounds.append(Bound(f"the {layer} per-op overhead (s)", profile.framework_overheads_s[layer],
-                                *OVERHEAD_RANGE))
+                                *OVERHEAD_RANGE))  # may be negative: cheaper per op than plain DDP
             own_cores = [r for r in subset if not _time_shared(r, profile)]  # waits of shared ones: coschedule
             if phased and own_cores:
                 profile = fit_waits(profile, layer, own_cores)

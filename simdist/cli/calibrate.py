@@ -175,7 +175,13 @@ def _summary(profile) -> None:
           f" GB/s, {profile.cores or '-'} cores, fitted at {profile.ranks} ranks; per-op overhead "
           f"{(profile.kernel_overhead_s or 0) * 1e6:.1f} us"
           + "".join(f"; {k} +{v * 1e6:.1f} us/op" for k, v in profile.framework_overheads_s.items())
-          + "".join(f"; {k} sync waits {v:.0%} of compute" for k, v in profile.sync_wait_fractions.items()))
+          + "".join(f"; {k} sync waits {v:.0%} of compute" for k, v in profile.sync_wait_fractions.items())
+          + (f"; executor rate {profile.compute_scale:.2f}x the microbenchmarks'" if profile.compute_scale != 1 else "")
+          + ("" if profile.optimizer_tensor_s is None else
+             f"; optimizer {profile.optimizer_tensor_s * 1e6:.1f} us/tensor"
+             + "".join(f" ({k} +{v * 1e6:.1f})" for k, v in profile.optimizer_layer_tensor_s.items() if v))
+          + (f"; {profile.coschedule_wait_s * 1e3:.2f} ms per sync point of time-shared ranks"
+             if profile.coschedule_wait_s else ""))
     for k, link in profile.links.items():
         print(f"link {k}: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
     print(f"error band of predictions: +/-{profile.error_band:.0%} (the largest spread or residual of the fitted runs)")

@@ -257,6 +257,11 @@ def wait_keys(plan: Any) -> tuple[str, ...]:
     return (BASE_TERMS, *profile_layers(plan))
 
 
+# a layer's terms are relative to plain DDP's and may be below zero (cheaper per op); a plan's sum
+# is held at or above zero where it is used (simdist.analytic.passes, cpu_optimizer)
+RELATIVE_TERMS = ("framework_overheads_s.", "optimizer_layer_tensor_s.")
+
+
 def load_profile(path: str | Path) -> CalibrationProfile:
     p = Path(path)
     data = read_json_object(p, "--profile")  # a regular file, bounded, a JSON object
@@ -265,7 +270,7 @@ def load_profile(path: str | Path) -> CalibrationProfile:
     except (TypeError, AttributeError, ValueError) as exc:  # a section of the wrong shape
         raise ScenarioError(Problem("--profile", f"{p} is not a calibration profile: {exc}")) from None
     bad = [f"--profile.{where}" for where, x in _numbers(profile.to_dict(), "")
-           if isinstance(x, bool) or not math.isfinite(x) or x < 0]
+           if isinstance(x, bool) or not math.isfinite(x) or (x < 0 and not where.startswith(RELATIVE_TERMS))]
     if bad:  # NaN or a negative speed would hang or invert the event engine
         raise ScenarioError([Problem(w, "must be a finite number >= 0") for w in bad[:10]])
     return profile
