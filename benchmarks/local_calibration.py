@@ -10,12 +10,14 @@ and tiny plan, and set each error beside the run-to-run spread of its measuremen
 Fit (``simdist calibrate --nproc 2``, every run repeated until its median is stable): the
 microbenchmarks, then one plan per software layer of the executor (simdist.spec.profile.
 profile_layers), each of another shape than the bundled plans it predicts: local-dp and a tiny
-DDP plan (per-op overhead: large ops and small ones), local-tp-fit and a tiny TP plan (DTensor
-TP), local-zero3-fit and a tiny FSDP plan (FSDP2 resharding), and variants of tiny plans written
-under ``--out/fit`` (as many micro-batches, each twice as large): ZeRO-1, ZeRO-2, HSDP (4 ranks), a 1F1B pipeline, an
-interleaved pipeline (several chunks per rank), fp16 compression, the synchronous parameter
-server, expert parallelism (all-to-all dispatch) and context parallelism (4 ranks: a ring of
-point-to-point exchanges on time-shared cores). A refused fit (a noisy machine) stops here with the reasons.
+DDP plan (the kernels' rate and the per-op overhead: large ops and small ones), local-tp-fit and
+a tiny TP plan (DTensor TP), local-zero3-fit and a tiny FSDP plan (FSDP2 resharding), and
+variants of tiny plans written under ``--out/fit`` (as many micro-batches, each twice as large):
+ZeRO-1, ZeRO-2, HSDP (4 ranks), a 1F1B pipeline, an interleaved pipeline (several chunks per
+rank), fp16 compression, the synchronous parameter server and the asynchronous one, expert
+parallelism (all-to-all dispatch) and context parallelism (4 ranks: a ring of point-to-point
+exchanges; with HSDP they fit the waits of ranks that time-share the cores). A refused fit (a
+noisy machine) stops here with the reasons.
 
 Held out: every bundled ``scenarios/local-*.yaml`` and ``scenarios/tiny-*.yaml`` the fit did not
 use, 2 to 8 ranks on this machine's cores (more ranks than cores are priced as time-sharing
@@ -46,7 +48,7 @@ FIT_BUNDLED = ["local-dp", "local-tp-fit", "local-zero3-fit"]
 # twice the tokens in each); the plain DDP variant pins the per-op overhead with small ops, local-dp with large
 FIT_VARIANTS = {"tiny-ddp": "per-op overhead", "tiny-llama-tp": "tp", "tiny-fsdp3": "zero3", "tiny-zero1": "zero1", "tiny-fsdp2": "zero2", "tiny-hsdp": "hsdp", "tiny-pp-1f1b": "pipeline",
                 "tiny-pp-interleaved": "multichunk", "tiny-compress-fp16": "compression", "tiny-ps": "ps",
-                "tiny-moe-ep": "ep", "tiny-cp": "cp"}
+                "tiny-moe-ep": "ep", "tiny-cp": "cp", "tiny-ps-async": "async"}
 
 
 def simdist(*args: str) -> subprocess.CompletedProcess:

@@ -124,6 +124,7 @@ def test_every_plan_kind_has_its_layers():
     assert profile_layers(sc(grad_compression={"method": "fp16"})) == ("compression",)
     assert profile_layers(sc(gradient_sync="parameter-server")) == ("ps",)
     assert profile_layers(sc(cp=2)) == ("cp",)
+    assert profile_layers(sc(gradient_sync="async-parameter-server")) == ("ps", "async")
     hsdp = scenario_from_dict({**local_scenario(zero_stage=3, dp_shard=2),
                                "cluster": {"preset": "local", "num_nodes": 1, "gpus_per_node": 4}}).plan
     assert profile_layers(hsdp) == ("zero3", "hsdp")

@@ -216,7 +216,8 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
     (ZeroRedundancyOptimizer), "zero2" (FSDP2 keeping parameters gathered), "zero3" (FSDP2
     resharding them), "hsdp" (FSDP2 on a 2-D mesh), "pipeline" (torch.distributed.pipelining),
     "multichunk" (several chunks per rank or zero-bubble's split backward, under FSDP2's
-    replicate), "compression" (DDP communication hooks), "ps" (the parameter server), "cp"
+    replicate), "compression" (DDP communication hooks), "ps" (the parameter server; "async" besides
+    for the asynchronous one: executor.ps's workers and server threads), "cp"
     (context parallelism: the ring's point-to-point exchanges, executor.context) and "ep" (expert
     parallelism: the executor's all-to-all dispatch and its loop over local experts, executor.moe)."""
     out: list[str] = []
@@ -227,7 +228,8 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
     if plan.ep > 1:
         out.append("ep")
     if plan.uses_parameter_servers:
-        return (*out, "ps", *(("zero3",) if plan.zero_stage == 3 else ()))
+        return (*out, "ps", *(() if plan.sync_parameter_servers else ("async",)),
+                *(("zero3",) if plan.zero_stage == 3 else ()))
     if plan.dp > 1:
         if plan.zero_stage == 1:
             out.append("zero1")
