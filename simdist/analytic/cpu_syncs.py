@@ -7,8 +7,10 @@ rank holding it. Linux's EEVDF scheduler (kernel 6.6 and later; CFS before it, w
 granularity) gives a task a base slice of 0.75 ms scaled by 1 + log2(CPUs) (kernel/sched/fair.c,
 ``sysctl_sched_base_slice`` under the default logarithmic tunable scaling), 1.5 ms on 2 cores;
 a peer is descheduled with probability 1 - cores/ranks. So each sync point costs about
-(1 - cores/ranks) x a slice-sized wait, which a calibration profile fits from runs with more
-ranks than cores (``coschedule_wait_s``: the wait of a sync point when no peer is running).
+(1 - cores/ranks) x a wait of the order of a slice, which a calibration profile fits from runs
+with more ranks than cores (``coschedule_wait_s``: the wait of a sync point when no peer is
+running; 3.1 ms fitted on the 2-core machine this was written on, about two slices: a collective
+waits for every member of its group, and a woken peer then finishes its own part first).
 The waits add up over the step's sync points; gloo's collectives and point-to-point transfers
 are each one (measured on the shared 2-core machine this was written on: 0.9-1.7 ms of
 unexplained wait per collective call at 4 ranks on 2 cores, against 0.1-0.3 ms at 2 ranks).
