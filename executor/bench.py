@@ -33,11 +33,11 @@ from executor.devices import choose
 from executor.faults import pid_path
 from simdist.spec.files import write_json_atomic
 
-GEMM_SHAPES = [(m, n, k) for m, n, k in [
-    (64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 256, 256), (512, 512, 512),
+GEMM_SHAPES = [(m, n, k) for m, n, k in [  # from a tiny plan's 32 tokens x width 64 up
+    (32, 64, 64), (64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 256, 256), (512, 512, 512),
     (512, 768, 256), (512, 1024, 256), (1024, 1024, 1024), (1024, 3072, 768), (2048, 2048, 2048),
 ]]
-ATTENTION = [(b, h, s, d) for b, h, s, d in [(1, 4, 64, 16), (2, 4, 128, 32), (4, 8, 128, 32),
+ATTENTION = [(b, h, s, d) for b, h, s, d in [(1, 4, 32, 16), (1, 4, 64, 16), (2, 4, 128, 32), (4, 8, 128, 32),
                                               (4, 8, 256, 64), (8, 8, 512, 64)]]
 MEMORY_SIZES = [2**p for p in range(12, 28, 2)]  # 4 KiB .. 64 MiB per tensor
 MESSAGE_SIZES = [2**p for p in range(12, 29, 2)]  # 4 KiB .. 256 MiB
