@@ -100,8 +100,8 @@ class CalibrationProfile:
         xs = [math.log(max(p[0], 1.0)) for p in points]
         x = math.log(max(size, 1.0))
         i = bisect.bisect_left(xs, x)
-        if i == 0:  # attention's points time a forward + backward pair, the model prices each apart: no line
-            return points[0][1] if kind.startswith("attention") else _below_smallest(points, size)
+        if i == 0:
+            return _below_smallest(points, size)
         if i >= len(points):
             return points[-1][1]
         w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
