@@ -184,3 +184,18 @@ def test_a_layer_may_cost_less_per_op_than_plain_ddp_never_less_than_nothing():
     far = replace(fitted, framework_overheads_s={"compression": -1.0}, optimizer_layer_tensor_s={"compression": -1.0})
     q = predicted_quantities(scenario_from_dict(local_scenario(grad_compression={"method": "fp16"})), far)
     assert q["forward_s"] > 0 and q["optimizer_s"] > 0  # clamped where used
+
+
+def test_an_attention_op_is_its_share_of_the_benchmarked_pair():
+    """The attention benchmark times forward + backward (3x the forward's FLOPs): a forward of F
+    FLOPs costs F/3F of a pair of 3F, its backward (2.5 F) 2.5/3 of it, together the pair."""
+    from simdist.analytic.cost import CostModel
+    from simdist.analytic.ops import Compute
+
+    prof = replace(fit_profile(synthetic_bench()), compute_curves={"attention": [(3e6, 0.1), (3e7, 0.4), (3e8, 0.5)]})
+    sc = scenario_from_dict(local_scenario())
+    cm = CostModel(sc.cluster.gpu, "fp32", prof)
+    f = 1e7
+    fwd = Compute("flash attention", "attention", f, m=64, n=64, k=16, batch=4)
+    bwd = Compute("flash attention bwd", "attention", 2.5 * f, m=64, n=64, k=16, batch=4)
+    assert cm.attention_efficiency(fwd) == cm.attention_efficiency(bwd) == prof.efficiency("attention", 3 * f)
