@@ -1,22 +1,25 @@
 """Fit the executor-run terms of a profile, one software layer at a time, and check the fit.
 
 The microbenchmarks fix the compute curves and the links (simdist.calibrate.fit). What they
-cannot see is the framework around the kernels, so executor runs fit it, layer by layer
-(:func:`simdist.spec.profile.profile_layers`: "tp", "zero1", "zero2", "zero3", "hsdp",
-"pipeline", "multichunk", "compression", "ps"):
+cannot see is the framework around the kernels, so executor runs fit it, phase by phase
+(simdist.calibrate.phases) and layer by layer (:func:`simdist.spec.profile.profile_layers`: "tp",
+"cp", "ep", "zero1", "zero2", "zero3", "hsdp", "pipeline", "multichunk", "compression", "ps",
+"async"):
 
-1. runs of plans through no layer (plain DDP) fit, phase by phase (simdist.calibrate.phases),
-   the kernels' rate relative to the microbenchmarks' and the per-op overhead (forward +
-   backward) and the optimizer's cost per parameter tensor (optimizer phase);
-2. then, repeatedly, the runs that add exactly one layer not fitted yet fit that layer: first
-   its extra per-op cost (``framework_overheads_s``, forward + backward) and per-tensor
-   optimizer cost, then its sync-point waits (the exposed communication they measured beyond
-   what the model prices, per second of compute, :func:`simdist.calibrate.fit.fit_sync_wait`),
-   each from that layer's runs only. Runs without separate phases (a GPU's: no exposed-
-   communication phase) fit the per-op overheads to their step times instead (golden-section
-   search, :func:`simdist.calibrate.fit.fit_overhead`);
-3. a run whose plan adds two unfitted layers at once cannot tell them apart: it is reported.
+1. runs of plans through no layer (plain DDP) fit the kernels' rate relative to the
+   microbenchmarks' and the per-op overhead (forward + backward + the rest of the step's CPU
+   time), the optimizer's cost per parameter tensor (optimizer phase) and their own waits
+   (``sync_wait_fractions["base"]``: comm + core wait beyond the collectives' prices);
+2. then, repeatedly, the runs that add exactly one layer not fitted yet fit that layer: its
+   extra per-op cost (``framework_overheads_s``) and per-tensor optimizer cost, which may be
+   below zero (cheaper than plain DDP), then its sync-point waits, from those of its runs whose
+   ranks have a core each;
+3. runs with more ranks than cores then fit the wait at a sync point whose peers are
+   descheduled (``coschedule_wait_s``, simdist.analytic.cpu_syncs) on their step times;
+4. a run whose plan adds two unfitted layers at once cannot tell them apart: it is reported.
 
+Runs without separate phases (a GPU's: no exposed-communication phase) fit the per-op overheads
+to their step times instead (golden-section search, :func:`simdist.calibrate.fit.fit_overhead`).
 Every fitted value is checked against its search range, and every fitted run against its own
 measured spread (:mod:`simdist.calibrate.honesty`). A run's measured step is the median of its
 repeated runs' medians (:mod:`simdist.calibrate.repeat`).
