@@ -4,15 +4,20 @@ and tiny plan, and set each error beside the run-to-run spread of its measuremen
     python benchmarks/local_calibration.py [--out out/calibration] [--steps 5] [--min-runs 3]
         [--max-runs 5] [--only NAME ...] [--profile PROFILE]   (reuse a profile: no fit)
         [--repredict]   (no runs: predict --out's report.json again, after a model change)
+        [--refit]   (no runs: fit --out's profile again from its run store's fit runs, then --repredict)
+        [--before PROFILE]   (with --repredict/--refit: a column of this profile's predictions)
 
 Fit (``simdist calibrate --nproc 2``, every run repeated until its median is stable): the
 microbenchmarks, then one plan per software layer of the executor (simdist.spec.profile.
 profile_layers), each of another shape than the bundled plans it predicts: local-dp and a tiny
-DDP plan (per-op overhead: large ops and small ones), local-tp-fit and a tiny TP plan (DTensor
-TP), local-zero3-fit and a tiny FSDP plan (FSDP2 resharding), and variants of tiny plans written
-under ``--out/fit`` (as many micro-batches, each twice as large): ZeRO-1, ZeRO-2, HSDP (4 ranks), a 1F1B pipeline, an
-interleaved pipeline (several chunks per rank), fp16 compression and the synchronous parameter
-server. A refused fit (a noisy machine) stops here with the reasons.
+DDP plan (the kernels' rate and the per-op overhead: large ops and small ones), local-tp-fit and
+a tiny TP plan (DTensor TP), local-zero3-fit and a tiny FSDP plan (FSDP2 resharding), and
+variants of tiny plans written under ``--out/fit`` (as many micro-batches, each twice as large):
+ZeRO-1, ZeRO-2, HSDP (4 ranks), a 1F1B pipeline, an interleaved pipeline (several chunks per
+rank), fp16 compression, the synchronous parameter server and the asynchronous one, expert
+parallelism (all-to-all dispatch) and context parallelism (4 ranks: a ring of point-to-point
+exchanges; with HSDP they fit the waits of ranks that time-share the cores). A refused fit (a
+noisy machine) stops here with the reasons.
 
 Held out: every bundled ``scenarios/local-*.yaml`` and ``scenarios/tiny-*.yaml`` the fit did not
 use, 2 to 8 ranks on this machine's cores (more ranks than cores are priced as time-sharing
@@ -42,7 +47,8 @@ FIT_BUNDLED = ["local-dp", "local-tp-fit", "local-zero3-fit"]
 # (bundled plan, what its variant fits): the variant doubles the micro-batch (same micro-batches and ops,
 # twice the tokens in each); the plain DDP variant pins the per-op overhead with small ops, local-dp with large
 FIT_VARIANTS = {"tiny-ddp": "per-op overhead", "tiny-llama-tp": "tp", "tiny-fsdp3": "zero3", "tiny-zero1": "zero1", "tiny-fsdp2": "zero2", "tiny-hsdp": "hsdp", "tiny-pp-1f1b": "pipeline",
-                "tiny-pp-interleaved": "multichunk", "tiny-compress-fp16": "compression", "tiny-ps": "ps"}
+                "tiny-pp-interleaved": "multichunk", "tiny-compress-fp16": "compression", "tiny-ps": "ps",
+                "tiny-moe-ep": "ep", "tiny-cp": "cp", "tiny-ps-async": "async"}
 
 
 def simdist(*args: str) -> subprocess.CompletedProcess:
@@ -97,11 +103,16 @@ def _workers(path: Path) -> int:
 
 
 def predict(path: Path, profile: str) -> tuple[float, str]:
+    """The step time of the plan as the executor runs it (its ``as_run`` fields, as simdist
+    compare predicts a measurement), and the plan's software layers."""
+    from executor.checks import as_run
+    from simdist.calibrate.compare import as_run_dict
     from simdist.predict import predict as run_predict
     from simdist.spec.profile import load_profile, profile_layers
-    from simdist.spec.scenario import load_scenario
+    from simdist.spec.scenario import load_scenario, scenario_from_dict
 
     sc = load_scenario(path)
+    sc = scenario_from_dict(as_run_dict(yaml.safe_load(path.read_text()), as_run(sc)), str(path.parent))
     kind = "+".join(profile_layers(sc.plan)) or "ddp"
     return run_predict(sc, profile=load_profile(profile), engine="des", keep_spans=False).step_time_s, kind
 
@@ -117,12 +128,28 @@ def main() -> int:
     ap.add_argument("--force", action="store_true", help="keep going with a refused fit (simdist calibrate --force)")
     ap.add_argument("--repredict", action="store_true",
                     help="no runs: predict the plans of --out's report.json again with its profile (after a model change)")
+    ap.add_argument("--refit", action="store_true",
+                    help="no runs: keep --out's profile's microbenchmarks, fit its executor terms again from the fit "
+                         "runs in --out's run store (simdist calibrate --refit; the old profile is kept as "
+                         "profile.previous.json), then --repredict")
+    ap.add_argument("--before", help="with --repredict or --refit: also predict with this profile (a 'before' column)")
     args = ap.parse_args()
     out = Path(args.out).resolve()
     (out / "fit").mkdir(parents=True, exist_ok=True)
     db, profile = str(out / "runs.db"), args.profile or str(out / "profile.json")
+    if args.refit:
+        fit = [REPO / "scenarios" / f"{n}.yaml" for n in FIT_BUNDLED] + [variant(n, out / "fit") for n in FIT_VARIANTS]
+        fit = stored(fit, db)
+        previous = out / "profile.previous.json"
+        previous.write_bytes(Path(profile).read_bytes())
+        r = simdist("calibrate", "--refit", str(previous), "--db", db, "--out", profile, *map(str, fit),
+                    *(["--force"] if args.force else []))
+        print(r.stdout + r.stderr, flush=True)
+        if r.returncode != 0:
+            return r.returncode
+        return repredict(out, profile, args.before or str(previous), fit)
     if args.repredict:
-        return repredict(out, profile)
+        return repredict(out, profile, args.before)
     load0 = os.getloadavg()
     print(f"load average at the start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on {os.cpu_count()} CPUs",
           flush=True)
@@ -167,16 +194,43 @@ def main() -> int:
     return 0
 
 
-def repredict(out: Path, profile: str) -> int:
-    rows = json.loads((out / "report.json").read_text())
+def stored(files: list[Path], db: str) -> list[Path]:
+    """The fit scenarios the run store has runs of (naming the others: an older calibration)."""
+    from simdist.calibrate.store import RunStore
+    from simdist.spec.scenario import load_scenario
+
+    store = RunStore(db)
+    have = [f for f in files if store.runs("measurement", load_scenario(f).hash())]
+    for f in sorted(set(files) - set(have)):
+        print(f"{f.stem}: no stored runs in {db}, left out of the refit", flush=True)
+    return have
+
+
+def repredict(out: Path, profile: str, before: str | None = None, fit: list[Path] | None = None) -> int:
+    """Predict the fit runs (from the run store) and the held-out plans (report.json's
+    measurements) with ``profile``, and with ``before`` beside it (else report.json's own)."""
+    from simdist.calibrate.store import RunStore
+
+    rows = []
+    store = RunStore(out / "runs.db")
+    for path in fit or []:
+        medians = [r.step_time_s for r in store.runs("measurement", path.stem) if r.step_time_s]
+        if medians:
+            med = statistics.median(medians)
+            rows.append({"scenario": path.stem, "path": path, "role": "fit", "median_s": med, "ranks": processes(path),
+                         "spread": (max(medians) - min(medians)) / med, "others_cores": 0.0})
+    for row in json.loads((out / "report.json").read_text()):
+        rows.append({**row, "role": "held", "path": REPO / "scenarios" / f"{row['scenario']}.yaml"})
     for row in rows:
-        row["predicted_s"], row["kind"] = predict(REPO / "scenarios" / f"{row['scenario']}.yaml", profile)
+        old = predict(row["path"], before)[0] if before else row.get("predicted_s")
+        row["predicted_s"], row["kind"] = predict(row["path"], profile)
         row["error"] = row["predicted_s"] / row["median_s"] - 1
-        print(f"{row['scenario']:<24} {row['kind']:<26} {row['ranks']:>2} ranks  {row['median_s']:8.4f} s  spread "
-              f"{row['spread']:6.1%}  predicted {row['predicted_s']:8.4f} s  error {row['error']:+7.1%}  others "
-              f"{row['others_cores']:.2f} cores")
-    within = [r for r in rows if abs(r["error"]) <= 0.15]
-    print(f"\n{len(within)} of {len(rows)} held-out plans within 15% of their measured median")
+        was = "" if old is None else f"  before {old:8.4f} s ({old / row['median_s'] - 1:+7.1%})"
+        print(f"{row['role']:<4} {row['scenario']:<24} {row['kind']:<26} {row['ranks']:>2} ranks  {row['median_s']:8.4f} s"
+              f"  spread {row['spread']:6.1%}{was}  predicted {row['predicted_s']:8.4f} s  error {row['error']:+7.1%}")
+    held = [r for r in rows if r["role"] == "held"]
+    within = [r for r in held if abs(r["error"]) <= 0.15]
+    print(f"\n{len(within)} of {len(held)} held-out plans within 15% of their measured median")
     return 0
 
 

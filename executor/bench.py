@@ -11,7 +11,7 @@ The device is chosen as for a run (:mod:`executor.devices`): on a node with a GP
 GEMMs run in bf16 on CUDA over LLM-shaped (m, n, k) (:data:`GPU_GEMM_SHAPES`; the fit keeps the
 efficiency of each shape) and the collectives on NCCL up to 1 GiB, timed between
 ``torch.cuda.synchronize`` calls (nccl-tests' method: the bus bandwidth of each size follows);
-on the CPU, fp32 GEMMs and gloo. The JSON also records the cores the ranks could use
+on the CPU, fp32 GEMMs (and the same GEMMs under bf16 autocast, ``gemm_bf16``) and gloo. The JSON also records the cores the ranks could use
 (``os.sched_getaffinity``) and how many ranks ran at once, which the profile keeps.
 """
 
@@ -33,11 +33,11 @@ from executor.devices import choose
 from executor.faults import pid_path
 from simdist.spec.files import write_json_atomic
 
-GEMM_SHAPES = [(m, n, k) for m, n, k in [
-    (64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 256, 256), (512, 512, 512),
+GEMM_SHAPES = [(m, n, k) for m, n, k in [  # from a tiny plan's 32 tokens x width 64 up
+    (32, 64, 64), (64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 256, 256), (512, 512, 512),
     (512, 768, 256), (512, 1024, 256), (1024, 1024, 1024), (1024, 3072, 768), (2048, 2048, 2048),
 ]]
-ATTENTION = [(b, h, s, d) for b, h, s, d in [(1, 4, 64, 16), (2, 4, 128, 32), (4, 8, 128, 32),
+ATTENTION = [(b, h, s, d) for b, h, s, d in [(1, 4, 32, 16), (1, 4, 64, 16), (2, 4, 128, 32), (4, 8, 128, 32),
                                               (4, 8, 256, 64), (8, 8, 512, 64)]]
 MEMORY_SIZES = [2**p for p in range(12, 28, 2)]  # 4 KiB .. 64 MiB per tensor
 MESSAGE_SIZES = [2**p for p in range(12, 29, 2)]  # 4 KiB .. 256 MiB
@@ -92,6 +92,28 @@ def bench_gemm(dtype: torch.dtype, quick: bool, device: str = "cpu") -> list[dic
     return out
 
 
+BF16_MAX_FLOPS = 2.2e9  # the CPU's bf16 GEMMs run 10-100x slower than fp32 without AVX512-BF16/AMX: bounded
+
+
+def bench_gemm_autocast(quick: bool) -> list[dict[str, Any]]:
+    """The CPU's GEMMs under bf16 autocast (what a bf16 plan runs: fp32 weights cast to bf16,
+    the product in bf16), on the fp32 shapes up to :data:`BF16_MAX_FLOPS`. Without AVX512-BF16
+    or AMX the bf16 kernel is a slow path (measured on the 2-core EPYC this was written on:
+    11x fp32's time at 32x64x64, 10-30x from 64^3 to 512^3), which the profile must know."""
+    out = []
+    for m, n, k in [s for s in GEMM_SHAPES[: 6 if quick else None] if 2.0 * s[0] * s[1] * s[2] <= BF16_MAX_FLOPS]:
+        x, w = torch.randn(m, k), torch.randn(n, k)
+
+        def op(x=x, w=w):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return F.linear(x, w)
+
+        once = _time(op, 1, 1, cpu_clock=True)
+        out.append({"m": m, "n": n, "k": k, "flops": 2.0 * m * n * k,
+                    "seconds": _time(op, _reps(once, 0.3), cpu_clock=True)})
+    return out
+
+
 def bench_attention(dtype: torch.dtype, quick: bool, device: str = "cpu") -> list[dict[str, Any]]:
     out = []
     for b, h, s, d in ATTENTION[: 3 if quick else None]:
@@ -100,8 +122,12 @@ def bench_attention(dtype: torch.dtype, quick: bool, device: str = "cpu") -> lis
         def fwd_bwd(q=q, k=k, v=v):
             F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
 
+        def call(q=q):  # starting a backward pass at all (autograd's engine): once per step in training
+            q.sum().backward()
+
         once = _time(fwd_bwd, 1, 1, cpu_clock=True)
         t = _time(fwd_bwd, _reps(once, 0.3), cpu_clock=True)
+        t = max(t / 2, t - _time(call, _reps(once, 0.3), cpu_clock=True))  # measured on CPU: 54 us of 164 at s=32
         # full-square FLOPs, forward 4*b*s*s*h*d, backward 2x (simdist's attention convention)
         flops = 3 * 4.0 * b * s * s * h * d
         out.append({"b": b, "heads": h, "s": s, "d": d, "flops": flops, "seconds": t})
@@ -128,7 +154,7 @@ def bench_collectives(quick: bool, progress, device: str = "cpu") -> list[dict[s
         if rank >= n:
             dist.barrier()
             continue
-        for kind in ("allreduce", "allgather", "reducescatter", "sendrecv"):
+        for kind in ("allreduce", "allgather", "reducescatter", "sendrecv", "alltoall"):
             for nbytes in sizes:
                 numel = max(n, nbytes // 4 // n * n)
                 buf = torch.ones(numel, device=device)
@@ -144,6 +170,8 @@ def bench_collectives(quick: bool, progress, device: str = "cpu") -> list[dict[s
                             _REDUCE_SCATTER(shard, buf, group=group)
                         except (RuntimeError, NotImplementedError, ValueError):
                             dist.all_reduce(buf, group=group)  # gloo: a full-size all-reduce
+                    elif kind == "alltoall":  # S bytes per rank, S/n to every peer (expert dispatch)
+                        dist.all_to_all_single(torch.empty_like(buf), buf, group=group)
                     elif rank in (0, 1):  # sendrecv between ranks 0 and 1
                         if rank == 0:
                             dist.send(buf, 1)
@@ -197,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         from tqdm import tqdm
 
         sizes = len((GPU_MESSAGE_SIZES if device == "cuda" else MESSAGE_SIZES)[: 6 if args.quick else None])
-        n_coll = sum(4 if n == 2 else 3 for n in range(2, world + 1)) * sizes
+        n_coll = sum(5 if n == 2 else 4 for n in range(2, world + 1)) * sizes
         progress = tqdm(total=3 + n_coll, desc="microbenchmarks", file=sys.stderr, leave=False)
     result: dict[str, Any] = {"world_size": world, "threads": torch.get_num_threads(), "dtype": dtype_name,
                               "torch_version": torch.__version__, "device": device, "backend": backend,
@@ -207,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         result[name] = fn(dtype, args.quick, device)
         if progress is not None:
             progress.update(1)
+    if device == "cpu" and dtype == torch.float32:
+        result["gemm_bf16"] = bench_gemm_autocast(args.quick)
     result["collectives"] = bench_collectives(args.quick, progress, device)
     if rank == 0:
         progress.close()

@@ -152,7 +152,22 @@ def as_run(scenario: Any, device: str = "cpu") -> dict[str, Any]:
         out["plan.overlap_grad_reduce"] = True
     if plan.ep_comm_overlap and plan.ep > 1:
         out["plan.ep_comm_overlap"] = False
+    if _fused(plan) and _has_composite_elementwise(scenario.model):
+        out["plan.fused_elementwise"] = False
     return out
+
+
+def _fused(plan: Any) -> bool:
+    """The elementwise fusion the plan asks for (its framework's default when unset)."""
+    from simdist.spec.frameworks import framework_of
+
+    return plan.fused_elementwise if plan.fused_elementwise is not None else framework_of(plan.framework).fused_elementwise
+
+
+def _has_composite_elementwise(model: Any) -> bool:
+    """RMSNorm, RoPE or SwiGLU: ops the executor's eager PyTorch runs as several kernels where a
+    fused kernel runs one (simdist.analytic.eager); LayerNorm and GELU are one kernel either way."""
+    return model.norm == "rmsnorm" or model.mlp == "swiglu" or model.position_embedding == "rope"
 
 
 _WHY = {
@@ -160,6 +175,8 @@ _WHY = {
     "plan.overlap_grad_reduce": "FSDP2 (and DDP with a compression hook) reduces each unit's gradients as its "
                                 "backward ends",
     "plan.ep_comm_overlap": "its expert all-to-all dispatch is synchronous, nothing overlaps it",
+    "plan.fused_elementwise": "it runs eager PyTorch, RMSNorm, RoPE and SwiGLU as several kernels each (no "
+                              "torch.compile or fused kernels)",
 }
 
 

@@ -58,11 +58,12 @@ EXECUTOR_READS: dict[str, str] = {
     "plan.cp_method": "ring, all-gather or Ulysses attention (executor.context)",
     "plan.ep_comm_overlap": "runs as false: the executor's all-to-all dispatch is synchronous (executor.checks.as_run)",
     "plan.zero_hpz_partition_size": "refused when set (ZeRO++ hpZ)",
+    "plan.fused_elementwise": "runs as false with RMSNorm, RoPE or SwiGLU: eager PyTorch, no torch.compile "
+                              "(executor.checks.as_run)",
 }
 SIMULATOR_ONLY: dict[str, str] = {
     "plan.fp8_recipe": "only with precision fp8, which the executor refuses",
     "plan.framework": "fills unset fields with a framework's defaults when the scenario is read; nothing left to run",
-    "plan.fused_elementwise": "names GPU kernel fusion (torch.compile / Transformer Engine); the CPU run is eager",
     "plan.attention_kernel": "names a GPU attention kernel class; on CPU SDPA has one fused kernel (flash_attention)",
 }
 ATTRIBUTES = {"plan.ddp_bucket_size": "ddp_bucket_size_bytes"}  # YAML key -> attribute, where they differ

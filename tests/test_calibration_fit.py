@@ -123,6 +123,8 @@ def test_every_plan_kind_has_its_layers():
     assert profile_layers(sc(pp=2, schedule="zero-bubble")) == ("pipeline", "multichunk")
     assert profile_layers(sc(grad_compression={"method": "fp16"})) == ("compression",)
     assert profile_layers(sc(gradient_sync="parameter-server")) == ("ps",)
+    assert profile_layers(sc(cp=2)) == ("cp",)
+    assert profile_layers(sc(gradient_sync="async-parameter-server")) == ("ps", "async")
     hsdp = scenario_from_dict({**local_scenario(zero_stage=3, dp_shard=2),
                                "cluster": {"preset": "local", "num_nodes": 1, "gpus_per_node": 4}}).plan
     assert profile_layers(hsdp) == ("zero3", "hsdp")
@@ -141,7 +143,13 @@ def test_ranks_beyond_the_cores_time_share_them():
                                 "cluster": {"preset": "local", "num_nodes": 1, "gpus_per_node": 8}})
     shared, alone = predict(eight, profile=prof, engine="analytic"), predict(eight, profile=replace(prof, cores=0),
                                                                              engine="analytic")
-    assert shared.breakdown_s["compute"] == pytest.approx(4 * alone.breakdown_s["compute"])
+    from simdist.analytic.timeshare import latency_part, time_shared
+
+    lat = latency_part(eight, prof, alone.step_time_s)  # the links' latency: the rank sleeps, its core is free
+    assert 0 < lat < alone.step_time_s / 4
+    factor = time_shared(eight, prof)[1]
+    assert factor == pytest.approx(4 * (alone.step_time_s - lat) / alone.step_time_s)
+    assert shared.breakdown_s["compute"] == pytest.approx(factor * alone.breakdown_s["compute"])
     assert shared.breakdown_s["dp_comm"] > 3 * alone.breakdown_s["dp_comm"]  # gloo's copies share the cores too
     assert any("8 ranks time-share the profiled machine's 2 cores (4x its share" in a for a in shared.assumptions)
     assert predict(two, profile=prof, engine="des").step_time_s == pytest.approx(
@@ -150,14 +158,14 @@ def test_ranks_beyond_the_cores_time_share_them():
 
 def test_idle_time_of_time_shared_ranks_fills_with_other_ranks_work():
     """A pipeline's bubble is not stretched: 8 ranks on 2 cores take 4x the busy time, not 4x the step."""
-    from simdist.analytic.timeshare import time_shared
+    from simdist.analytic.timeshare import latency_part, time_shared
 
     prof = replace(fit_profile(synthetic_bench()), cores=2, ranks=2, kernel_overhead_s=1e-4)
     pipe = scenario_from_dict({**local_scenario(pp=2, global_batch_size=8),
                                "cluster": {"preset": "local", "num_nodes": 1, "gpus_per_node": 8}})
     full = predict(pipe, profile=replace(prof, cores=0), engine="analytic")
     _, factor = time_shared(pipe, prof)
-    busy = full.step_time_s - full.breakdown_s["bubble"]
+    busy = full.step_time_s - full.breakdown_s["bubble"] - latency_part(pipe, prof, full.step_time_s)
     assert full.breakdown_s["bubble"] > 0 and factor == pytest.approx(4 * busy / full.step_time_s)
     assert predict(pipe, profile=prof, engine="analytic").step_time_s == pytest.approx(4 * busy, rel=1e-6)
     waits = replace(prof, sync_wait_fractions={"pipeline": 0.5})  # waits at sync points are idle too
@@ -171,7 +179,7 @@ def test_version_1_profiles_still_load_and_version_2_round_trips(tmp_path):
     old = {"version": 1, "device": "cpu", "peak_flops": 1e10, "links": {}, "compute_curves": {}}
     (tmp_path / "v1.json").write_text(json.dumps(old))
     v1 = load_profile(tmp_path / "v1.json")
-    assert v1.version == 2 and v1.cores == 0 and v1.error_band == 0.0
+    assert v1.version == 3 and v1.cores == 0 and v1.error_band == 0.0
     v2 = replace(fit_profile({**synthetic_bench(), "cores": 2}), spreads={"dp": 0.05}, error_band=0.08)
     v2.save(tmp_path / "v2.json")
     assert load_profile(tmp_path / "v2.json") == v2 and v2.cores == 2 and v2.ranks == 2

@@ -120,8 +120,10 @@ class CostModel:
         return t
 
     def gemm_efficiency(self, op: Compute) -> float:
-        if self.profile:
-            fitted = self.profile.efficiency("gemm", op.flops)
+        if self.profile:  # a CPU profile may hold its GEMMs in another precision apart (gemm.bf16)
+            fitted = self.profile.efficiency(f"gemm.{self.precision}", op.flops)
+            if fitted is None:
+                fitted = self.profile.efficiency("gemm", op.flops)
             if fitted is not None:
                 return fitted
         return self._eff("fp8_gemm" if op.fp8 else "gemm") * gemm_shape_efficiency(op.m, op.n, op.k, self.gpu.sms,
@@ -130,8 +132,9 @@ class CostModel:
     def attention_efficiency(self, op: Compute) -> float:
         """Fraction of peak on the full-square FLOP count: a calibration profile's (measured on
         that count), else the catalog's fraction on the computed FLOPs over :func:`causal_share`."""
-        if self.profile:
-            fitted = self.profile.efficiency("attention", op.flops)
+        if self.profile:  # its microbenchmark times forward + backward, 3x the forward's FLOPs: an op is
+            # priced as its share of such a pair (backward here is 2.5x forward, so the pair is 1.2x it)
+            fitted = self.profile.efficiency("attention", op.flops * (1.2 if op.name.endswith(" bwd") else 3.0))
             if fitted is not None:
                 return fitted
         # FlashAttention kernels tile over the sequence; short sequences and small heads fill

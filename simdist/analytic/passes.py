@@ -24,7 +24,7 @@ from simdist.analytic.cost import CostModel
 from simdist.analytic.moe import dispatch_overlapped, dispatcher_sms, paired_hidden, wire_factor
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.spec.plan import ParallelPlan
-from simdist.spec.profile import profile_layers
+from simdist.spec.profile import profile_layers, wait_keys
 from simdist.spec.scenario import Scenario
 
 
@@ -222,7 +222,8 @@ def framework_overhead(sc: Scenario, cost: CostModel) -> float:
     """Extra framework seconds per compute op that a calibration profile measured for the
     software layers this plan runs through; 0 otherwise."""
     over = cost.profile.framework_overheads_s if cost.profile else {}
-    return sum(over.get(k, 0.0) for k in software_layers(sc))
+    extra = sum(over.get(k, 0.0) for k in software_layers(sc))
+    return max(extra, -cost.kernel_overhead)  # a layer cheaper per op than plain DDP, an op never below zero
 
 
 def sync_wait_part(plan: ParallelPlan) -> str:
@@ -235,4 +236,4 @@ def sync_wait_fraction(sc: Scenario, cost: CostModel) -> float:
     """Wait at the per-layer sync points of this plan per second of compute (profile's
     ``sync_wait_fractions`` of its software layers); 0 otherwise."""
     fr = cost.profile.sync_wait_fractions if cost.profile else {}
-    return sum(fr.get(k, 0.0) for k in software_layers(sc))
+    return sum(fr.get(k, 0.0) for k in wait_keys(sc.plan))

@@ -33,6 +33,7 @@ from simdist.analytic.collectives import (
 )
 from simdist.analytic.compression import compression_kernel_bytes
 from simdist.analytic.cost import CostModel, optimizer_bytes_per_param
+from simdist.analytic.cpu_optimizer import per_tensor_optimizer_time
 from simdist.analytic.data_parallel import DataParallelTraffic
 from simdist.analytic.dp_groups import data_parallel_traffic
 from simdist.analytic.memory import StageMemory, optimizer_shard_params, stage_memory, state_bytes
@@ -339,4 +340,7 @@ def gpu_optimizer_time(sc: Scenario, cost: CostModel, stage: int) -> float:
         return 0.0
     n = optimizer_shard_params(sc.model, plan, stage)
     traffic = n * optimizer_bytes_per_param(plan.optimizer, plan.precision, state_bytes(sc.model, plan).grads)
+    per_tensor = per_tensor_optimizer_time(sc, cost.profile, stage)  # a CPU profile's loop over tensors
+    if per_tensor is not None:
+        return cost.memory_time(traffic, kernels=0) + per_tensor
     return cost.memory_time(traffic, kernels=20)

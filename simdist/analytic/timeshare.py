@@ -13,7 +13,9 @@ fills with other ranks' work. So the step takes the larger of
   the collectives themselves are CPU work, copies and reductions, so they count as busy).
 
 (The processor-sharing view of a CPU-bound parallel program: the step is bounded below by its
-total CPU demand over the cores and by its critical path.) The factor that maps the full-speed
+total CPU demand over the cores and by its critical path.) To that come the waits at the sync
+points whose peers the scheduler has not running (simdist.analytic.cpu_syncs), when the
+profile fitted them. The factor that maps the full-speed
 step to that time is applied to the whole profile (:meth:`CalibrationProfile.slowed`), so the
 breakdown and the timeline stay consistent with the step time.
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simdist.spec.profile import CalibrationProfile, busy_ranks, profile_layers
+from simdist.spec.profile import CalibrationProfile, busy_ranks, wait_keys
 
 
 def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[CalibrationProfile | None, float]:
@@ -46,8 +48,38 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     full = reduce_step(describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, profile),
                                 Network.of(cluster, profile)))
     b = full.breakdown
-    waits = sum(profile.sync_wait_fractions.get(k, 0.0) for k in profile_layers(scenario.plan))
+    waits = sum(profile.sync_wait_fractions.get(k, 0.0) for k in wait_keys(scenario.plan))
     idle = b.get("bubble", 0.0) + waits * (b.get("compute", 0.0) + b.get("recompute", 0.0))
+    idle += latency_part(scenario, profile, full.step_time)
     busy = max(0.0, full.step_time - idle)
-    factor = max(1.0, share * busy / full.step_time) if full.step_time > 0 else share
+    if full.step_time <= 0:
+        return profile.slowed(share), share
+    ranks = busy_ranks(scenario)
+    coschedule = 0.0
+    if profile.coschedule_wait_s > 0:  # the sync points whose peers are descheduled (cpu_syncs)
+        from simdist.analytic.cpu_syncs import sync_points
+
+        points = max(sync_points(scenario, s) for s in range(scenario.plan.pp))
+        coschedule = points * (1 - profile.cores / ranks) * profile.coschedule_wait_s
+    factor = max(1.0, (max(full.step_time, share * busy) + coschedule) / full.step_time)
     return profile.slowed(factor), factor
+
+
+def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float) -> float:
+    """The part of the full-speed step that is the links' latency (the step less the same step
+    on links without latency): on gloo a rank sleeps in the transport for it, its core free for
+    another rank, while the bandwidth part (copies, reductions) is CPU work."""
+    from dataclasses import replace
+
+    from simdist.analytic.collectives import Network
+    from simdist.analytic.cost import CostModel
+    from simdist.analytic.stage import describe
+    from simdist.analytic.steptime import reduce_step
+    from simdist.spec.profile import LinkFit
+
+    quick = replace(profile, links={k: LinkFit(latency_s=0.0, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s)
+                                    for k, v in profile.links.items()})
+    cluster = scenario.cluster
+    no_latency = reduce_step(describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, quick),
+                                      Network.of(cluster, quick)))
+    return max(0.0, step_time - no_latency.step_time)

@@ -32,6 +32,8 @@ def ring_terms(kind: str, n: int, nbytes: float) -> tuple[float, float]:
         return 2 * (n - 1), 2 * (n - 1) / n * nbytes
     if kind in ("allgather", "reducescatter"):
         return n - 1, (n - 1) / n * nbytes
+    if kind == "alltoall":  # S/n to each of n - 1 peers at once (simdist.analytic.collectives.alltoall_parts)
+        return 1, (n - 1) / n * nbytes
     return 1, nbytes  # sendrecv
 
 
@@ -71,6 +73,8 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
         "attention": _curve([(r["flops"], r["flops"] / r["seconds"]) for r in bench["attention"]], peak),
         "memory": _curve([(r["bytes"], r["bytes"] / r["seconds"]) for r in bench["memory"]], mem_bw),
     }
+    if bench.get("gemm_bf16"):  # the CPU's GEMMs under bf16 autocast, against the fp32 peak (cost.py: gemm.bf16)
+        curves["gemm.bf16"] = _curve([(r["flops"], r["flops"] / r["seconds"]) for r in bench["gemm_bf16"]], peak)
     residuals: dict[str, float] = {}
     links: dict[str, LinkFit] = {}
     by_kind: dict[str, list[dict[str, Any]]] = {}

@@ -1,17 +1,25 @@
 """Fit the executor-run terms of a profile, one software layer at a time, and check the fit.
 
 The microbenchmarks fix the compute curves and the links (simdist.calibrate.fit). What they
-cannot see is the framework around the kernels, so executor runs fit it, layer by layer
-(:func:`simdist.spec.profile.profile_layers`: "tp", "zero1", "zero2", "zero3", "hsdp",
-"pipeline", "multichunk", "compression", "ps"):
+cannot see is the framework around the kernels, so executor runs fit it, phase by phase
+(simdist.calibrate.phases) and layer by layer (:func:`simdist.spec.profile.profile_layers`: "tp",
+"cp", "ep", "zero1", "zero2", "zero3", "hsdp", "pipeline", "multichunk", "compression", "ps",
+"async"):
 
-1. runs of plans through no layer (plain DDP) fit the per-op overhead (``kernel_overhead_s``);
-2. then, repeatedly, the runs that add exactly one layer not fitted yet fit that layer: first
-   its sync-point waits (the exposed communication they measured beyond what the model prices,
-   per second of compute, :func:`simdist.calibrate.fit.fit_sync_wait`), then its extra per-op
-   overhead (``framework_overheads_s``), each from that layer's runs only;
-3. a run whose plan adds two unfitted layers at once cannot tell them apart: it is reported.
+1. runs of plans through no layer (plain DDP) fit the kernels' rate relative to the
+   microbenchmarks' and the per-op overhead (forward + backward + the rest of the step's CPU
+   time), the optimizer's cost per parameter tensor (optimizer phase) and their own waits
+   (``sync_wait_fractions["base"]``: comm + core wait beyond the collectives' prices);
+2. then, repeatedly, the runs that add exactly one layer not fitted yet fit that layer: its
+   extra per-op cost (``framework_overheads_s``) and per-tensor optimizer cost, which may be
+   below zero (cheaper than plain DDP), then its sync-point waits, from those of its runs whose
+   ranks have a core each;
+3. runs with more ranks than cores then fit the wait at a sync point whose peers are
+   descheduled (``coschedule_wait_s``, simdist.analytic.cpu_syncs) on their step times;
+4. a run whose plan adds two unfitted layers at once cannot tell them apart: it is reported.
 
+Runs without separate phases (a GPU's: no exposed-communication phase) fit the per-op overheads
+to their step times instead (golden-section search, :func:`simdist.calibrate.fit.fit_overhead`).
 Every fitted value is checked against its search range, and every fitted run against its own
 measured spread (:mod:`simdist.calibrate.honesty`). A run's measured step is the median of its
 repeated runs' medians (:mod:`simdist.calibrate.repeat`).
@@ -24,10 +32,17 @@ from dataclasses import dataclass, replace
 
 import yaml
 
-from simdist.calibrate.fit import OVERHEAD_RANGE, SYNC_WAIT_MAX, fit_overhead, fit_sync_wait
+from simdist.calibrate.fit import OVERHEAD_RANGE, SYNC_WAIT_MAX, fit_overhead
 from simdist.calibrate.honesty import Bound, FitCheck
+from simdist.calibrate.phases import SCALE_RANGE, fit_coschedule, fit_layer, fit_plain, fit_waits
 from simdist.calibrate.repeat import Repeated
-from simdist.spec.profile import CalibrationProfile, local_processes, profile_layers
+from simdist.spec.profile import (
+    BASE_TERMS,
+    CalibrationProfile,
+    busy_ranks,
+    local_processes,
+    profile_layers,
+)
 
 
 @dataclass(frozen=True)
@@ -54,10 +69,18 @@ class FitRun:
 
         return compare_one(self.repeated.representative, self.scenario_yaml, profile, self.base_dir).predicted
 
+    @property
+    def has_phases(self) -> bool:
+        """The executor measured forward, backward, optimizer and communication apart (CPU runs)."""
+        m = self.measured()
+        return all(m.get(k) is not None for k in ("forward_s", "backward_s", "optimizer_s", "comm_s"))
+
     def measured(self) -> dict[str, float]:
         from simdist.calibrate.compare import measured_quantities
 
-        return {**measured_quantities(self.repeated.representative), "step_time_s": self.repeated.median}
+        rep = self.repeated.representative
+        extra = {f"{k}_s": rep.phase(k) for k in ("other", "core_wait") if rep.phase(k) is not None}
+        return {**measured_quantities(rep), **extra, "step_time_s": self.repeated.median}
 
 
 def _mean_log_error(runs: list[FitRun]):
@@ -67,6 +90,13 @@ def _mean_log_error(runs: list[FitRun]):
     return error
 
 
+COSCHEDULE_MAX = 0.05  # s: ten times the slice Linux gives a task on 64 cores (simdist.analytic.cpu_syncs)
+
+
+def _time_shared(run: FitRun, profile: CalibrationProfile) -> bool:
+    return profile.cores > 0 and busy_ranks(run.scenario) > profile.cores
+
+
 def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[CalibrationProfile, list[Bound], list[str]]:
     """The profile with every layer's terms fitted, the bounds to check, and the runs that could
     not be used (one line each)."""
@@ -74,7 +104,18 @@ def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[Calibrat
     problems: list[str] = []
     terms_from = dict(profile.terms_from)
     plain = [r for r in runs if not r.layers]
-    if plain:
+    phased = all(r.has_phases for r in runs)  # else (e.g. GPU runs, no exposed-comm phase) fit step times
+    if plain and phased:
+        profile = fit_waits(fit_plain(profile, plain), BASE_TERMS, plain)
+        bounds.append(Bound("the per-op overhead (s)", profile.kernel_overhead_s or 0.0, *OVERHEAD_RANGE))
+        bounds.append(Bound("the executor's compute rate over the microbenchmarks'", profile.compute_scale,
+                            *SCALE_RANGE, upper_only=False))
+        bounds.append(Bound("the optimizer's cost per parameter tensor (s)", profile.optimizer_tensor_s or 0.0,
+                            *OVERHEAD_RANGE))
+        bounds.append(Bound("the plain plans' sync-point waits (share of compute)",
+                            profile.sync_wait_fractions.get(BASE_TERMS, 0.0), 0.0, SYNC_WAIT_MAX))
+        terms_from["per-op"] = ", ".join(r.name for r in plain)
+    elif plain:
         profile = fit_overhead(profile, _mean_log_error(plain))
         bounds.append(Bound("the per-op overhead (s)", profile.kernel_overhead_s or 0.0, *OVERHEAD_RANGE))
         terms_from["per-op"] = ", ".join(r.name for r in plain)
@@ -92,16 +133,24 @@ def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[Calibrat
         if not groups:
             break
         for layer, subset in groups.items():
-            pairs = [(r.measured(), r.predicted(profile)) for r in subset]
-            profile = fit_sync_wait(profile, layer, pairs)
-            wait = profile.sync_wait_fractions.get(layer, 0.0)
-            bounds.append(Bound(f"the {layer} sync-point waits (share of compute)", wait, 0.0, SYNC_WAIT_MAX))
-            profile = fit_overhead(profile, _mean_log_error(subset), layer)
+            profile = fit_layer(profile, layer, subset) if phased else \
+                fit_overhead(profile, _mean_log_error(subset), layer)
             bounds.append(Bound(f"the {layer} per-op overhead (s)", profile.framework_overheads_s[layer],
-                                *OVERHEAD_RANGE))
+                                *OVERHEAD_RANGE))  # may be negative: cheaper per op than plain DDP
+            own_cores = [r for r in subset if not _time_shared(r, profile)]  # waits of shared ones: coschedule
+            if phased and own_cores:
+                profile = fit_waits(profile, layer, own_cores)
+                wait = profile.sync_wait_fractions.get(layer, 0.0)
+                bounds.append(Bound(f"the {layer} sync-point waits (share of compute)", wait, 0.0, SYNC_WAIT_MAX))
             terms_from[layer] = ", ".join(r.name for r in subset)
             fitted.add(layer)
         pending = [r for r in pending if any(x not in fitted for x in r.layers)]
+    shared = [r for r in runs if _time_shared(r, profile)]
+    if phased and shared:
+        profile = fit_coschedule(profile, shared)
+        bounds.append(Bound("the wait at a sync point of ranks that time-share the cores (s)",
+                            profile.coschedule_wait_s, 0.0, COSCHEDULE_MAX))
+        terms_from["coschedule"] = ", ".join(r.name for r in shared)
     for r in pending:
         new = [x for x in r.layers if x not in fitted]
         problems.append(f"{r.name}: its plan runs through {' and '.join(new)} at once, which one run cannot tell "

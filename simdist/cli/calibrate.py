@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="write the profile even when the fit is refused (the reasons are still printed, and the "
                         "profile's error band covers the largest miss): for looking into a noisy machine, not for use")
+    p.add_argument("--refit", metavar="PROFILE",
+                   help="run nothing: keep PROFILE's microbenchmark part and fit its executor terms again from the "
+                        "run store's measurements of each FILE (after a model change, or on a subset of the runs)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="auto: the GPUs with NCCL when there is one per rank, else the CPU with gloo")
     p.add_argument("--from-logs", nargs="+", metavar="LOG",
@@ -80,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
     problems = []
     if args.nproc < 1:
         problems.append(Problem("--nproc", f"must be at least 1, got {args.nproc}"))
-    elif args.nproc > cores() and args.device != "cuda" and not args.bench:
+    elif args.nproc > cores() and args.device != "cuda" and not (args.bench or args.refit):
         problems.append(Problem("--nproc", f"{args.nproc} ranks on {cores()} cores would time-share them during the "
                                 f"microbenchmarks; use at most {cores()} (plans of more ranks are priced from it)"))
     for key in ("min_runs", "max_runs", "steps"):
@@ -94,10 +97,11 @@ def main(args: argparse.Namespace) -> int:
 
 def fit_machine(args: argparse.Namespace) -> int:
     from simdist.calibrate.fit import fit_profile
-    from simdist.calibrate.honesty import refusal
     from simdist.calibrate.repeat import repeat_until_stable
-    from simdist.calibrate.terms import FitRun, fit_checks, fit_terms, with_honesty
+    from simdist.calibrate.terms import FitRun
 
+    if args.refit:
+        return refit_machine(args)
     if args.bench:
         bench = json.loads(Path(args.bench).read_text())
     else:
@@ -114,7 +118,30 @@ def fit_machine(args: argparse.Namespace) -> int:
         print(f"  {rep.name}: {len(rep.runs)} run(s), medians {', '.join(f'{t:.4f}' for t in rep.medians)} s "
               f"({rep.stopped})", file=sys.stderr)
         runs.append(FitRun(rep.name, Path(f).read_text(encoding="utf-8"), str(Path(f).parent), rep))
-    profile = fit_profile(bench, ["microbenchmarks"] + [r.name for r in runs])
+    return fit_and_write(fit_profile(bench, ["microbenchmarks"] + [r.name for r in runs]), runs, args)
+
+
+def refit_machine(args: argparse.Namespace) -> int:
+    """--refit: the given profile's microbenchmark part, the stored runs of each file."""
+    from simdist.calibrate.refit import microbenchmark_part, stored_fit_runs
+    from simdist.calibrate.store import RunStore
+    from simdist.spec.profile import load_profile
+
+    base = microbenchmark_part(load_profile(args.refit))
+    runs = stored_fit_runs(RunStore(args.db), args.files)
+    for r in runs:
+        print(f"  {r.name}: {len(r.repeated.runs)} stored run(s), medians "
+              f"{', '.join(f'{t:.4f}' for t in r.repeated.medians)} s", file=sys.stderr)
+    from dataclasses import replace
+
+    return fit_and_write(replace(base, fitted_from=["microbenchmarks"] + [r.name for r in runs]), runs, args)
+
+
+def fit_and_write(profile, runs, args: argparse.Namespace) -> int:
+    """Fit the executor terms, check the fit (refuse it unless --force) and write the profile."""
+    from simdist.calibrate.honesty import refusal
+    from simdist.calibrate.terms import fit_checks, fit_terms, with_honesty
+
     profile, bounds, unusable = fit_terms(profile, runs)
     checks = fit_checks(profile, runs)
     lines = refusal(checks, bounds, profile.cores)
@@ -148,7 +175,13 @@ def _summary(profile) -> None:
           f" GB/s, {profile.cores or '-'} cores, fitted at {profile.ranks} ranks; per-op overhead "
           f"{(profile.kernel_overhead_s or 0) * 1e6:.1f} us"
           + "".join(f"; {k} +{v * 1e6:.1f} us/op" for k, v in profile.framework_overheads_s.items())
-          + "".join(f"; {k} sync waits {v:.0%} of compute" for k, v in profile.sync_wait_fractions.items()))
+          + "".join(f"; {k} sync waits {v:.0%} of compute" for k, v in profile.sync_wait_fractions.items())
+          + (f"; executor rate {profile.compute_scale:.2f}x the microbenchmarks'" if profile.compute_scale != 1 else "")
+          + ("" if profile.optimizer_tensor_s is None else
+             f"; optimizer {profile.optimizer_tensor_s * 1e6:.1f} us/tensor"
+             + "".join(f" ({k} +{v * 1e6:.1f})" for k, v in profile.optimizer_layer_tensor_s.items() if v))
+          + (f"; {profile.coschedule_wait_s * 1e3:.2f} ms per sync point of time-shared ranks"
+             if profile.coschedule_wait_s else ""))
     for k, link in profile.links.items():
         print(f"link {k}: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
     print(f"error band of predictions: +/-{profile.error_band:.0%} (the largest spread or residual of the fitted runs)")

@@ -17,7 +17,16 @@ Version 2 adds what makes a profile honest about itself and about the machine it
 - ``gemm_shapes`` and ``bus_bandwidth``: a GPU's GEMM efficiency by (m, n, k) and the
   collectives' bus bandwidth by message size (``executor.bench`` on CUDA).
 
-Version 1 files still load (the new fields take their defaults: no cores known, no band).
+Version 3 adds what the executor runs measured beside the microbenchmarks, phase by phase
+(simdist.calibrate.phases): ``compute_scale``, the rate the training loop's kernels achieved
+relative to the microbenchmarks' (already applied to ``peak_flops`` and the memory bandwidth,
+kept for the record), and the optimizer's cost per parameter tensor (``optimizer_tensor_s``,
+plus ``optimizer_layer_tensor_s`` per software layer: DTensor's dispatch on TP and FSDP2
+parameters), which replaces a fixed kernel count when set, and ``coschedule_wait_s``, the wait
+at a sync point of ranks that time-share the cores (simdist.analytic.cpu_syncs).
+
+Version 1 and 2 files still load (the new fields take their defaults: no cores known, no band,
+no optimizer term).
 """
 
 from __future__ import annotations
@@ -31,8 +40,8 @@ from typing import Any
 from simdist.errors import Problem, ScenarioError
 from simdist.spec.files import read_json_object, write_json_atomic
 
-PROFILE_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+PROFILE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +85,12 @@ class CalibrationProfile:
     terms_from: dict[str, str] = field(default_factory=dict)
     gemm_shapes: list[tuple[int, int, int, float]] = field(default_factory=list)  # (m, n, k, efficiency)
     bus_bandwidth: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # kind -> [(bytes, busbw)]
+    # v3: phase-resolved executor terms (module docstring)
+    compute_scale: float = 1.0  # executor kernels' rate / the microbenchmarks' (applied to the peaks)
+    optimizer_tensor_s: float | None = None  # optimizer seconds per parameter tensor per step (None: not fitted)
+    optimizer_layer_tensor_s: dict[str, float] = field(default_factory=dict)  # software layer -> extra s/tensor
+    # wait at one sync point whose peers are descheduled, with more ranks than cores (simdist.analytic.cpu_syncs)
+    coschedule_wait_s: float = 0.0
 
     def efficiency(self, kind: str, size: float) -> float | None:
         """Interpolated efficiency for an op of ``kind`` and ``size``, or None if not fitted."""
@@ -86,7 +101,7 @@ class CalibrationProfile:
         x = math.log(max(size, 1.0))
         i = bisect.bisect_left(xs, x)
         if i == 0:
-            return points[0][1]
+            return _below_smallest(points, size)
         if i >= len(points):
             return points[-1][1]
         w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
@@ -119,6 +134,8 @@ class CalibrationProfile:
             memory_bandwidth_bytes_per_s=self.memory_bandwidth_bytes_per_s / s,
             kernel_overhead_s=None if self.kernel_overhead_s is None else self.kernel_overhead_s * s,
             framework_overheads_s={k: v * s for k, v in self.framework_overheads_s.items()},
+            optimizer_tensor_s=None if self.optimizer_tensor_s is None else self.optimizer_tensor_s * s,
+            optimizer_layer_tensor_s={k: v * s for k, v in self.optimizer_layer_tensor_s.items()},
             links={k: LinkFit(latency_s=v.latency_s * s, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s / s)
                    for k, v in self.links.items()},
         )
@@ -152,6 +169,23 @@ class CalibrationProfile:
         write_json_atomic(path, self.to_dict())
 
 
+def _below_smallest(points: list[tuple[float, float]], size: float) -> float:
+    """Efficiency of an op smaller than the smallest measured: the op's time extrapolated along
+    the line through the two smallest points (t = fixed + size / rate: below some size an op
+    costs its launch and little else), not the smallest point's efficiency (which would make
+    time shrink in proportion to size, to nothing)."""
+    (s0, e0) = points[0]
+    if len(points) < 2 or size >= s0 or e0 <= 0 or points[1][1] <= 0:
+        return e0
+    s1, e1 = points[1]
+    t0, t1 = s0 / e0, s1 / e1  # times x peak
+    slope = (t1 - t0) / (s1 - s0)
+    fixed = t0 - slope * s0
+    if slope <= 0 or fixed <= 0:
+        return e0
+    return max(size, 1.0) / (fixed + slope * max(size, 1.0))
+
+
 def local_processes(scenario: Any) -> int:
     """Processes a run of ``scenario`` starts on one machine: every rank of a local cluster
     (its "nodes" are torchrun agents on this host), plus the parameter servers."""
@@ -172,7 +206,9 @@ def time_share_note(scenario: Any, profile: CalibrationProfile, factor: float) -
     n = busy_ranks(scenario)
     return (f"{n} ranks time-share the profiled machine's {profile.cores} cores ({profile.time_share(n):.2g}x its "
             f"share at calibration, {max(1, profile.ranks)} ranks): the step is priced {factor:.2g}x the "
-            "full-speed one (the ranks' busy time stretched; bubbles and sync waits fill with other ranks' work)")
+            "full-speed one (the ranks' busy time stretched; bubbles, sync waits and the links' latency fill with other "
+            "ranks' work" + (f"; {profile.coschedule_wait_s * 1e3:.2g} ms at each sync point whose peers are descheduled"
+                             if profile.coschedule_wait_s else "") + ")")
 
 
 def profile_layers(plan: Any) -> tuple[str, ...]:
@@ -182,12 +218,20 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
     (ZeroRedundancyOptimizer), "zero2" (FSDP2 keeping parameters gathered), "zero3" (FSDP2
     resharding them), "hsdp" (FSDP2 on a 2-D mesh), "pipeline" (torch.distributed.pipelining),
     "multichunk" (several chunks per rank or zero-bubble's split backward, under FSDP2's
-    replicate), "compression" (DDP communication hooks) and "ps" (the parameter server)."""
+    replicate), "compression" (DDP communication hooks), "ps" (the parameter server; "async" besides
+    for the asynchronous one: executor.ps's workers and server threads), "cp"
+    (context parallelism: the ring's point-to-point exchanges, executor.context) and "ep" (expert
+    parallelism: the executor's all-to-all dispatch and its loop over local experts, executor.moe)."""
     out: list[str] = []
     if plan.tp > 1:
         out.append("tp")
+    if plan.cp > 1:
+        out.append("cp")
+    if plan.ep > 1:
+        out.append("ep")
     if plan.uses_parameter_servers:
-        return (*out, "ps", *(("zero3",) if plan.zero_stage == 3 else ()))
+        return (*out, "ps", *(() if plan.sync_parameter_servers else ("async",)),
+                *(("zero3",) if plan.zero_stage == 3 else ()))
     if plan.dp > 1:
         if plan.zero_stage == 1:
             out.append("zero1")
@@ -208,6 +252,20 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
+BASE_TERMS = "base"  # the key of terms every plan pays (sync_wait_fractions: the plain plans' own waits)
+
+
+def wait_keys(plan: Any) -> tuple[str, ...]:
+    """The keys of ``sync_wait_fractions`` a plan pays: the plain plans' waits (at the gradient
+    all-reduce, on the CPU gloo's work competing with compute) and those of its layers."""
+    return (BASE_TERMS, *profile_layers(plan))
+
+
+# a layer's terms are relative to plain DDP's and may be below zero (cheaper per op); a plan's sum
+# is held at or above zero where it is used (simdist.analytic.passes, cpu_optimizer)
+RELATIVE_TERMS = ("framework_overheads_s.", "optimizer_layer_tensor_s.")
+
+
 def load_profile(path: str | Path) -> CalibrationProfile:
     p = Path(path)
     data = read_json_object(p, "--profile")  # a regular file, bounded, a JSON object
@@ -216,7 +274,7 @@ def load_profile(path: str | Path) -> CalibrationProfile:
     except (TypeError, AttributeError, ValueError) as exc:  # a section of the wrong shape
         raise ScenarioError(Problem("--profile", f"{p} is not a calibration profile: {exc}")) from None
     bad = [f"--profile.{where}" for where, x in _numbers(profile.to_dict(), "")
-           if isinstance(x, bool) or not math.isfinite(x) or x < 0]
+           if isinstance(x, bool) or not math.isfinite(x) or (x < 0 and not where.startswith(RELATIVE_TERMS))]
     if bad:  # NaN or a negative speed would hang or invert the event engine
         raise ScenarioError([Problem(w, "must be a finite number >= 0") for w in bad[:10]])
     return profile

@@ -79,7 +79,7 @@ def candidates(sc: Scenario, profile: CalibrationProfile | None, kind: str) -> l
             out += [(f"--profile.compute_curves.{k}.{i}", float(p[1]), 0.5, FRACTION)
                     for k, pts in fitted.items() for i, p in enumerate(pts)]
             out += [(f"--profile.framework_overheads_s.{k}", v, 1e-5, -1)
-                    for k, v in profile.framework_overheads_s.items() if v]
+                    for k, v in profile.framework_overheads_s.items() if v > 0]
     if kind in ("links", "any"):
         links = profile.links if profile is not None else {}
         for where, short, link, typical in (("intra_node", "intra", c.intra_node, 1e11),

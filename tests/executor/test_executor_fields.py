@@ -62,6 +62,11 @@ def test_fields_run_another_way_are_said_before_launch_and_kept():
     assert as_run(scenario("tiny-ddp", overlap_grad_reduce=False)) == {}  # DDP defers its buckets
     assert as_run(scenario("tiny-bf16")) == {"plan.fp32_grad_accumulation": True}
     assert as_run(scenario("tiny-ddp")) == {}
+    # eager PyTorch: RMSNorm / RoPE / SwiGLU run unfused, LayerNorm and GELU are one kernel either way
+    assert as_run(scenario("tiny-llama-tp")) == {"plan.fused_elementwise": False}
+    assert as_run(scenario("tiny-llama-tp", fused_elementwise=False)) == {}
+    (warning,) = field_warnings(scenario("tiny-llama-tp"))
+    assert warning.field == "plan.fused_elementwise" and "runs as false in the executor" in str(warning)
 
 
 def test_compare_predicts_the_plan_that_ran():

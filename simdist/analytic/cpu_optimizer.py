@@ -1,0 +1,58 @@
+"""The optimizer step as the CPU executor runs it: a loop over parameter tensors.
+
+PyTorch's Adam/AdamW/SGD on CPU tensors take the per-tensor ("for-loop") path: the multi-tensor
+``foreach`` and ``fused`` implementations are the defaults on CUDA only (torch.optim docs,
+"Algorithms": foreach is chosen when all tensors are on CUDA). So each parameter tensor costs a
+handful of small ops whatever its size, and under DTensor (TP, FSDP2) each of those ops also
+goes through DTensor's dispatch. A calibration profile that fitted it (``optimizer_tensor_s``,
+plus ``optimizer_layer_tensor_s`` of the plan's software layers) prices the step as the bytes it
+streams (memory-bound, cost.py) plus that cost per tensor the rank holds; other profiles, and
+the catalog GPUs, keep the fused-kernel pricing of :func:`simdist.analytic.stage.gpu_optimizer_time`.
+
+The tensor count follows the executor's model (executor/model.py, executor/moe.py): per block
+the q, k, v, o projections and two (GELU) or three (SwiGLU) MLP projections, each with a bias
+when the model has biases, two norms (weight, and bias for LayerNorm); an MoE block holds a
+router and two expert weights (each with a bias when the model has biases) in place of its MLP;
+the first stage the token (and learned position) embedding, the last the final norm and the LM
+head. Sharding (ZeRO, FSDP, TP) splits tensors but does not change their count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simdist.spec.profile import profile_layers
+from simdist.spec.stages import stage_layer_ranges
+
+
+def block_tensors(model: Any, layer: int) -> int:
+    """Parameter tensors of one transformer block of the executor's model."""
+    bias = 2 if model.bias else 1
+    norms = 2 * (1 if model.norm == "rmsnorm" else 2)
+    attention = 4 * bias
+    if model.num_experts > 1 and layer >= model.first_dense_layers:
+        mlp = bias + 2 * bias + (3 if model.mlp == "swiglu" else 2) * bias * model.num_shared_experts
+    else:
+        mlp = (3 if model.mlp == "swiglu" else 2) * bias
+    return norms + attention + mlp
+
+
+def stage_tensors(model: Any, plan: Any, stage: int) -> int:
+    """Parameter tensors one rank of pipeline ``stage`` holds (every chunk of it)."""
+    chunks = stage_layer_ranges(model.num_layers, plan.pp, plan.virtual_pipeline_stages)[stage]
+    n = sum(block_tensors(model, i) for r in chunks for i in r)
+    if stage == 0:
+        n += 2 if model.position_embedding == "learned" else 1
+    if stage == plan.pp - 1:
+        n += (1 if model.norm == "rmsnorm" else 2) + (0 if model.tie_embeddings and plan.pp == 1 else 1)
+    return n
+
+
+def per_tensor_optimizer_time(sc: Any, profile: Any, stage: int) -> float | None:
+    """Seconds of the optimizer step spent per tensor on one rank of ``stage``, or None when the
+    profile has no such term (a GPU, or a profile fitted before version 3)."""
+    if profile is None or profile.optimizer_tensor_s is None:
+        return None
+    per = profile.optimizer_tensor_s + sum(profile.optimizer_layer_tensor_s.get(k, 0.0)
+                                           for k in profile_layers(sc.plan))
+    return stage_tensors(sc.model, sc.plan, stage) * max(0.0, per)  # a layer's term may be negative

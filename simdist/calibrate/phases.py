@@ -1,0 +1,186 @@
+"""Fit a profile's executor terms phase by phase, from what each run measured per phase.
+
+A run's step time mixes compute, the optimizer and communication; one per-op overhead fitted
+to the step has to absorb all three, so it prices large ops and small ops, plain and DTensor
+ones, wrongly (a fit that hits its own runs misses the next shape). The executor measures the
+phases (forward, backward, optimizer, exposed communication), and each depends linearly on one
+group of terms, so each is fitted on its own phase by least squares on relative error:
+
+- forward + backward of the plain runs: ``rate / s + ops x overhead``, the kernels' rate
+  relative to the microbenchmarks' (``compute_scale`` s: a training loop's caches are colder
+  and its ops interleave) and the per-op dispatch cost (``kernel_overhead_s``). Runs of large
+  ops pin s, runs of small ops the overhead;
+- the optimizer phase: ``bytes / bandwidth + tensors x per-tensor cost`` (simdist.analytic.
+  cpu_optimizer: PyTorch's CPU optimizers loop over tensors);
+- each software layer then adds its own per-op cost to forward + backward and its own
+  per-tensor cost to the optimizer (DTensor dispatch), fitted on that layer's runs with the
+  plain terms held, and its own waits (comm + core wait) from those of its runs whose ranks
+  have a core each;
+- last, runs with more ranks than cores fit the wait at a sync point whose peers are
+  descheduled (simdist.analytic.cpu_syncs) on their step times.
+
+Each model quantity's dependence on a term is found by probing: the prediction with the term
+at 0 and at a small value (the model is linear in each of them), so the fit needs no second
+copy of the cost model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from simdist.spec.profile import CalibrationProfile
+
+PROBE_S = 1e-4  # the probe value of a per-op or per-tensor term (s)
+SCALE_RANGE = (0.2, 5.0)  # executor rate / microbenchmark rate a fit may find
+
+
+def compute_s(predicted: dict[str, float]) -> float:
+    return predicted.get("forward_s", 0.0) + predicted.get("backward_s", 0.0)
+
+
+def comm_s(predicted: dict[str, float]) -> float:
+    return predicted.get("comm_s", 0.0)
+
+
+def measured_compute(m: dict[str, float]) -> float:
+    """The training thread's CPU time outside the optimizer step: forward, backward and the rest
+    of the step around them (the loss, data, zero_grad: ``other``), which the model prices as
+    forward and backward."""
+    return m.get("forward_s", 0.0) + m.get("backward_s", 0.0) + m.get("other_s", 0.0)
+
+
+def measured_waits(m: dict[str, float]) -> float | None:
+    """The step's wall time the training thread did not compute: waiting for peers (``comm``)
+    and for a core (``core_wait``: on gloo, the collectives' own threads take the cores)."""
+    if m.get("comm_s") is None:
+        return None
+    return m["comm_s"] + m.get("core_wait_s", 0.0)
+
+
+def optimizer_s(predicted: dict[str, float]) -> float:
+    return predicted.get("optimizer_s", 0.0)
+
+
+def probe(run: Any, profile: CalibrationProfile, quantity: Callable[[dict[str, float]], float],
+          setting: Callable[[CalibrationProfile, float], CalibrationProfile]) -> tuple[float, float]:
+    """(``quantity`` predicted with the term at 0, its growth per second of the term)."""
+    at0 = quantity(run.predicted(setting(profile, 0.0)))
+    at1 = quantity(run.predicted(setting(profile, PROBE_S)))
+    return at0, (at1 - at0) / PROBE_S
+
+
+def cpu_time(setting: Callable[[CalibrationProfile, float], CalibrationProfile]
+             ) -> Callable[[CalibrationProfile, float], CalibrationProfile]:
+    """``setting`` on the profile without its cores: the forward, backward and optimizer phases
+    are the training thread's CPU time, which time-sharing the cores does not stretch (the wait
+    for a core is measured apart), so they are compared with the unshared prediction."""
+    return lambda p, v: replace(setting(p, v), cores=0)
+
+
+def one_term(rows: Sequence[tuple[float, float, float]], low: float = 0.0) -> float:
+    """The value v >= ``low`` minimising sum(((a + k v) / m - 1)^2) over rows (measured m, model
+    at v = 0 a, slope k): least squares on relative error."""
+    num = sum(k * (m - a) / m ** 2 for m, a, k in rows if m > 0)
+    den = sum((k / m) ** 2 for m, a, k in rows if m > 0)
+    return max(low, num / den) if den > 0 else 0.0
+
+
+def two_terms(rows: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
+    """(x, v) minimising sum(((x r + k v) / m - 1)^2) over rows (measured m, rate part r, slope k),
+    both >= 0; one row, or rows that cannot tell x from v, keep x = 1."""
+    import numpy as np
+
+    good = [(m, r, k) for m, r, k in rows if m > 0]
+    if len(good) >= 2:
+        design = np.array([[r / m, k / m] for m, r, k in good])
+        (x, v), *_ = np.linalg.lstsq(design, np.ones(len(good)), rcond=None)
+        if x > 0 and v >= 0 and np.linalg.matrix_rank(design) == 2:
+            return float(x), float(v)
+    return 1.0, one_term([(m, r, k) for m, r, k in good])
+
+
+def _overhead(p: CalibrationProfile, v: float) -> CalibrationProfile:
+    return replace(p, kernel_overhead_s=v)
+
+
+def _optimizer(p: CalibrationProfile, v: float) -> CalibrationProfile:
+    return replace(p, optimizer_tensor_s=v)
+
+
+def fit_plain(profile: CalibrationProfile, runs: Sequence[Any]) -> CalibrationProfile:
+    """The compute scale and per-op overhead (forward + backward) and the per-tensor optimizer
+    cost (optimizer phase) from runs through no software layer."""
+    rows = []
+    for r in runs:
+        rate, ops = probe(r, profile, compute_s, cpu_time(_overhead))
+        rows.append((measured_compute(r.measured()), rate, ops))
+    x, overhead = two_terms(rows)
+    s = min(max(1.0 / x, SCALE_RANGE[0]), SCALE_RANGE[1])
+    profile = replace(profile, peak_flops=profile.peak_flops * s,
+                      memory_bandwidth_bytes_per_s=profile.memory_bandwidth_bytes_per_s * s,
+                      compute_scale=profile.compute_scale * s, kernel_overhead_s=overhead)
+    opt = [(r.measured().get("optimizer_s", 0.0), *probe(r, profile, optimizer_s, cpu_time(_optimizer))) for r in runs
+           if r.measured().get("optimizer_s") is not None]
+    return replace(profile, optimizer_tensor_s=one_term(opt))
+
+
+def fit_layer(profile: CalibrationProfile, layer: str, runs: Sequence[Any]) -> CalibrationProfile:
+    """A software layer's extra per-op cost (forward + backward) and per-tensor optimizer cost
+    from runs that add only that layer to the terms fitted so far."""
+    def op(p: CalibrationProfile, v: float) -> CalibrationProfile:
+        return replace(p, framework_overheads_s={**p.framework_overheads_s, layer: v})
+
+    def tensor(p: CalibrationProfile, v: float) -> CalibrationProfile:
+        return replace(p, optimizer_layer_tensor_s={**p.optimizer_layer_tensor_s, layer: v})
+
+    # a layer may cost less per op than plain DDP (a communication hook or a parameter server
+    # takes over the work DDP's reducer does on the training thread), never less than nothing
+    measured = [r.measured() for r in runs]
+    rows = [(measured_compute(m), *probe(r, profile, compute_s, cpu_time(op)))
+            for r, m in zip(runs, measured, strict=True)]
+    profile = op(profile, one_term(rows, low=-_sum_others(profile.kernel_overhead_s, profile.framework_overheads_s,
+                                                           layer, runs)))
+    if profile.optimizer_tensor_s is not None:
+        rows = [(m["optimizer_s"], *probe(r, profile, optimizer_s, cpu_time(tensor)))
+                for r, m in zip(runs, measured, strict=True) if m.get("optimizer_s") is not None]
+        profile = tensor(profile, one_term(rows, low=-_sum_others(profile.optimizer_tensor_s,
+                                                                   profile.optimizer_layer_tensor_s, layer, runs)))
+    return profile
+
+
+def _sum_others(base: float | None, per_layer: dict[str, float], layer: str, runs: Sequence[Any]) -> float:
+    """The smallest per-op (or per-tensor) cost the runs' other terms give: how far below zero
+    ``layer``'s own term may go."""
+    others = [(base or 0.0) + sum(per_layer.get(k, 0.0) for k in r.layers if k != layer) for r in runs]
+    return max(0.0, min(others, default=0.0))
+
+
+def fit_waits(profile: CalibrationProfile, key: str, runs: Sequence[Any]) -> CalibrationProfile:
+    """The waits at the sync points of ``key``'s plans, per second of compute
+    (``sync_wait_fractions[key]``), from the wall time the runs did not compute beyond what the
+    model already prices (collectives, bubbles, the waits fitted before)."""
+    def wait(p: CalibrationProfile, v: float) -> CalibrationProfile:
+        return replace(p, sync_wait_fractions={**p.sync_wait_fractions, key: v})
+
+    rows = []
+    for r in runs:
+        m = measured_waits(r.measured())
+        if m is not None:
+            at0, slope = probe(r, profile, comm_s, wait)
+            rows.append((m, at0, slope))
+    if not rows:
+        return profile
+    return wait(profile, one_term(rows))
+
+
+def fit_coschedule(profile: CalibrationProfile, runs: Sequence[Any]) -> CalibrationProfile:
+    """The wait at a sync point whose peers are descheduled (``coschedule_wait_s``,
+    simdist.analytic.cpu_syncs), from the step times of runs with more ranks than cores, every
+    other term held."""
+    def wait(p: CalibrationProfile, v: float) -> CalibrationProfile:
+        return replace(p, coschedule_wait_s=v)
+
+    rows = [(r.repeated.median, *probe(r, profile, lambda q: q["step_time_s"], wait)) for r in runs]
+    return wait(profile, one_term(rows))

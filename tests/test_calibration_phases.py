@@ -1,0 +1,201 @@
+"""Phase-by-phase fitting of a profile's executor terms (simdist.calibrate.phases), the CPU
+optimizer's per-tensor cost (simdist.analytic.cpu_optimizer) and refitting from the run store
+(simdist.calibrate.refit, `simdist calibrate --refit`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import yaml
+from conftest import measurement, run_cli
+from test_calibration import local_scenario, synthetic_bench
+
+from simdist.analytic.cpu_optimizer import block_tensors, stage_tensors
+from simdist.calibrate.compare import predicted_quantities
+from simdist.calibrate.fit import fit_profile
+from simdist.calibrate.phases import one_term, two_terms
+from simdist.calibrate.refit import microbenchmark_part
+from simdist.calibrate.repeat import Repeated
+from simdist.calibrate.store import RunStore
+from simdist.calibrate.terms import FitRun, fit_checks, fit_terms
+from simdist.spec.measurement import Measurement
+from simdist.spec.profile import BASE_TERMS, load_profile
+from simdist.spec.scenario import scenario_from_dict
+
+
+def truth():
+    """A machine whose executor runs 0.8x the microbenchmarks' rate, with known terms."""
+    base = fit_profile({**synthetic_bench(), "cores": 2})
+    return replace(base, peak_flops=base.peak_flops * 0.8,
+                   memory_bandwidth_bytes_per_s=base.memory_bandwidth_bytes_per_s * 0.8, compute_scale=0.8,
+                   kernel_overhead_s=3e-5, optimizer_tensor_s=2e-5, framework_overheads_s={"tp": 1e-4},
+                   optimizer_layer_tensor_s={"tp": 5e-5}, sync_wait_fractions={BASE_TERMS: 0.05, "tp": 0.3})
+
+
+def phased(profile, name: str, cluster: dict | None = None, **plan) -> tuple[dict, FitRun]:
+    """A run whose phases and step are ``profile``'s prediction (as the executor reports them)."""
+    d = {**local_scenario(**plan), "name": name, **({"cluster": cluster} if cluster else {})}
+    q = predicted_quantities(scenario_from_dict(d), profile)
+    cpu = predicted_quantities(scenario_from_dict(d), replace(profile, cores=0))  # CPU time: never stretched
+    phases = {"forward": cpu["forward_s"], "backward": cpu["backward_s"], "optimizer": cpu["optimizer_s"],
+              "comm": q["comm_s"], "core_wait": 0.0, "other": 0.0}
+    payload = measurement(name=name, scenario_hash=scenario_from_dict(d).hash(), step_time_s=q["step_time_s"],
+                          phases_s=phases)
+    runs = (Measurement.from_dict(payload),)
+    return payload, FitRun(name, yaml.safe_dump(d), ".", Repeated(name, runs, True, "stable"))
+
+
+def test_the_phases_give_back_the_rate_the_overheads_and_the_waits():
+    t = truth()
+    runs = [phased(t, "small")[1], phased(t, "large", micro_batch_size=8, global_batch_size=16)[1],
+            phased(t, "tp", tp=2)[1]]
+    fitted, bounds, unusable = fit_terms(microbenchmark_part(t), runs)
+    assert unusable == [] and not [b for b in bounds if b.hit]
+    assert fitted.compute_scale == pytest.approx(0.8, rel=0.02)
+    assert fitted.peak_flops == pytest.approx(t.peak_flops, rel=0.02)
+    assert fitted.kernel_overhead_s == pytest.approx(3e-5, rel=0.05)
+    assert fitted.optimizer_tensor_s == pytest.approx(2e-5, rel=0.05)
+    assert fitted.framework_overheads_s["tp"] == pytest.approx(1e-4, rel=0.05)
+    assert fitted.optimizer_layer_tensor_s["tp"] == pytest.approx(5e-5, rel=0.05)
+    assert fitted.sync_wait_fractions[BASE_TERMS] == pytest.approx(0.05, rel=0.05, abs=1e-3)
+    assert fitted.sync_wait_fractions["tp"] == pytest.approx(0.3, rel=0.05)
+    assert all(abs(c.error) < 0.01 for c in fit_checks(fitted, runs))
+
+
+def test_least_squares_on_relative_error():
+    assert one_term([(3.0, 1.0, 2.0), (5.0, 1.0, 4.0)]) == pytest.approx(1.0)
+    assert one_term([(1.0, 2.0, 1.0)]) == 0.0  # never below zero: the model already overprices
+    assert two_terms([(3.0, 2.0, 1.0), (9.0, 8.0, 1.0)]) == pytest.approx((1.0, 1.0))
+    assert two_terms([(3.0, 2.0, 1.0)]) == pytest.approx((1.0, 1.0))  # one run: the rate stays
+
+
+def test_the_optimizer_pays_per_tensor_on_a_cpu_profile_only():
+    d = local_scenario()
+    sc = scenario_from_dict(d)
+    n = stage_tensors(sc.model, sc.plan, 0)
+    layers = sc.model.num_layers * block_tensors(sc.model, 0)
+    assert n > layers  # plus the embeddings, the final norm and the head
+    base = fit_profile(synthetic_bench())
+    without = predicted_quantities(sc, base)["optimizer_s"]
+    zero = predicted_quantities(sc, replace(base, optimizer_tensor_s=0.0))["optimizer_s"]
+    with_term = predicted_quantities(sc, replace(base, optimizer_tensor_s=1e-4))["optimizer_s"]
+    assert with_term - zero == pytest.approx(n * 1e-4) and without > zero  # the old 20 kernels are gone
+    pp = scenario_from_dict(local_scenario(pp=2))
+    assert stage_tensors(pp.model, pp.plan, 0) + stage_tensors(pp.model, pp.plan, 1) == n + (1 if sc.model.tie_embeddings else 0)
+
+
+def test_refit_from_the_run_store_keeps_the_microbenchmarks(tmp_path):
+    t = truth()
+    store = RunStore(tmp_path / "runs.db")
+    files = []
+    for name, plan in (("small", {}), ("large", {"micro_batch_size": 8, "global_batch_size": 16})):
+        payload, run = phased(t, name, **plan)
+        store.add("measurement", payload, run.scenario_yaml)
+        (tmp_path / f"{name}.yaml").write_text(run.scenario_yaml)
+        files.append(str(tmp_path / f"{name}.yaml"))
+    t.save(tmp_path / "old.json")
+    r = run_cli("calibrate", "--refit", str(tmp_path / "old.json"), "--db", str(tmp_path / "runs.db"),
+                "--out", str(tmp_path / "new.json"), *files)
+    assert r.returncode == 0, r.stderr
+    new = load_profile(tmp_path / "new.json")
+    assert new.compute_curves == t.compute_curves and new.links == t.links
+    assert new.kernel_overhead_s == pytest.approx(3e-5, rel=0.05) and new.compute_scale == pytest.approx(0.8, rel=0.02)
+    assert new.fitted_from == ["microbenchmarks", "small", "large"]
+    missing = run_cli("calibrate", "--refit", str(tmp_path / "old.json"), "--db", str(tmp_path / "runs.db"),
+                      "--out", str(tmp_path / "x.json"), "scenarios/tiny-ddp.yaml")
+    assert missing.returncode == 2 and "holds no measurement of it" in missing.stderr
+
+
+def test_sync_points_follow_the_executors_calls():
+    """The counts the executor measured on the bundled plans (collectives_per_rank, 2026-11-24)."""
+    from simdist.analytic.cpu_syncs import sync_points
+    from simdist.spec.scenario import load_scenario
+
+    for name, measured in (("tiny-ddp", 1), ("tiny-pp-1f1b", 8), ("tiny-pp-interleaved", 24), ("tiny-hsdp", 31),
+                           ("tiny-2d-pp-fsdp", 16)):
+        sc = load_scenario(f"scenarios/{name}.yaml")
+        assert max(sync_points(sc, s) for s in range(sc.plan.pp)) == pytest.approx(measured, rel=0.05), name
+
+
+def test_time_shared_ranks_wait_at_sync_points_and_the_fit_finds_it():
+    from simdist.analytic.cpu_syncs import sync_points
+    from simdist.analytic.timeshare import time_shared
+
+    four = {"cluster": {"preset": "local", "num_nodes": 1, "gpus_per_node": 4}}
+    t = replace(truth(), coschedule_wait_s=1.5e-3)
+    sc = scenario_from_dict({**local_scenario(zero_stage=3, global_batch_size=8), **four})
+    points = sync_points(sc, 0)
+    waited = time_shared(sc, t)[1] - time_shared(sc, replace(t, coschedule_wait_s=0.0))[1]
+    full = predicted_quantities(sc, replace(t, cores=0))["step_time_s"]
+    assert waited * full == pytest.approx(points * 0.5 * 1.5e-3, rel=1e-6)  # half the peers descheduled
+    shared = phased(t, "four", four["cluster"], global_batch_size=8)[1]
+    runs = [phased(t, "small")[1], phased(t, "large", micro_batch_size=8, global_batch_size=16)[1], shared]
+    fitted, bounds, _ = fit_terms(microbenchmark_part(t), runs)
+    assert not [b for b in bounds if b.hit]
+    assert fitted.coschedule_wait_s == pytest.approx(1.5e-3, rel=0.05) and fitted.terms_from["coschedule"] == "four"
+
+
+def test_ops_below_the_smallest_benchmark_keep_their_fixed_cost():
+    """t = fixed + size/rate through the two smallest points: 10 and 20 time units at sizes 1e3
+    and 1e4 (efficiency 100 and 500 per unit) -> fixed 8.89, so a 1e2 op takes about 9, not 1."""
+    prof = replace(fit_profile(synthetic_bench()), compute_curves={"memory": [(1e3, 100.0), (1e4, 500.0), (1e5, 900.0)]})
+    time = lambda size: size / prof.efficiency("memory", size)  # noqa: E731
+    assert time(1e3) == pytest.approx(10.0) and time(1e4) == pytest.approx(20.0)
+    assert time(1e2) == pytest.approx(80 / 9 + 1e2 / 900, rel=1e-9)
+    assert time(1.0) > 8.8  # never below the fixed part
+    flat = replace(prof, compute_curves={"memory": [(1e3, 0.5), (1e4, 0.4)]})  # no fixed part: the old clamp
+    assert flat.efficiency("memory", 10.0) == 0.5
+
+
+def test_bf16_plans_use_the_cpus_bf16_gemms():
+    """A CPU without bf16 instructions runs autocast GEMMs on a slow path: the profile keeps them apart."""
+    bench = synthetic_bench()
+    slow = [{**r, "seconds": 10 * r["seconds"]} for r in bench["gemm"]]
+    prof = fit_profile({**bench, "gemm_bf16": slow})
+    assert prof.efficiency("gemm.bf16", 2.0 * 256**3) == pytest.approx(prof.efficiency("gemm", 2.0 * 256**3) / 10)
+    fp32 = scenario_from_dict(local_scenario())
+    bf16 = scenario_from_dict(local_scenario(precision="bf16"))
+    plain = fit_profile(bench)
+    assert predicted_quantities(bf16, prof)["forward_s"] > 3 * predicted_quantities(bf16, plain)["forward_s"]
+    assert predicted_quantities(fp32, prof)["forward_s"] == predicted_quantities(fp32, plain)["forward_s"]
+
+
+def test_all_to_all_is_benchmarked_and_fitted_as_the_model_prices_it():
+    """S bytes per rank, S/n to each of n - 1 peers: one latency and (n-1)/n S over the link."""
+    from simdist.calibrate.fit import fit_alpha_beta, ring_terms
+    from simdist.spec.profile import profile_layers
+    from simdist.spec.scenario import load_scenario
+
+    assert ring_terms("alltoall", 4, 4096.0) == (1, 3072.0)
+    rows = [{"kind": "alltoall", "ranks": 2, "bytes": b, "seconds": 2e-4 + b / 2 / 1e9} for b in (4096.0, 2**20, 2**24)]
+    alpha, beta, rms = fit_alpha_beta(rows)
+    assert alpha == pytest.approx(2e-4, rel=1e-6) and beta == pytest.approx(1e9, rel=1e-6) and rms < 1e-9
+    assert profile_layers(load_scenario("scenarios/tiny-moe-ep.yaml").plan) == ("ep",)
+
+
+def test_a_layer_may_cost_less_per_op_than_plain_ddp_never_less_than_nothing():
+    t = replace(truth(), framework_overheads_s={"compression": -1e-5}, optimizer_layer_tensor_s={"compression": -5e-6})
+    runs = [phased(t, "small")[1], phased(t, "large", micro_batch_size=8, global_batch_size=16)[1],
+            phased(t, "fp16", grad_compression={"method": "fp16"})[1]]
+    fitted, _, _ = fit_terms(microbenchmark_part(t), runs)
+    assert fitted.framework_overheads_s["compression"] == pytest.approx(-1e-5, rel=0.05)
+    assert fitted.optimizer_layer_tensor_s["compression"] == pytest.approx(-5e-6, rel=0.05)
+    far = replace(fitted, framework_overheads_s={"compression": -1.0}, optimizer_layer_tensor_s={"compression": -1.0})
+    q = predicted_quantities(scenario_from_dict(local_scenario(grad_compression={"method": "fp16"})), far)
+    assert q["forward_s"] > 0 and q["optimizer_s"] > 0  # clamped where used
+
+
+def test_an_attention_op_is_its_share_of_the_benchmarked_pair():
+    """The attention benchmark times forward + backward (3x the forward's FLOPs): a forward of F
+    FLOPs costs F/3F of a pair of 3F, its backward (2.5 F) 2.5/3 of it, together the pair."""
+    from simdist.analytic.cost import CostModel
+    from simdist.analytic.ops import Compute
+
+    prof = replace(fit_profile(synthetic_bench()), compute_curves={"attention": [(3e6, 0.1), (3e7, 0.4), (3e8, 0.5)]})
+    sc = scenario_from_dict(local_scenario())
+    cm = CostModel(sc.cluster.gpu, "fp32", prof)
+    f = 1e7
+    fwd = Compute("flash attention", "attention", f, m=64, n=64, k=16, batch=4)
+    bwd = Compute("flash attention bwd", "attention", 2.5 * f, m=64, n=64, k=16, batch=4)
+    assert cm.attention_efficiency(fwd) == cm.attention_efficiency(bwd) == prof.efficiency("attention", 3 * f)
