@@ -53,6 +53,9 @@ class Comm:
     collective: Collective
     axis: Axis
     bytes: float  # the collective's buffer size S in nccl-tests' sense
+    # in flight while the compute op after it runs, which hides it (a context-parallel transfer
+    # issued before a kernel and awaited after it: simdist.analytic.context)
+    overlaps_next: bool = False
 
 
 Op = Compute | Comm

@@ -34,7 +34,8 @@ this module only says which rule a plan gets, so the executor and the simulator 
   @ba24697, torchtitan/float8.py, parallelize_llama.py); with pipeline parallelism FSDP2 neither
   reshards after forward nor reduces before the last micro-batch (torch.distributed.pipelining
   stage.backward_maybe_with_nosync); elementwise ops eager (its train configs' ``compile = false``:
-  simdist.analytic.eager).
+  simdist.analytic.eager); context parallelism through PyTorch's ``context_parallel`` over SDPA,
+  which its Llama calls after repeating K/V to every query head (simdist.analytic.context).
 - ``deepspeed``: DeepSpeed ZeRO defaults: ``reduce_bucket_size`` 5e8 elements, each submodule's
   parameters fetched on their own under ZeRO-3, ``overlap_comm`` on for ZeRO-3 only.
 """
@@ -63,6 +64,9 @@ class Framework:
     attention_kernel: str = "flash2"  # plan.attention_kernel when unset: "flash2" | "cudnn" | "triton"
     fused_elementwise: bool = True  # plan.fused_elementwise when unset (torchtitan: compile off by default)
     overlap_p2p: bool = False  # interleaved schedule: pipeline sends overlap compute (isend/irecv)
+    # context parallelism through PyTorch's context_parallel over SDPA, which the model calls
+    # after repeating K/V to every query head (simdist.analytic.context.torch_sdpa_core_ops)
+    sdpa_context_parallel: bool = False
     description: str = ""
 
 
@@ -74,7 +78,7 @@ FRAMEWORKS: dict[str, Framework] = {
     "pytorch": Framework("pytorch", "ddp", "attention-core", "tensorwise",
                          description="PyTorch DDP / FSDP defaults"),
     "torchtitan": Framework("torchtitan", "ddp", "op-level", "tensorwise", fsdp_pipeline_no_sync=True,
-                            fused_elementwise=False,
+                            fused_elementwise=False, sdpa_context_parallel=True,
                             description="torchtitan (FSDP2, per-op selective AC, torchao float8)"),
     "deepspeed": Framework("deepspeed", "deepspeed", "attention-core", "te-default",
                            description="DeepSpeed ZeRO defaults"),
