@@ -17,27 +17,86 @@ the causal attention. What differs is how the keys and values meet the queries:
 - ``ulysses`` (Jacobs et al. 2023, DeepSpeed-Ulysses): an all-to-all turns sequence shards into
   head shards before attention (Q, K, V) and back after it (the output); the kernel runs the
   whole sequence for heads/cp heads; backward does the same all-to-alls with gradients. Exposed.
+
+Under a framework whose CP is PyTorch's ``context_parallel`` (torchtitan: Framework.
+sdpa_context_parallel) the ``allgather`` method runs as PyTorch implements it
+(torch/distributed/tensor/experimental/_attention.py, PyTorch 2.6: ``_templated_ring_attention``
+with its default ``_RotateMethod.ALL_GATHER``, ``_cp_options.convert_to_f32``): see
+:func:`torch_sdpa_core_ops`. Its K and V are the model's SDPA inputs, which torchtitan's Llama
+repeats to every query head first (torchtitan/models/llama/model.py, ``Attention.forward``:
+``repeat_kv`` before ``F.scaled_dot_product_attention``), so GQA saves no CP traffic there.
 """
 
 from __future__ import annotations
 
 from simdist.analytic.attention import core_op, q_head_dim, v_dim
-from simdist.analytic.ops import Comm, Op
-from simdist.spec.frameworks import attention_kernel
+from simdist.analytic.ops import Comm, Compute, Op
+from simdist.spec.frameworks import attention_kernel, framework_of
 from simdist.spec.layers import LayerKind
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
+# Bytes of HBM traffic per element of one rank's attention output (or of its query gradient) that
+# PyTorch's ring loop adds per step after the first, counted from _attention.py's ops in fp32
+# (convert_to_f32): forward, _SDPAMerger.step: the block output to fp32 (2 + 4), out - block_out
+# (4 + 4 + 4), sigmoid(lse difference) times it (4 + 4), out minus that (4 + 4 + 4) = 38 B; on the
+# steps with only the second query chunk (half of them, ``partial``) half of that plus
+# _partial_update's torch.cat of the whole output (4 + 4): (38 + 27) / 2 = 32.5 B. Backward: the fp32
+# grad_query += the step's bf16 gradient (4 + 2 + 4), and per K and V (repeated to the query
+# width): the received fp32 accumulator's _partial_update add and cat (4 + 2 + 4 + 4 + 4) and the
+# torch.cat that packs it for the next rank (4 + 4): 10 + 2 x 26 = 62 B.
+SDPA_MERGE_BYTES = 32.5
+SDPA_GRAD_ACCUM_BYTES = 62.0
+
+
+def sdpa_context_parallel(plan: ParallelPlan) -> bool:
+    """Whether CP runs PyTorch's context_parallel over SDPA (:func:`torch_sdpa_core_ops`)."""
+    return plan.cp_method == "allgather" and framework_of(plan.framework).sdpa_context_parallel
+
 
 def kv_block_bytes(m: ModelSpec, plan: ParallelPlan) -> float:
     """K and V of one rank's s/cp tokens on one tensor-parallel rank (what a ring step sends).
-    MLA moves per-head keys (d + rotary dims) and values after the up projection."""
+    MLA moves per-head keys (d + rotary dims) and values after the up projection; under
+    PyTorch's context_parallel K and V are repeated to every query head (module docstring)."""
     s, b, e, t = m.seq_length // plan.cp, plan.micro_batch_size, plan.element_bytes, plan.tp
     if m.attention == "mla":
         width = m.num_attention_heads * (q_head_dim(m) + v_dim(m))
+    elif sdpa_context_parallel(plan):
+        width = 2 * m.num_attention_heads * m.head_dim
     else:
         width = 2 * m.kv_dim
     return s * b * width * e / t
+
+
+def torch_sdpa_core_ops(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, bwd: bool) -> list[Op]:
+    """PyTorch's context_parallel with the all-gather rotation, in forward order (module
+    docstring): one all-gather of every rank's (repeated) K and V, issued before the first
+    step's kernel and awaited after it, so that kernel hides it; then cp kernels of 1/cp of the
+    rank's work each (the head-tail load balancing: the diagonal step causal, the others a
+    half-block unmasked), each after the first merged into the fp32 output
+    (:data:`SDPA_MERGE_BYTES`). Backward gathers K and V again the same way, runs cp backward
+    kernels, adds each into fp32 gradients (:data:`SDPA_GRAD_ACCUM_BYTES`) and passes the K/V
+    gradient accumulator (fp32) to the next rank after every step, each transfer awaited after
+    the next step's kernel, which hides it; the last one is awaited at once, beside only the
+    query gradient's cast back to 16 bits."""
+    cp, t = plan.cp, plan.tp
+    s, b = m.seq_length // cp, plan.micro_batch_size
+    heads = m.num_attention_heads // t
+    kv = kv_block_bytes(m, plan)
+    step = core_op(m, kind, s, s, b, heads, bwd, share=1.0 / cp ** 2, kernel=attention_kernel(plan))
+    elements = s * b * heads * v_dim(m)
+    gather = Comm("allgather cp kv", "allgather", "cp", cp * kv, overlaps_next=True)
+    if not bwd:
+        merge = Compute("cp merge", "memory", bytes=SDPA_MERGE_BYTES * elements)
+        return [gather, step] + [step, merge] * (cp - 1)
+    accumulate = Compute("cp grad accumulate", "memory", bytes=SDPA_GRAD_ACCUM_BYTES * elements)
+    grads = Comm("sendrecv cp kv grads", "sendrecv", "cp", 2.0 * kv)  # fp32: twice the 16-bit bytes
+    run: list[Op] = [gather]
+    for _ in range(cp):
+        run += [step, accumulate, grads]
+    # the query gradient back to 16 bits (4 + 2 B), the only work beside the last transfer
+    run.append(Compute("cp grad cast", "memory", bytes=6.0 * elements))
+    return list(reversed(run))  # forward order: the caller reverses backward lists
 
 
 def core_ops(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, bwd: bool) -> list[Op]:
@@ -62,6 +121,8 @@ def core_ops(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, bwd: bool) -> li
         # the sends are listed before the kernel they hide behind (passes.OpTimer hides a ring
         # transfer behind the compute op that follows it)
         return out
+    if method == "allgather" and sdpa_context_parallel(plan):
+        return torch_sdpa_core_ops(m, plan, kind, bwd)
     if method == "allgather":
         gather = Comm("allgather cp kv", "allgather", "cp", cp * kv)
         kernel = core_op(m, kind, s, m.seq_length, b, heads, bwd, share=1.0 / cp, kernel=kernel)

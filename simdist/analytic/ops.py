@@ -53,6 +53,9 @@ class Comm:
     collective: Collective
     axis: Axis
     bytes: float  # the collective's buffer size S in nccl-tests' sense
+    # in flight while the compute op after it runs, which hides it (a context-parallel transfer
+    # issued before a kernel and awaited after it: simdist.analytic.context)
+    overlaps_next: bool = False
 
 
 Op = Compute | Comm
@@ -206,6 +209,23 @@ def embedding_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ..
     return tuple(ops)
 
 
+# HBM bytes per logit of the loss, forward and backward, per framework (Framework.cross_entropy),
+# each op one kernel over the logits:
+# - "megatron": Megatron-Core's _VocabParallelCrossEntropy (megatron/core/tensor_parallel/
+#   cross_entropy.py; cross_entropy_loss_fusion is off by default): forward the bf16 logits to
+#   fp32 (2 + 4), the max (4), the max subtracted in place (4 + 4), exp in place (4 + 4), the sum
+#   (4), the softmax's division in place (4 + 4) = 38 B; backward the gradient scaled in place
+#   (4 + 4) and cast back to bf16 for the LM head's GEMMs (4 + 2) = 14 B;
+# - "torch": F.cross_entropy(logits.float()) (torchtitan's loss, Hugging Face models): forward the
+#   cast (2 + 4) and log_softmax (reads the input for the max, the exp-sum and the output, writes
+#   it: 3 x 4 + 4) = 22 B; backward nll_loss's zeroed gradient (4), log_softmax's backward (4 + 4
+#   + 4) and the cast back (4 + 2) = 22 B;
+# - "fused": one loss kernel (Megatron-Core's fused or flash-attn's xentropy): about three passes
+#   over fp32 logits forward and two backward, 12 + 8 B (simdist's count before frameworks).
+CROSS_ENTROPY_BYTES = {"megatron": {"fwd": 38.0, "bwd": 14.0}, "torch": {"fwd": 22.0, "bwd": 22.0},
+                       "fused": {"fwd": 12.0, "bwd": 8.0}}
+
+
 @cache
 def head_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
     """Final norm, LM head (vocabulary-parallel GEMM) and cross-entropy on the last stage."""
@@ -218,8 +238,9 @@ def head_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
     if t > 1 and plan.sequence_parallel:
         ops.append(Comm("allgather tp head", "allgather", "tp", tokens * h * e))
     ops += _gemm("lm head", tokens, V // t, h, bwd)
-    # cross-entropy over fp32 logits: cast, max, exp-sum, loss (+ gradient in backward)
-    ops.append(_mem("cross entropy" + (" bwd" if bwd else ""), (2.0 if bwd else 3.0) * tokens * V / t * 4))
+    # the loss over the logits, as the framework computes it (:data:`CROSS_ENTROPY_BYTES`)
+    per_logit = CROSS_ENTROPY_BYTES[framework_of(plan.framework).cross_entropy][phase]
+    ops.append(_mem("cross entropy" + (" bwd" if bwd else ""), per_logit * tokens * V / t))
     if t > 1:
         ops.append(Comm("allreduce tp loss", "allreduce", "tp", tokens * 4 * 3))
     if bwd and t > 1 and not plan.sequence_parallel:

@@ -153,7 +153,7 @@ class OpTimer:
                 continue
             hide = 0.0
             nxt = _next_compute(ops, i)
-            if op.axis == "cp" and op.collective == "sendrecv" and nxt is not None:
+            if op.axis == "cp" and (op.collective == "sendrecv" or op.overlaps_next) and nxt is not None:
                 hide = self.cost.time(nxt)  # ring attention overlaps KV exchange with compute
             elif prev is not None and prev.name.endswith("wgrad"):
                 hide = self.cost.time(prev)  # async data-grad all-reduce beside the wgrad GEMM

@@ -18,7 +18,8 @@ this module only says which rule a plan gets, so the executor and the simulator 
   (``attention_kernel`` cudnn; on Hopper a FlashAttention-3-class kernel: GpuSpec.
   fused_attention_speedup), the other frameworks FlashAttention-2 (flash2); under the
   interleaved schedule the pipeline sends overlap compute (``--overlap-p2p-communication``, on
-  by default for interleaving, ``overlap_p2p_comm``).
+  by default for interleaving, ``overlap_p2p_comm``); the loss is the unfused vocabulary-parallel
+  cross-entropy (``cross_entropy_loss_fusion`` off by default).
 - ``nemo``: NeMo 2 / Megatron-Bridge performance recipes (the configurations of NVIDIA's
   published performance summaries): Megatron-Core with the distributed optimizer, gradient
   reduce and parameter gather overlapped, fp32 gradient reduction, sequence parallelism and TP
@@ -26,7 +27,8 @@ this module only says which rule a plan gets, so the executor and the simulator 
 - ``pytorch``: PyTorch DDP / FSDP defaults: 25 MiB DDP buckets (torch.nn.parallel.
   DistributedDataParallel bucket_cap_mb=25), FSDP reduces and gathers per wrapped module (one
   transformer block), forward and backward prefetch on, SDPA's FlashAttention-2 kernel; torchao float8
-  (tensorwise dynamic scaling) when FP8.
+  (tensorwise dynamic scaling) when FP8; the loss ``F.cross_entropy`` on fp32 logits (torchtitan and
+  DeepSpeed's Hugging Face models too).
 - ``torchtitan``: FSDP2 over the data-parallel ranks (data_parallel_shard_degree -1), sequence
   parallelism with every TP plan, per-op selective activation checkpointing (its Llama 3
   configs' ``selective_ac_option = 'op'``: saves every matmul output but every second one, and
@@ -34,7 +36,8 @@ this module only says which rule a plan gets, so the executor and the simulator 
   @ba24697, torchtitan/float8.py, parallelize_llama.py); with pipeline parallelism FSDP2 neither
   reshards after forward nor reduces before the last micro-batch (torch.distributed.pipelining
   stage.backward_maybe_with_nosync); elementwise ops eager (its train configs' ``compile = false``:
-  simdist.analytic.eager).
+  simdist.analytic.eager); context parallelism through PyTorch's ``context_parallel`` over SDPA,
+  which its Llama calls after repeating K/V to every query head (simdist.analytic.context).
 - ``deepspeed``: DeepSpeed ZeRO defaults: ``reduce_bucket_size`` 5e8 elements, each submodule's
   parameters fetched on their own under ZeRO-3, ``overlap_comm`` on for ZeRO-3 only.
 """
@@ -63,20 +66,27 @@ class Framework:
     attention_kernel: str = "flash2"  # plan.attention_kernel when unset: "flash2" | "cudnn" | "triton"
     fused_elementwise: bool = True  # plan.fused_elementwise when unset (torchtitan: compile off by default)
     overlap_p2p: bool = False  # interleaved schedule: pipeline sends overlap compute (isend/irecv)
+    # context parallelism through PyTorch's context_parallel over SDPA, which the model calls
+    # after repeating K/V to every query head (simdist.analytic.context.torch_sdpa_core_ops)
+    sdpa_context_parallel: bool = False
+    # the loss kernel(s) over the logits (simdist.analytic.ops.CROSS_ENTROPY_BYTES): "fused",
+    # "megatron" (Megatron-Core's unfused vocabulary-parallel one) or "torch" (F.cross_entropy on fp32)
+    cross_entropy: str = "fused"
     description: str = ""
 
 
 FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", "megatron", "attention-core", "te-default", attention_kernel="cudnn", overlap_p2p=True,
+                          cross_entropy="megatron",
                           description="Megatron-LM / Megatron-Core argument defaults"),
     "nemo": Framework("nemo", "megatron", "attention-core", "te-default", attention_kernel="cudnn", overlap_p2p=True,
                       description="NeMo 2 / Megatron-Bridge performance recipes"),
-    "pytorch": Framework("pytorch", "ddp", "attention-core", "tensorwise",
+    "pytorch": Framework("pytorch", "ddp", "attention-core", "tensorwise", cross_entropy="torch",
                          description="PyTorch DDP / FSDP defaults"),
     "torchtitan": Framework("torchtitan", "ddp", "op-level", "tensorwise", fsdp_pipeline_no_sync=True,
-                            fused_elementwise=False,
+                            fused_elementwise=False, sdpa_context_parallel=True, cross_entropy="torch",
                             description="torchtitan (FSDP2, per-op selective AC, torchao float8)"),
-    "deepspeed": Framework("deepspeed", "deepspeed", "attention-core", "te-default",
+    "deepspeed": Framework("deepspeed", "deepspeed", "attention-core", "te-default", cross_entropy="torch",
                            description="DeepSpeed ZeRO defaults"),
 }
 NO_FRAMEWORK = Framework("none", "ddp", "attention-core", "te-default", description="simdist's own defaults")
