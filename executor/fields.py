@@ -58,6 +58,7 @@ EXECUTOR_READS: dict[str, str] = {
     "plan.cp_method": "ring, all-gather or Ulysses attention (executor.context)",
     "plan.ep_comm_overlap": "runs as false: the executor's all-to-all dispatch is synchronous (executor.checks.as_run)",
     "plan.zero_hpz_partition_size": "refused when set (ZeRO++ hpZ)",
+    "plan.pipeline_layout": "refused when set (the executor splits the layers evenly)",
 }
 SIMULATOR_ONLY: dict[str, str] = {
     "plan.fp8_recipe": "only with precision fp8, which the executor refuses",
