@@ -135,3 +135,15 @@ def _raw(path: Path) -> dict:
 def test_validation_row_r0133_gets_the_recipe_layout():
     rows = {r["run_id"]: r for r in read_csv(packaged_data_dir() / "training_runs.csv")}
     assert moe_scenario(rows["R0133"])["plan"]["pipeline_layout"] == DS_LAYOUT
+
+
+def test_search_keeps_the_layout_and_so_its_number_of_virtual_stages():
+    from simdist.search.driver import search
+    from simdist.search.space import Constraints
+
+    d = _raw(ROOT / "scenarios" / "llama3-70b-tp8-pp4-64xh100.yaml")
+    d["plan"]["pipeline_layout"] = "Et*3|(t*4|)*18t*5L"  # 20 virtual stages, 3 + 4 x 18 + 5 layers
+    res = search(scenario_from_dict(d), Constraints(engine="analytic"), workers=1)
+    assert res.invalid_by_rule.get("rejected by the validator (plan.pipeline_layout)", 0) > 0
+    assert res.evaluated_plans
+    assert all(p.candidate.pp * p.candidate.v == 20 for p in res.evaluated_plans)

@@ -103,7 +103,7 @@ class Evaluator:
         by the plans that differ only in what the activations depend on (:data:`ACTIVATION_ONLY`;
         the other fields of every plan are the scenario's)."""
         m, cluster = self.model, self.cluster
-        layout = tuple(getattr(plan, f) for f in STATE_FIELDS)
+        layout = (*(getattr(plan, f) for f in STATE_FIELDS), plan.pipeline_layout)  # the scenario's layout
         stages = []
         for s in distinct_stages(m.num_layers, plan.pp, plan.virtual_pipeline_stages, plan.pipeline_layout):
             fixed = self._fixed.get((layout, s))
