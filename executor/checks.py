@@ -78,6 +78,9 @@ def run_problems(scenario: Scenario, nproc: int) -> list[Problem]:
                 "zero_stage 0 and a schedule with one backward per step (not interleaved or zero-bubble)")
     if plan.zero_quantized_weights:
         add("plan.zero_quantized_weights", "quantized weight gathers are not implemented by the executor")
+    if plan.pipeline_layout is not None:
+        add("plan.pipeline_layout", "uneven pipeline layouts are not implemented by the executor (it splits the "
+            "layers evenly); leave it unset")
     if plan.zero_hpz_partition_size:
         add("plan.zero_hpz_partition_size", "ZeRO++ hierarchical partitioning (hpZ) is not implemented by the executor")
     if plan.tp_comm_overlap and plan.tp > 1:

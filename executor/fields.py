@@ -60,6 +60,7 @@ EXECUTOR_READS: dict[str, str] = {
     "plan.zero_hpz_partition_size": "refused when set (ZeRO++ hpZ)",
     "plan.fused_elementwise": "runs as false with RMSNorm, RoPE or SwiGLU: eager PyTorch, no torch.compile "
                               "(executor.checks.as_run)",
+    "plan.pipeline_layout": "refused when set (the executor splits the layers evenly)",
 }
 SIMULATOR_ONLY: dict[str, str] = {
     "plan.fp8_recipe": "only with precision fp8, which the executor refuses",

@@ -167,7 +167,7 @@ def layers_held(m: ModelSpec, plan: ParallelPlan, stage: int) -> int:
     """Layer x micro-batch activation sets the stage holds at its peak: the micro-batches in
     flight times the stage's layers, or under the interleaved schedule the layers of the chunk
     forwards alive at once (:func:`interleaved_layers_held`)."""
-    ranges = stage_layer_ranges(m.num_layers, plan.pp, plan.virtual_pipeline_stages)[stage]
+    ranges = stage_layer_ranges(m.num_layers, plan.pp, plan.virtual_pipeline_stages, plan.pipeline_layout)[stage]
     if plan.virtual_pipeline_stages == 1:
         return in_flight(plan, stage) * sum(len(r) for r in ranges)
     if plan.interleaved:

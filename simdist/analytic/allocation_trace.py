@@ -71,7 +71,8 @@ class _Replay:
         self.grad_input = e * sbh / split
         self.layer_params = layer_params(m).per_tp_rank(plan.tp)
         self.matrices = [r * c // plan.tp for r, c, k in matrix_shapes(m) for _ in range(k)]
-        self.chunks = [len(r) for r in stage_layer_ranges(m.num_layers, plan.pp, plan.virtual_pipeline_stages)[stage]]
+        ranges = stage_layer_ranges(m.num_layers, plan.pp, plan.virtual_pipeline_stages, plan.pipeline_layout)
+        self.chunks = [len(r) for r in ranges[stage]]
         self.zero3 = plan.shards_params and not (self.conv.fsdp2_fp32_shards and plan.pp > 1)
         self.pp_fsdp = plan.shards_params and self.conv.fsdp2_fp32_shards and plan.pp > 1
         self.torch_grads = plan.shards_params and self.conv.fsdp2_fp32_shards
@@ -312,6 +313,9 @@ def layer_passes(m: ModelSpec, plan: ParallelPlan) -> int:
     """An upper bound of the layer passes of one stage's replay (two steps, forward and backward
     of the replayed micro-batches of every chunk)."""
     layers = -(-m.num_layers // plan.pp)  # the largest stage's layers, all its chunks
+    if plan.pipeline_layout is not None:
+        ranges = stage_layer_ranges(m.num_layers, plan.pp, plan.virtual_pipeline_stages, plan.pipeline_layout)
+        layers = max(sum(len(r) for r in chunks) for chunks in ranges)
     micro = min(plan.num_microbatches, max(GPIPE_CAP, plan.pp * plan.virtual_pipeline_stages) + 2)
     return 2 * 2 * layers * micro
 
@@ -324,7 +328,7 @@ def stage_gaps(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None,
                windows: tuple[int, int] = (FORWARD_WINDOW, GRAD_WINDOW)) -> list[float]:
     """:func:`allocator_gap` of every stage, replayed once per stage kind (the same chunks and the
     same first/last role; the kind's first stage, which holds the most micro-batches)."""
-    ranges = stage_layer_ranges(m.num_layers, plan.pp, plan.virtual_pipeline_stages)
+    ranges = stage_layer_ranges(m.num_layers, plan.pp, plan.virtual_pipeline_stages, plan.pipeline_layout)
     by_kind: dict[tuple, float] = {}
     out = []
     for s in range(plan.pp):

@@ -163,25 +163,26 @@ def stage_num_layers(m: ModelSpec, plan: ParallelPlan, stage: int) -> int:
 
 def stage_layers(m: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int, ...]:
     """The layers every chunk of ``stage`` holds (both copies' under DualPipe)."""
-    return _stage_layers(m, plan.pp, plan.virtual_pipeline_stages, plan.schedule, stage)
+    return _stage_layers(m, plan.pp, plan.virtual_pipeline_stages, plan.schedule, stage, plan.pipeline_layout)
 
 
 @lru_cache(maxsize=4096)
-def _stage_layers(m: ModelSpec, pp: int, v: int, schedule: str, stage: int) -> tuple[int, ...]:
-    chunks = stage_chunks(m.num_layers, pp, v, schedule)[stage]
+def _stage_layers(m: ModelSpec, pp: int, v: int, schedule: str, stage: int, layout: str | None = None
+                  ) -> tuple[int, ...]:
+    chunks = stage_chunks(m.num_layers, pp, v, schedule, layout)[stage]
     return tuple(i for _, r in chunks for i in r)
 
 
 def stage_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> ParamCount:
     """All parameters of one pipeline stage (every chunk it holds), before TP sharding: the
     embedding with virtual stage 0, the LM head (and MTP modules) with the last one."""
-    return _stage_params(m, plan.pp, plan.virtual_pipeline_stages, plan.schedule, stage)
+    return _stage_params(m, plan.pp, plan.virtual_pipeline_stages, plan.schedule, stage, plan.pipeline_layout)
 
 
 @lru_cache(maxsize=4096)
-def _stage_params(m: ModelSpec, pp: int, v: int, schedule: str, stage: int) -> ParamCount:
-    count = layers_params(m, _stage_layers(m, pp, v, schedule, stage))
-    chunks = stage_chunks(m.num_layers, pp, v, schedule)[stage]
+def _stage_params(m: ModelSpec, pp: int, v: int, schedule: str, stage: int, layout: str | None = None) -> ParamCount:
+    count = layers_params(m, _stage_layers(m, pp, v, schedule, stage, layout))
+    chunks = stage_chunks(m.num_layers, pp, v, schedule, layout)[stage]
     n = virtual_stages(pp, v, schedule)
     if any(vs == 0 for vs, _ in chunks):
         count = count + embedding_params(m)
@@ -192,13 +193,14 @@ def _stage_params(m: ModelSpec, pp: int, v: int, schedule: str, stage: int) -> P
 
 def stage_expert_params(m: ModelSpec, plan: ParallelPlan, stage: int) -> ParamCount:
     """The routed experts of one stage (MTP modules included), before expert parallelism."""
-    return _stage_expert_params(m, plan.pp, plan.virtual_pipeline_stages, plan.schedule, stage)
+    return _stage_expert_params(m, plan.pp, plan.virtual_pipeline_stages, plan.schedule, stage, plan.pipeline_layout)
 
 
 @lru_cache(maxsize=4096)
-def _stage_expert_params(m: ModelSpec, pp: int, v: int, schedule: str, stage: int) -> ParamCount:
-    count = expert_params(m, _stage_layers(m, pp, v, schedule, stage))
-    chunks = stage_chunks(m.num_layers, pp, v, schedule)[stage]
+def _stage_expert_params(m: ModelSpec, pp: int, v: int, schedule: str, stage: int, layout: str | None = None
+                         ) -> ParamCount:
+    count = expert_params(m, _stage_layers(m, pp, v, schedule, stage, layout))
+    chunks = stage_chunks(m.num_layers, pp, v, schedule, layout)[stage]
     last = virtual_stages(pp, v, schedule) - 1
     if any(vs == last for vs, _ in chunks) and m.mtp_layers:
         count = count + expert_params(m, (m.num_layers,)) * m.mtp_layers
@@ -215,13 +217,14 @@ def params_per_rank(m: ModelSpec, plan: ParallelPlan, stage: int) -> int:
     """Parameters held by one GPU of ``stage`` before any ZeRO/FSDP sharding: the dense ones
     split over tp, the routed experts over ep and etp."""
     return _params_per_rank(m, plan.pp, plan.virtual_pipeline_stages, plan.schedule, plan.tp, plan.ep,
-                            plan.etp, stage)
+                            plan.etp, stage, plan.pipeline_layout)
 
 
 @lru_cache(maxsize=4096)
-def _params_per_rank(m: ModelSpec, pp: int, v: int, schedule: str, tp: int, ep: int, etp: int, stage: int) -> int:
-    experts = _stage_expert_params(m, pp, v, schedule, stage)
-    params = _stage_params(m, pp, v, schedule, stage)
+def _params_per_rank(m: ModelSpec, pp: int, v: int, schedule: str, tp: int, ep: int, etp: int, stage: int,
+                     layout: str | None = None) -> int:
+    experts = _stage_expert_params(m, pp, v, schedule, stage, layout)
+    params = _stage_params(m, pp, v, schedule, stage, layout)
     dense = ParamCount(params.sharded - experts.sharded, params.replicated - experts.replicated)
     return dense.per_tp_rank(tp) + experts.per_tp_rank(etp) // ep
 

@@ -202,7 +202,8 @@ def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True,
     ctx = CommContext(sc.cluster, plan, net, lambda axis: fabric.slowdown(sc.cluster, plan, net, axis))
     passes = dict(kinds_passes)
     if per_kind:
-        firsts, kind_of = _stage_kinds(m, plan.tp, plan.pp, plan.virtual_pipeline_stages, plan.schedule)
+        firsts, kind_of = _stage_kinds(m, plan.tp, plan.pp, plan.virtual_pipeline_stages, plan.schedule,
+                                       plan.pipeline_layout)
     else:
         firsts, kind_of = tuple(range(plan.pp)), tuple(range(plan.pp))
     sync = sync_of or (lambda c, s: stage_sync(sc, c, cost, s))
@@ -213,12 +214,13 @@ def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True,
 
 
 @lru_cache(maxsize=1024)
-def _stage_kinds(m: ModelSpec, tp: int, p: int, v: int, schedule: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _stage_kinds(m: ModelSpec, tp: int, p: int, v: int, schedule: str, layout: str | None = None
+                 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(the first stage of each kind, the kind of every stage): stages whose chunks are alike
     (:func:`stage_chunks`) are one kind."""
     index: dict[tuple[Chunk, ...], int] = {}
     firsts, kind_of = [], []
-    for s, chunks in enumerate(_stage_chunks(m, tp, p, v, schedule)):
+    for s, chunks in enumerate(_stage_chunks(m, tp, p, v, schedule, layout)):
         k = index.get(chunks)
         if k is None:
             k = index[chunks] = len(firsts)
@@ -239,14 +241,16 @@ def stage_chunks(sc: Scenario, stage: int) -> tuple[Chunk, ...]:
     """The chunks of ``stage`` (Megatron's interleaved layout: chunk c is virtual stage c*pp + s;
     DualPipe and DualPipeV: simdist.spec.stages.stage_chunks)."""
     plan = sc.plan
-    return _stage_chunks(sc.model, plan.tp, plan.pp, plan.virtual_pipeline_stages, plan.schedule)[stage]
+    return _stage_chunks(sc.model, plan.tp, plan.pp, plan.virtual_pipeline_stages, plan.schedule,
+                         plan.pipeline_layout)[stage]
 
 
 @lru_cache(maxsize=1024)  # read only the model and the layout: a search's plans share them
-def _stage_chunks(m: ModelSpec, tp: int, p: int, v: int, schedule: str) -> tuple[tuple[Chunk, ...], ...]:
+def _stage_chunks(m: ModelSpec, tp: int, p: int, v: int, schedule: str, layout: str | None = None
+                  ) -> tuple[tuple[Chunk, ...], ...]:
     n = virtual_stages(p, v, schedule)
     out = []
-    for stage_chunk in spec_stage_chunks(m.num_layers, p, v, schedule):
+    for stage_chunk in spec_stage_chunks(m.num_layers, p, v, schedule, layout):
         chunks = []
         for vs, layers in stage_chunk:
             first, last = vs == 0, vs == n - 1

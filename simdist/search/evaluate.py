@@ -54,12 +54,12 @@ Progress = Callable[[str, int, int], None]
 
 
 @cache
-def distinct_stages(num_layers: int, pp: int, v: int) -> tuple[int, ...]:
+def distinct_stages(num_layers: int, pp: int, v: int, layout: str | None = None) -> tuple[int, ...]:
     """The first stage of each kind: stages that hold the same number of layers in each chunk,
     and are alike in holding the embedding (first) or the LM head (last), hold the same states
     and differ only in the micro-batches in flight, which never grow with the stage index
     (simdist.analytic.memory.in_flight), so the first of each kind has the largest peak."""
-    ranges = stage_layer_ranges(num_layers, pp, v)
+    ranges = stage_layer_ranges(num_layers, pp, v, layout)
     firsts: dict[tuple[bool, bool, tuple[int, ...]], int] = {}
     for s in range(pp):
         firsts.setdefault((s == 0, s == pp - 1, tuple(len(r) for r in ranges[s])), s)
@@ -70,7 +70,7 @@ def peak_memory(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | Non
                 ) -> tuple[float, float]:
     """(GPU bytes, host bytes) at the peak over the pipeline stages: the same maximum as
     ``memory_per_stage`` (a test checks it), sizing one stage of each kind only."""
-    kinds = distinct_stages(model.num_layers, plan.pp, plan.virtual_pipeline_stages)
+    kinds = distinct_stages(model.num_layers, plan.pp, plan.virtual_pipeline_stages, plan.pipeline_layout)
     stages = [stage_memory(model, plan, s, cluster) for s in kinds]
     return max(s.peak for s in stages), max(s.host for s in stages)
 
@@ -114,9 +114,10 @@ class Evaluator:
         differ only in the ZeRO stage (:data:`ACTIVATION_FIELDS`; ZeRO-3's FP8 weight gathers
         change what an FP8 forward saves, simdist.analytic.fp8_memory)."""
         m, cluster = self.model, self.cluster
-        layout, shape = _state_of(plan), (*_shape_of(plan), plan.shards_params)
+        layout = (*_state_of(plan), plan.pipeline_layout)  # the scenario's layout
+        shape = (*_shape_of(plan), plan.shards_params, plan.pipeline_layout)
         stages = []
-        for s in distinct_stages(m.num_layers, plan.pp, plan.virtual_pipeline_stages):
+        for s in distinct_stages(m.num_layers, plan.pp, plan.virtual_pipeline_stages, plan.pipeline_layout):
             fixed = self._fixed.get((layout, s))
             if fixed is None:
                 if len(self._fixed) >= 65536:

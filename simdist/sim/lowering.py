@@ -228,13 +228,14 @@ def _ps_spec(extra: StageSystems, key: tuple[int, int], share: float) -> PsSpec:
 
 def _chunk(d: StepDescription, chunk: Chunk, index: int, split: bool, traffic: DataParallelTraffic,
            extra: StageSystems, share: float) -> ChunkWork:
-    """One chunk's tasks (per layer; the embedding and the head join its first / last layer)."""
+    """One chunk's tasks (per layer; the embedding and the head join its first / last layer; a
+    chunk without layers, plan.pipeline_layout's ``E`` or ``mL`` alone, one empty slot for them)."""
     plan, layer = d.plan, d.layer
     n = chunk.layers
     kinds = [d.passes(k) for k in chunk.layout] if chunk.layout else [layer] * n
-    fwd = [_work(k.fwd) for k in kinds]
-    bwd = [_work(k.bwd, k.recompute, split) for k in kinds]
-    wgt = [Work(k.bwd.weight_grad) for k in kinds]
+    fwd = [_work(k.fwd) for k in kinds] or [Work()]
+    bwd = [_work(k.bwd, k.recompute, split) for k in kinds] or [Work()]
+    wgt = [Work(k.bwd.weight_grad) for k in kinds] or [Work()]
     if chunk.first:
         emb_fwd, emb_bwd = d.embedding
         fwd[0] = fwd[0] + _work(emb_fwd)
@@ -246,7 +247,7 @@ def _chunk(d: StepDescription, chunk: Chunk, index: int, split: bool, traffic: D
         bwd[0] = bwd[0] + _work(head_bwd, drop_weight_grad=split)
         wgt[0] = wgt[0] + Work(head_bwd.weight_grad)
     if extra.compression_per_microbatch:  # ZeRO-2/3: each layer's gradients compressed as produced
-        kernels = Work(compression=extra.compression_per_microbatch * share / n)
+        kernels = Work(compression=extra.compression_per_microbatch * share / len(fwd))
         if split:
             wgt = [w + kernels for w in wgt]
         else:

@@ -10,6 +10,7 @@ from simdist.errors import Problem
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
+from simdist.spec.stages import layout_model_problems
 
 # the expert and data-with-context groups of a stage (simdist.spec.groups) are walked rank by
 # rank: a 2**45-node cluster with experts ran the fuzz test out of memory there
@@ -28,7 +29,10 @@ def check_consistency(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
 
     _tensor_parallel(model, plan, add)
     chunks = plan.pp * (2 if plan.schedule == "dualpipev" else plan.virtual_pipeline_stages)
-    if chunks > model.num_layers:
+    if plan.pipeline_layout is not None:
+        for msg in layout_model_problems(plan.pipeline_layout, model.num_layers, model.mtp_layers):
+            add("plan.pipeline_layout", msg)
+    elif chunks > model.num_layers:
         what = "2*pp (dualpipev: two stages per rank)" if plan.schedule == "dualpipev" else "pp*virtual_pipeline_stages"
         add("plan.pp", f"{what} = {chunks} is more than model.num_layers ({model.num_layers})")
     if model.seq_length % plan.cp:

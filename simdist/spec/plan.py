@@ -13,6 +13,7 @@ from typing import Any, Literal, NamedTuple, get_args
 
 from simdist.errors import Problem
 from simdist.spec.fields import hash_once, spec_field, validate
+from simdist.spec.stages import layout_problems
 
 # The allowed values of each choice field: the Literal types are the single source.
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "zero-bubble", "dualpipe", "dualpipev"]
@@ -140,6 +141,8 @@ class ParallelPlan:
                                "torch.compile) or eager, one kernel per op; default the framework's")
     zero_hpz_partition_size: int = spec_field(0, check="positive", since="1.2",
                                               doc="ZeRO++ hpZ: secondary weight copy sharded in groups of this size")
+    pipeline_layout: str | None = spec_field(None, since="1.2", doc="Megatron-Core pipeline layout, e.g. "
+                                             "Et|(tt|)*30mL (simdist.spec.stages); default an even split")
 
     def __post_init__(self) -> None:
         validate(self)
@@ -299,6 +302,10 @@ class ParallelPlan:
                 "gradient all-reduce; it does not combine with zero_stage >= 2 (sharded gradients)")
         if sched == "zero-bubble" and v > 1:
             add("schedule", "zero-bubble runs one chunk per stage (virtual_pipeline_stages 1)")
+        if self.pipeline_layout is not None:
+            for msg in ["not with dualpipe/dualpipev (their stages are fixed)"] if self.dualpipe else \
+                    layout_problems(self.pipeline_layout, self.pp * v):
+                add("pipeline_layout", msg)
         if self.fp8_recipe is not None and self.precision != "fp8":
             add("fp8_recipe", f"only applies with precision fp8, not {self.precision}")
         if self.attention_kernel is not None and not self.flash_attention:

@@ -50,6 +50,11 @@ MOE_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     # [layernorm, moe_act]
     "gpt oss 120b": ("gpt-oss-120b", {"moe_dispatcher": "alltoall", "recompute": "selective"}),
 }
+# model -> {(pp, vpp): the recipe's pipeline_model_parallel_layout} (plan.pipeline_layout):
+# DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1's pp_layout (Megatron-Bridge
+# scripts/performance/configs/deepseek/deepseek_workload_base_configs.py): the embedding and one
+# layer first, two layers in each of the 30 middle virtual stages, the MTP layer and the loss last
+PIPELINE_LAYOUTS: dict[str, dict[tuple[int, int], str]] = {"deepseekv3": {(8, 4): "Et|(tt|)*30mL"}}
 NOT_EXPRESSIBLE = {"nemotron_3_nano": "Nemotron 3 Nano interleaves Mamba-2 layers with its attention and MoE "
                                       "layers; a scenario cannot express state-space layers"}
 NEMO_CP = tuple(f"R{i:04d}" for i in range(80, 98))
@@ -125,6 +130,9 @@ def moe_scenario(row: dict[str, str]) -> dict[str, Any]:
     tp, pp = cell_int(row["tp"]) or 1, cell_int(row["pp"]) or 1
     plan = _megatron_plan(row, tp, pp)
     plan.update(ep=cell_int(row["ep"]) or 1, cp=cell_int(row["cp"]) or 1, **extra)
+    layout = PIPELINE_LAYOUTS.get(_model_key(row), {}).get((pp, plan.get("virtual_pipeline_stages", 1)))
+    if layout is not None:
+        plan["pipeline_layout"] = layout
     precision = row["precision"].lower()
     # the 25.09 section has no precision column; its TFLOP/s come in pairs for two FP8 scaling
     # granularities (the data README), so its runs are FP8

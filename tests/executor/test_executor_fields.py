@@ -44,6 +44,7 @@ def scenario(base: str = "tiny-ddp", nproc: int = 2, **plan):
     ("tiny-llama-tp", 2, {"tp_comm_overlap": True}, "plan.tp_comm_overlap"),
     ("tiny-ddp", 2, {"zero_hpz_partition_size": 2, "zero_stage": 3}, "plan.zero_hpz_partition_size"),
     ("tiny-pp-1f1b", 2, {"schedule": "dualpipev"}, "plan.schedule"),
+    ("tiny-pp-1f1b", 2, {"pipeline_layout": "Et*2|t*2L"}, "plan.pipeline_layout"),
     ("tiny-ddp", 2, {"zero_quantized_weights": True, "zero_stage": 3}, "plan.zero_quantized_weights"),
     ("tiny-ddp", 2, {"precision": "fp16"}, "plan.precision"),
 ])
