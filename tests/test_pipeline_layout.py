@@ -137,13 +137,20 @@ def test_validation_row_r0133_gets_the_recipe_layout():
     assert moe_scenario(rows["R0133"])["plan"]["pipeline_layout"] == DS_LAYOUT
 
 
-def test_search_keeps_the_layout_and_so_its_number_of_virtual_stages():
+def test_search_keeps_the_layout_at_its_depth_and_splits_other_depths_evenly():
     from simdist.search.driver import search
+    from simdist.search.evaluate import Evaluator
     from simdist.search.space import Constraints
 
     d = _raw(ROOT / "scenarios" / "llama3-70b-tp8-pp4-64xh100.yaml")
     d["plan"]["pipeline_layout"] = "Et*3|(t*4|)*18t*5L"  # 20 virtual stages, 3 + 4 x 18 + 5 layers
-    res = search(scenario_from_dict(d), Constraints(engine="analytic"), workers=1)
-    assert res.invalid_by_rule.get("rejected by the validator (plan.pipeline_layout)", 0) > 0
-    assert res.evaluated_plans
-    assert all(p.candidate.pp * p.candidate.v == 20 for p in res.evaluated_plans)
+    sc = scenario_from_dict(d)
+    res = search(sc, Constraints(engine="analytic"), workers=1)
+    assert not any("pipeline_layout" in rule for rule in res.invalid_by_rule)
+    depths = {p.candidate.pp * p.candidate.v for p in res.evaluated_plans}
+    assert 20 in depths and len(depths) > 1  # the layout's depth and others
+    ev = Evaluator(sc)
+    for p in res.evaluated_plans:
+        plan = ev.plan(p.candidate)
+        uneven = p.candidate.pp * p.candidate.v == 20 and p.candidate.schedule not in ("dualpipe", "dualpipev")
+        assert plan.pipeline_layout == (d["plan"]["pipeline_layout"] if uneven else None)

@@ -36,7 +36,7 @@ from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan, unchecked_replace
 from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import Scenario, check_consistency
-from simdist.spec.stages import stage_layer_ranges
+from simdist.spec.stages import parse_layout, stage_layer_ranges
 from simdist.units import GiB
 
 # The searched fields that the model states and the runtime buffers never read (the activations
@@ -98,10 +98,15 @@ class Evaluator:
         The fields are not checked one by one again (the enumeration makes only values of the
         right type and range: tests/test_search.py checks a sample against the checked build);
         the cross-field rules are, by :meth:`problems`."""
+        layout = self.base_plan.pipeline_layout
+        if layout is not None and (cand.schedule in ("dualpipe", "dualpipev")
+                                   or cand.pp * cand.v != len(parse_layout(layout))):
+            layout = None  # the scenario's layout is for its own pipeline depth: others split evenly
         return unchecked_replace(self.base_plan, tp=cand.tp, pp=cand.pp, dp=cand.dp, cp=cand.cp,
                                  virtual_pipeline_stages=cand.v, schedule=cand.schedule, zero_stage=cand.zero,
                                  sequence_parallel=cand.sp, recompute=cand.recompute,
-                                 micro_batch_size=cand.mbs, dp_shard=cand.dp, ep=cand.ep, etp=cand.etp)
+                                 micro_batch_size=cand.mbs, dp_shard=cand.dp, ep=cand.ep, etp=cand.etp,
+                                 pipeline_layout=layout)
 
     def problems(self, plan: ParallelPlan) -> list[Problem]:
         return check_consistency(self.model, self.cluster, plan)
@@ -114,7 +119,7 @@ class Evaluator:
         differ only in the ZeRO stage (:data:`ACTIVATION_FIELDS`; ZeRO-3's FP8 weight gathers
         change what an FP8 forward saves, simdist.analytic.fp8_memory)."""
         m, cluster = self.model, self.cluster
-        layout = (*_state_of(plan), plan.pipeline_layout)  # the scenario's layout
+        layout = (*_state_of(plan), plan.pipeline_layout)
         shape = (*_shape_of(plan), plan.shards_params, plan.pipeline_layout)
         stages = []
         for s in distinct_stages(m.num_layers, plan.pp, plan.virtual_pipeline_stages, plan.pipeline_layout):
