@@ -18,8 +18,8 @@ The parts, each in its own module:
 - :mod:`.accounting`: the breakdown, whose parts sum to the step time;
 - :mod:`.assumptions`, :mod:`.stragglers`: what the engine says about the run;
 - :mod:`.budget`: the work of a simulation, estimated before it runs, and its limits;
-- :mod:`.periodic`: a long 1F1B / interleaved step simulated short and stretched, exactly, once
-  its steady state repeats;
+- :mod:`.periodic`: a long 1F1B / interleaved / zero-bubble step simulated short and stretched,
+  exactly, once its steady state repeats;
 - :mod:`.grouping`: full fidelity as one group per stage where no straggler sets ranks apart.
 
 The work comes from the lowering of the per-stage description (:mod:`simdist.sim.lowering`) and

@@ -54,12 +54,14 @@ def simulate(
         fidelity = "symmetric"
         notes.insert(0, grouping.grouped_line(described))
     work = check_work(described, fidelity, keep_spans, bool(stragglers))  # before anything is built
-    short = periodic.short_count(described, fidelity, keep_spans, stragglers)
-    if short is not None:  # a short step, stretched when its steady state is periodic
+    short, spent = periodic.short_count(described, fidelity, keep_spans, stragglers), 0
+    while short is not None:  # a short step, stretched when its steady state is periodic
         sim = Simulation(described, lower(described, short), False, False, {}, list(notes), 0.0, backend, short)
         result = sim.run(work)
         if result is not None:
             return result
+        spent += short  # else (zero-bubble) maybe a longer short step (periodic.longer)
+        short = periodic.longer(sim.state, sc.plan.num_microbatches, spent)
     lowered = lower(described)
     stagger = _async_stagger(described)
     sim = Simulation(described, lowered, fidelity == "full", keep_spans, stragglers, notes, stagger, backend)
