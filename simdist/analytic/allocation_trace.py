@@ -27,7 +27,7 @@ from simdist.analytic.activations import (
     layer_saved_tensors,
     logits_elements,
 )
-from simdist.analytic.allocator import CachingAllocator
+from simdist.analytic.allocator import Trace
 from simdist.analytic.fp8_memory import gathered_weight_bytes, saved_fp8_weight_bytes
 from simdist.analytic.memory import model_state_bytes, shard_group
 from simdist.analytic.memory_conventions import conventions
@@ -54,7 +54,8 @@ class _Replay:
         self.m, self.plan, self.stage = m, plan, stage
         self.forward_window, self.grad_window = windows
         self.conv = conventions(plan)
-        self.alloc = CachingAllocator(limit=limit)
+        self.limit = limit
+        self.alloc = Trace()  # recorded, then replayed at once by the caching allocator's rules
         self.saved = layer_saved_tensors(m, plan)
         if (w := saved_fp8_weight_bytes(m, plan)) > 0:
             self.saved = [*self.saved, ("fp8 weights", w)]
@@ -292,7 +293,7 @@ class _Replay:
                     for i, layer in enumerate(reversed(layers)):
                         self.backward(mb, layer, last and i == 0)
             self.end_of_step(step)
-        return self.alloc.peak_allocated, self.alloc.peak_reserved
+        return self.alloc.peaks(self.limit)
 
 
 @lru_cache(maxsize=2048)
