@@ -55,8 +55,8 @@ class CachingAllocator:
     Blocks are ids into parallel lists (size, the block before and after it in its segment, 0
     for none, free or not, pool); a merged-away block's id is left unused."""
 
-    __slots__ = ("limit", "allocated", "reserved", "peak_allocated", "peak_reserved", "_size",
-                 "_prev", "_next", "_isfree", "_pool", "_free", "_live")
+    __slots__ = ("_free", "_isfree", "_live", "_next", "_pool", "_prev", "_size", "allocated", "limit",
+                 "peak_allocated", "peak_reserved", "reserved")
 
     def __init__(self, limit: float = float("inf")) -> None:
         self.limit = limit
@@ -168,46 +168,9 @@ def _drop(free: list[int], size: int, bid: int) -> None:
     del free[bisect.bisect_left(free, size << _ID_BITS | bid)]
 
 
-class Trace:
-    """The allocations and frees of a replay, recorded (``malloc``, ``free``, ``live`` as
-    :class:`CachingAllocator` has them) and then replayed at once by :meth:`peaks`, which gives
-    what a :class:`CachingAllocator` fed the same calls gives: the trace does not depend on where
-    blocks land (which keys are live does not), so it is recorded with keys as small ints and
-    replayed in one loop, several times faster than call by call."""
-
-    __slots__ = ("ops", "_live", "_slots", "_pools")
-
-    def __init__(self) -> None:
-        self.ops: list[tuple[int, int, int]] = []  # (slot, rounded size, pool); size 0: a free
-        self._live: dict[object, int] = {}  # live key -> its slot
-        self._slots: dict[object, int] = {}  # every key seen -> its slot
-        self._pools: dict[tuple[str, bool], int] = {}
-
-    def malloc(self, key: object, nbytes: float, stream: str = "compute") -> None:
-        n = int(nbytes)
-        size = -(-n // MIN_BLOCK) * MIN_BLOCK if n > MIN_BLOCK else MIN_BLOCK
-        pool = self._pools.setdefault((stream, size <= SMALL_SIZE), len(self._pools))
-        slot = self._slots.setdefault(key, len(self._slots))
-        self._live[key] = slot
-        self.ops.append((slot, size, pool))
-
-    def free(self, key: object) -> None:
-        self.ops.append((self._live.pop(key), 0, 0))
-
-    def live(self, key: object) -> bool:
-        return key in self._live
-
-    def live_keys(self) -> list[object]:
-        return list(self._live)
-
-    def peaks(self, limit: float = float("inf")) -> tuple[int, int]:
-        """(peak allocated, peak reserved) bytes of the trace under a device ``limit``."""
-        return replay(self.ops, len(self._slots), len(self._pools), limit)
-
-
 def replay(ops: list[tuple[int, int, int]], slots: int, pools: int,
            limit: float = float("inf")) -> tuple[int, int]:
-    """:class:`CachingAllocator`'s rules over a recorded trace in one loop (its methods inlined,
+    """:class:`CachingAllocator`'s rules over a recorded trace (simdist.analytic.allocation_record) in one loop (its methods inlined,
     blocks as ids into parallel lists, keys as slots): (peak allocated, peak reserved)."""
     insort, bisect_left = bisect.insort, bisect.bisect_left
     sizes, prev, nxt, isfree, pool_of = [0], [0], [0], [False], [0]
