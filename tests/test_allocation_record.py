@@ -78,3 +78,22 @@ def test_a_repeated_step_gives_what_working_it_out_again_gives(name, monkeypatch
     monkeypatch.setattr(Trace, "repeat", lambda self, seg: False)
     again = [_Replay(sc.model, sc.plan, s, float("inf")).run() for s in stages]
     assert repeated == again
+
+
+def test_the_replay_gives_the_garbage_collector_back_as_it_found_it():
+    import gc
+
+    from simdist.analytic.allocation_trace import allocator_gap
+
+    sc = load_scenario(REPO / "scenarios" / "gpt3-175b-1024xa100.yaml")
+    allocator_gap.cache_clear()
+    assert gc.isenabled()
+    allocator_gap(sc.model, sc.plan, sc.cluster, 0)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        allocator_gap.cache_clear()
+        allocator_gap(sc.model, sc.plan, sc.cluster, 0)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
