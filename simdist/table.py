@@ -8,17 +8,13 @@ import re
 import shutil
 import sys
 from collections.abc import Sequence
+from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
-from simdist.results import Prediction
 from simdist.units import fmt_seconds
 
-# the header rule in ASCII, a gap between columns (rich.box.SIMPLE_HEAD with '-' for '─')
-PLAIN_HEAD = box.Box("    \n    \n -  \n    \n    \n    \n    \n    \n", ascii=True)
+if TYPE_CHECKING:
+    from simdist.results import Prediction
 STATUS_STYLES = {"ok": "green", "fits": "green", "OOM": "bold red", "DOES NOT FIT": "bold red"}
 PIPE_WIDTH = 400  # a pipe gets whole lines, never wrapped
 
@@ -33,7 +29,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str |
     if align is None:
         align = "".join("r" if rows and _is_num(rows[0][i]) else "l" for i in range(len(headers)))
     tty = is_terminal()
-    t = Table(box=PLAIN_HEAD, show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True,
+    if not tty and (plain := plain_table(headers, rows, align)) is not None:
+        return plain
+    from rich.table import Table
+    from rich.text import Text
+
+    t = Table(box=_plain_head(), show_edge=False, pad_edge=False, padding=(0, 1), collapse_padding=True,
               header_style="bold" if tty else "", expand=False)
     for h, a in zip(headers, align, strict=True):
         t.add_column(str(h), justify="right" if a == "r" else "left", no_wrap=not tty)
@@ -42,8 +43,42 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str |
     return render(t, tty)
 
 
+@lru_cache(maxsize=1)
+def _plain_head() -> object:
+    """The header rule in ASCII, a gap between columns (rich.box.SIMPLE_HEAD with '-' for '─')."""
+    from rich import box
+
+    return box.Box("    \n    \n -  \n    \n    \n    \n    \n    \n", ascii=True)
+
+
+def plain_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str) -> str | None:
+    """:func:`table` on a pipe without rich (whose import is a tenth of ``simdist predict``): the
+    same text, character for character (tests/test_table_plain.py holds it to rich's), or None
+    where rich would do more than pad the cells (markup in a header, a cell that is not
+    printable ASCII, a missing cell, an empty column, a line past the pipe's width)."""
+    head = [str(h) for h in headers]
+    body = [[_fmt(c) for c in r] for r in rows]
+    if any("[" in h for h in head) or any(len(r) != len(head) for r in body):
+        return None
+    if not all(c.isascii() and c.isprintable() for c in [*head, *(c for r in body for c in r)]):
+        return None
+    widths = [max(len(c) for c in col) for col in zip(head, *body, strict=True)]
+    if not head or 0 in widths or sum(widths) + 2 * len(widths) > PIPE_WIDTH:
+        return None
+    last = len(widths) - 1  # every column but the last is padded by one space on its right
+
+    def line(cells: Sequence[str]) -> str:
+        return " ".join((c.rjust(w) if a == "r" else c.ljust(w)) + (" " if i < last else "")
+                        for i, (c, w, a) in enumerate(zip(cells, widths, align, strict=True))).rstrip()
+
+    rule = " ".join("-" * (w + (i < last)) for i, w in enumerate(widths))
+    return "\n".join([line(head), rule, *(line(r) for r in body)])
+
+
 def render(renderable: object, tty: bool | None = None) -> str:
     """What rich prints for ``renderable``: ANSI colour on a terminal, plain text otherwise."""
+    from rich.console import Console
+
     tty = is_terminal() if tty is None else tty
     buf = io.StringIO()
     width = shutil.get_terminal_size((120, 40)).columns if tty else PIPE_WIDTH

@@ -21,7 +21,6 @@ long-lived tensors land inside segments of short-lived ones, and in the pools of
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
 
 MIN_BLOCK = 512
 SMALL_SIZE = 1 << 20
@@ -43,93 +42,92 @@ def segment_size(size: int) -> int:
     return -(-size // ROUND_LARGE) * ROUND_LARGE
 
 
-def _drop(free: list[tuple[int, int]], size: int, bid: int) -> None:
-    """Remove (size, bid) from a sorted free list."""
-    del free[bisect.bisect_left(free, (size, bid))]
+# A free list holds ``size << _ID_BITS | block id`` sorted: the order of (size, id) pairs, as
+# plain ints (the smallest block that fits, the oldest of equal ones) that bisect compares fast.
+_ID_BITS = 40
+_ID_MASK = (1 << _ID_BITS) - 1
 
 
-@dataclass(slots=True)
-class _Block:
-    size: int
-    pool: tuple[str, bool]
-    prev: int | None = None
-    next: int | None = None
-    free: bool = True
-
-
-@dataclass
 class CachingAllocator:
     """Replays allocations (``malloc(key, nbytes, stream)``) and frees (``free(key)``) and keeps
-    the peaks of allocated and reserved bytes. ``limit``: device bytes the allocator may reserve."""
+    the peaks of allocated and reserved bytes. ``limit``: device bytes the allocator may reserve.
 
-    limit: float = float("inf")
-    allocated: int = 0
-    reserved: int = 0
-    peak_allocated: int = 0
-    peak_reserved: int = 0
-    _blocks: dict[int, _Block] = field(default_factory=dict)
-    _free: dict[tuple[str, bool], list[tuple[int, int]]] = field(default_factory=dict)
-    _live: dict[object, int] = field(default_factory=dict)
-    _next_id: int = 0
+    Blocks are ids into parallel lists (size, the block before and after it in its segment, 0
+    for none, free or not, pool); a merged-away block's id is left unused."""
+
+    __slots__ = ("_free", "_isfree", "_live", "_next", "_pool", "_prev", "_size", "allocated", "limit",
+                 "peak_allocated", "peak_reserved", "reserved")
+
+    def __init__(self, limit: float = float("inf")) -> None:
+        self.limit = limit
+        self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
+        self._size: list[int] = [0]  # id 0: no block
+        self._prev: list[int] = [0]
+        self._next: list[int] = [0]
+        self._isfree: list[bool] = [False]
+        self._pool: list[list[int]] = [[]]  # each block's pool's free list
+        self._free: dict[tuple[str, bool], list[int]] = {}
+        self._live: dict[object, int] = {}
 
     def malloc(self, key: object, nbytes: float, stream: str = "compute") -> None:
         n = int(nbytes)  # round_size, inline (the replay's hottest line)
         size = -(-n // MIN_BLOCK) * MIN_BLOCK if n > MIN_BLOCK else MIN_BLOCK
         small = size <= SMALL_SIZE
-        pool = (stream, small)
-        free = self._free.get(pool)
+        free = self._free.get((stream, small))
         if free is None:
-            free = self._free[pool] = []
-        blocks = self._blocks
-        i = bisect.bisect_left(free, (size, -1))
+            free = self._free[(stream, small)] = []
+        i = bisect.bisect_left(free, size << _ID_BITS)
         if i < len(free):
-            bid = free.pop(i)[1]
+            bid = free.pop(i) & _ID_MASK
         else:
-            bid = self._new_segment(pool, segment_size(size))
-            _drop(free, blocks[bid].size, bid)
-        block = blocks[bid]
-        rest = block.size - size
+            bid = self._new_segment(free, segment_size(size))
+        sizes = self._size
+        rest = sizes[bid] - size
         if (rest >= MIN_BLOCK) if small else (rest > SMALL_SIZE):
-            nid = self._new_id()
-            blocks[nid] = _Block(rest, pool, prev=bid, next=block.next)
-            if block.next is not None:
-                blocks[block.next].prev = nid
-            block.next, block.size = nid, size
-            bisect.insort(free, (rest, nid))
-        block.free = False
-        self.allocated += block.size
+            nid = len(sizes)  # split: the remainder is a new free block after this one
+            after = self._next[bid]
+            sizes.append(rest)
+            self._prev.append(bid)
+            self._next.append(after)
+            self._isfree.append(True)
+            self._pool.append(free)
+            if after:
+                self._prev[after] = nid
+            self._next[bid] = nid
+            sizes[bid] = size
+            bisect.insort(free, rest << _ID_BITS | nid)
+        self._isfree[bid] = False
+        self.allocated += sizes[bid]
         if self.allocated > self.peak_allocated:
             self.peak_allocated = self.allocated
         self._live[key] = bid
 
     def free(self, key: object) -> None:
         bid = self._live.pop(key)
-        blocks = self._blocks
-        block = blocks[bid]
-        block.free = True
-        self.allocated -= block.size
-        free = self._free[block.pool]
-        prev_id = block.prev  # merge with a free block before it: that one grows
-        if prev_id is not None and blocks[prev_id].free:
-            _drop(free, blocks[prev_id].size, prev_id)
-            self._absorb_next(prev_id)
-            bid, block = prev_id, blocks[prev_id]
-        next_id = block.next  # and with a free block after it: this one grows
-        if next_id is not None and blocks[next_id].free:
-            _drop(free, blocks[next_id].size, next_id)
+        sizes, isfree, nxt = self._size, self._isfree, self._next
+        isfree[bid] = True
+        self.allocated -= sizes[bid]
+        free = self._pool[bid]
+        before = self._prev[bid]  # merge with a free block before it: that one grows
+        if before and isfree[before]:
+            _drop(free, sizes[before], before)
+            self._absorb_next(before)
+            bid = before
+        after = nxt[bid]  # and with a free block after it: this one grows
+        if after and isfree[after]:
+            _drop(free, sizes[after], after)
             self._absorb_next(bid)
-        bisect.insort(free, (block.size, bid))
+        bisect.insort(free, sizes[bid] << _ID_BITS | bid)
 
     def _absorb_next(self, bid: int) -> None:
         """Block ``bid`` takes in the block after it (both free, of one segment)."""
-        blocks = self._blocks
-        block = blocks[bid]
-        gone_id = block.next
-        gone = blocks.pop(gone_id)
-        block.size += gone.size
-        block.next = gone.next
-        if gone.next is not None:
-            blocks[gone.next].prev = bid
+        nxt = self._next
+        gone = nxt[bid]
+        self._size[bid] += self._size[gone]
+        self._isfree[gone] = False  # unused from now on
+        after = nxt[bid] = nxt[gone]
+        if after:
+            self._prev[after] = bid
 
     def live(self, key: object) -> bool:
         return key in self._live
@@ -137,16 +135,17 @@ class CachingAllocator:
     def live_keys(self) -> list[object]:
         return list(self._live)
 
-    def _new_id(self) -> int:
-        self._next_id += 1
-        return self._next_id
-
-    def _new_segment(self, pool: tuple[str, bool], size: int) -> int:
+    def _new_segment(self, free: list[int], size: int) -> int:
+        """A new segment of ``size`` bytes for the pool of free list ``free``: its block's id
+        (not entered in the free list: the caller takes it at once)."""
         if self.reserved + size > self.limit:
             self._release_free_segments()
-        bid = self._new_id()
-        self._blocks[bid] = _Block(size, pool)
-        bisect.insort(self._free[pool], (size, bid))
+        bid = len(self._size)
+        self._size.append(size)
+        self._prev.append(0)
+        self._next.append(0)
+        self._isfree.append(True)
+        self._pool.append(free)
         self.reserved += size
         self.peak_reserved = max(self.peak_reserved, self.reserved)
         return bid
@@ -154,11 +153,107 @@ class CachingAllocator:
     def _release_free_segments(self) -> None:
         for free in self._free.values():
             keep = []
-            for size, bid in free:
-                b = self._blocks[bid]
-                if b.prev is None and b.next is None:  # a whole segment, unused
-                    self.reserved -= size
-                    del self._blocks[bid]
+            for item in free:
+                bid = item & _ID_MASK
+                if not self._prev[bid] and not self._next[bid]:  # a whole segment, unused
+                    self.reserved -= self._size[bid]
+                    self._isfree[bid] = False
                 else:
-                    keep.append((size, bid))
-            free[:] = keep  # in place: callers hold the list
+                    keep.append(item)
+            free[:] = keep  # in place: blocks hold the list
+
+
+def _drop(free: list[int], size: int, bid: int) -> None:
+    """Remove block ``bid`` of ``size`` bytes from a sorted free list."""
+    del free[bisect.bisect_left(free, size << _ID_BITS | bid)]
+
+
+def replay(ops: list[tuple[int, int, int]], slots: int, pools: int,
+           limit: float = float("inf")) -> tuple[int, int]:
+    """:class:`CachingAllocator`'s rules over a recorded trace (simdist.analytic.allocation_record) in one loop (its methods inlined,
+    blocks as ids into parallel lists, keys as slots): (peak allocated, peak reserved)."""
+    insort, bisect_left = bisect.insort, bisect.bisect_left
+    sizes, prev, nxt, isfree, pool_of = [0], [0], [0], [False], [0]
+    frees: list[list[int]] = [[] for _ in range(pools)]
+    block_of = [0] * slots
+    allocated = reserved = peak_allocated = peak_reserved = 0
+    for slot, size, pool in ops:
+        if size:  # malloc
+            free = frees[pool]
+            i = bisect_left(free, size << _ID_BITS)
+            if i < len(free):
+                bid = free.pop(i) & _ID_MASK
+            else:  # a new segment
+                seg = segment_size(size)
+                if reserved + seg > limit:
+                    reserved -= _release(frees, sizes, prev, nxt, isfree)
+                bid = len(sizes)
+                sizes.append(seg)
+                prev.append(0)
+                nxt.append(0)
+                isfree.append(True)
+                pool_of.append(pool)
+                reserved += seg
+                if reserved > peak_reserved:
+                    peak_reserved = reserved
+            rest = sizes[bid] - size
+            if (rest >= MIN_BLOCK) if size <= SMALL_SIZE else (rest > SMALL_SIZE):
+                nid = len(sizes)
+                after = nxt[bid]
+                sizes.append(rest)
+                prev.append(bid)
+                nxt.append(after)
+                isfree.append(True)
+                pool_of.append(pool)
+                if after:
+                    prev[after] = nid
+                nxt[bid] = nid
+                sizes[bid] = size
+                insort(free, rest << _ID_BITS | nid)
+            isfree[bid] = False
+            allocated += sizes[bid]
+            if allocated > peak_allocated:
+                peak_allocated = allocated
+            block_of[slot] = bid
+        else:  # free, merging with free neighbours of its segment
+            bid = block_of[slot]
+            isfree[bid] = True
+            allocated -= sizes[bid]
+            free = frees[pool_of[bid]]
+            before = prev[bid]
+            if before and isfree[before]:
+                del free[bisect_left(free, sizes[before] << _ID_BITS | before)]
+                gone = bid
+                sizes[before] += sizes[gone]
+                isfree[gone] = False
+                after = nxt[before] = nxt[gone]
+                if after:
+                    prev[after] = before
+                bid = before
+            after = nxt[bid]
+            if after and isfree[after]:
+                del free[bisect_left(free, sizes[after] << _ID_BITS | after)]
+                sizes[bid] += sizes[after]
+                isfree[after] = False
+                beyond = nxt[bid] = nxt[after]
+                if beyond:
+                    prev[beyond] = bid
+            insort(free, sizes[bid] << _ID_BITS | bid)
+    return peak_allocated, peak_reserved
+
+
+def _release(frees: list[list[int]], sizes: list[int], prev: list[int], nxt: list[int],
+             isfree: list[bool]) -> int:
+    """The cached segments that are entirely free go back to the device: their bytes."""
+    released = 0
+    for free in frees:
+        keep = []
+        for item in free:
+            bid = item & _ID_MASK
+            if not prev[bid] and not nxt[bid]:
+                released += sizes[bid]
+                isfree[bid] = False
+            else:
+                keep.append(item)
+        free[:] = keep
+    return released

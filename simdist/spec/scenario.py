@@ -19,8 +19,6 @@ from typing import Any
 
 from simdist import catalog
 from simdist.errors import Collector, Problem, ScenarioError
-from simdist.io import deepspeed as ds_io
-from simdist.io.hf import fields_from_hf_config
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.consistency import check_consistency
 from simdist.spec.fields import hash_once, legacy_view
@@ -180,6 +178,8 @@ def _model(raw: Mapping[str, Any], base: Path, outer: Collector) -> ModelSpec | 
         values["name"] = preset
     path = _path(raw, "hf_config", base, c)
     if path is not None:
+        from simdist.io.hf import fields_from_hf_config  # here: most scenarios have none
+
         hc = Collector("model.hf_config")
         try:
             values.update(fields_from_hf_config(read_json_object(path, "model.hf_config"), hc))
@@ -227,6 +227,8 @@ def _plan(raw: Mapping[str, Any], base: Path, cluster: ClusterSpec | None,
     plan_data = {k: v for k, v in raw.items() if k != "deepspeed_config"}
     path = _path(raw, "deepspeed_config", base, c)
     if path is not None:
+        from simdist.io import deepspeed as ds_io  # here: most scenarios have none
+
         dc = Collector("plan.deepspeed_config")
         try:
             cfg = read_json_object(path, "plan.deepspeed_config")
