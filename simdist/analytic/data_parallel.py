@@ -23,6 +23,7 @@ from simdist.analytic.compression import (
 from simdist.analytic.overlap import (
     bucketed_exposed,
     chunked_buckets_exposed,
+    contended_buckets,
     grad_buckets,
     prefetch_exposed,
 )
@@ -213,6 +214,7 @@ class DataParallelTimes:
     post_step: float  # parameter all-gather after the optimizer that did not hide
     gather_fwd: float = 0.0  # un-overlapped: one micro-batch's forward gathers
     grad_sync: float = 0.0  # un-overlapped: its reduce-scatters (+ replica all-reduces)
+    stretch: float = 0.0  # the last backward's compute slowed by the step sync beside it
 
     @property
     def per_microbatch(self) -> float:
@@ -228,7 +230,8 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
     ZeRO-3: prefetched all-gathers and per-layer reduce-scatters hide behind compute except the
     first gather and the last reduce-scatter (prefetch_exposed); without ``overlap_param_gather``
     all of it waits. ZeRO-2: the per-layer reduce-scatters trail backward (the first chunk
-    exposed). The per-step sync runs in buckets during the last backward (bucketed_exposed); under
+    exposed). The per-step sync runs in buckets during the last backward, which runs slower beside
+    it (contended_buckets: ``stretch``); under
     the interleaved schedule each model chunk's buckets (``chunk_shares``: the chunks' parts of
     the stage's parameters, in chunk order) during that chunk's last backward, which ends
     pp chunk-backwards per lower chunk before the stage's last (chunked_buckets_exposed).
@@ -255,7 +258,7 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
             bwd_exp = max(min(v, chunks) * (ag_f + rs) / chunks, busiest - t_bwd) if (ag_b + rs) > 0 else 0.0
     elif tr.microbatch_grad_sync:  # ZeRO-2
         bwd_exp = prefetch_exposed(rs, chunks, t_bwd)
-    step = 0.0
+    step = stretch = 0.0
     if tr.step_grad_sync:
         nb = tr.step_buckets
         t_b = sum(c.seconds * c.calls / nb for c in tr.step_grad_sync)
@@ -266,10 +269,12 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
                 groups.append((below + t_c, below, max(1, round(nb * share))))
                 below += plan.pp * t_c
             step = chunked_buckets_exposed(t_b, groups[::-1])
+        elif plan.overlap_grad_reduce:  # beside the last backward, which it slows down
+            stretch, step = contended_buckets(t_b, nb, last_bwd)
         else:
-            step = bucketed_exposed(t_b, nb, last_bwd, plan.overlap_grad_reduce)
+            step = bucketed_exposed(t_b, nb, last_bwd, False)
     post = calls_seconds(tr.post_step_gathers)
     if tr.post_step_behind_forward:  # each bucket's gather ahead of the forward that needs it
         post = prefetch_exposed(post, tr.step_buckets, first_fwd)
-    return DataParallelTimes(fwd_exp, bwd_exp, step, post, ag_f, rs)
+    return DataParallelTimes(fwd_exp, bwd_exp, step, post, ag_f, rs, stretch)
 

@@ -48,7 +48,11 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from simdist.analytic.collectives import CollectiveCall, node_gpus
-from simdist.analytic.data_parallel import DataParallelTraffic, param_gathers_per_microbatch
+from simdist.analytic.data_parallel import (
+    DataParallelTraffic,
+    dp_times,
+    param_gathers_per_microbatch,
+)
 from simdist.analytic.ops import Comm, Op
 from simdist.analytic.passes import ZERO_PASS, PassTime
 from simdist.analytic.stage import Chunk, StageDescription, StepDescription
@@ -160,6 +164,12 @@ def _kind_work(d: StepDescription, s: StageDescription, split: bool) -> StageWor
     extra = stage_systems(d, s)
     total = sum(c.params for c in s.chunks)
     chunks = tuple(_chunk(d, c, i, split, traffic, extra, c.params / total) for i, c in enumerate(s.chunks))
+    if plan.overlap_grad_reduce and traffic.step_grad_sync and not plan.interleaved:
+        # the last backward runs slower beside the buckets it reduces, by the closed form's seconds
+        t_bwd = s.bwd.total + s.recompute.total
+        stretch = dp_times(traffic, plan, s.fwd.total, t_bwd).stretch
+        chunks = tuple(_slowed(cw, stretch * c.params / total, "W" if split else "B")
+                       for cw, c in zip(chunks, s.chunks, strict=True))
     flush: tuple[GradPiece, ...] = ()
     flush_compression = 0.0
     if not plan.overlap_grad_reduce:  # one sync of the whole buffer after the pipeline flush
@@ -313,6 +323,19 @@ def _tasks(plan: ParallelPlan, fwd: list[Work], bwd: list[Work], wgt: list[Work]
             task = replace(task, segments=(seg,))
         tasks[(producer, True)] = task
     return tasks
+
+
+def _slowed(cw: ChunkWork, seconds: float, producer: str) -> ChunkWork:
+    """``cw`` with the task that fills the step's gradient buckets ``seconds`` longer, every
+    part of it in proportion (simdist.analytic.overlap.contended_buckets)."""
+    task = cw.tasks.get((producer, True))
+    length = sum(w.total() for w in task.segments) if task is not None else 0.0
+    if task is None or seconds <= 0 or length <= 0:
+        return cw
+    r = 1 + seconds / length
+    segs = tuple(Work(w.compute * r, w.recompute * r, w.tp * r, w.compression * r, w.sync * r, w.cp * r)
+                 for w in task.segments)
+    return replace(cw, tasks={**cw.tasks, (producer, True): replace(task, segments=segs)})
 
 
 def _with_pieces(task: Task, pieces: tuple[GradPiece, ...], drain: bool = False) -> Task:

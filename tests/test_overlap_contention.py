@@ -1,0 +1,59 @@
+"""Compute slowed by the data-parallel gradient sync running beside it on the same GPU
+(simdist.analytic.overlap.contended_buckets; Lee et al. 2025, arXiv:2507.03114: 18.9% average
+compute slowdown under overlap), the same seconds in both engines."""
+
+from __future__ import annotations
+
+import pytest
+
+from simdist.analytic import overlap
+from simdist.predict import predict
+from simdist.spec.scenario import scenario_from_dict
+
+
+def test_no_slowdown_is_the_plain_bucket_overlap() -> None:
+    for t_b, n, t in ((0.01, 8, 1.0), (0.5, 8, 1.0), (0.2, 1, 0.3)):
+        assert overlap.contended_buckets(t_b, n, t, slowdown=0.0) == (0.0, overlap.bucketed_exposed(t_b, n, t))
+
+
+def test_hidden_sync_stretches_the_backward_by_the_slowdown_of_its_window() -> None:
+    # 8 buckets of 10 ms behind a 1 s backward: all but the last hide (70 ms beside compute)
+    stretch, exposed = overlap.contended_buckets(0.01, 8, 1.0, slowdown=0.2)
+    assert stretch == pytest.approx(0.2 * 0.07)
+    assert exposed == pytest.approx(0.01)
+    # a sync longer than the backward: it runs beside all of the backward after the first
+    # bucket is ready (7/8 of it), and the longer backward lets more of it hide, so the step
+    # grows by less than the stretch
+    stretch, exposed = overlap.contended_buckets(0.5, 8, 1.0, slowdown=0.2)
+    plain = overlap.bucketed_exposed(0.5, 8, 1.0)
+    assert stretch == pytest.approx(0.2 * 7 / 8)
+    assert exposed == pytest.approx(plain - stretch * 7 / 8)
+    assert plain < stretch + exposed < plain + stretch
+
+
+def _ddp(pp: int, overlap_grad_reduce: bool = True) -> object:
+    return scenario_from_dict({
+        "name": "contention", "model": {"preset": "gpt3-1.3b", "num_layers": 8},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 4, "gpus_per_node": 8},
+        "plan": {"tp": 1, "pp": pp, "global_batch_size": 64, "micro_batch_size": 1, "framework": "megatron",
+                 "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": False},
+    })
+
+
+@pytest.mark.parametrize("pp", [1, 4])
+def test_both_engines_slow_the_last_backward_alike(pp: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    sc = _ddp(pp)
+    new = [predict(sc, engine=e, keep_spans=False).step_time_s for e in ("analytic", "des")]
+    monkeypatch.setattr(overlap, "OVERLAP_COMPUTE_SLOWDOWN", 0.0)
+    old = [predict(sc, engine=e, keep_spans=False).step_time_s for e in ("analytic", "des")]
+    assert new[0] > old[0] and new[1] > old[1]
+    assert new[0] - old[0] == pytest.approx(new[1] - old[1], rel=0.1)
+    assert new[0] == pytest.approx(new[1], rel=0.02)
+
+
+def test_without_overlap_nothing_is_slowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    sc = _ddp(1, overlap_grad_reduce=False)
+    before = [predict(sc, engine=e, keep_spans=False).step_time_s for e in ("analytic", "des")]
+    monkeypatch.setattr(overlap, "OVERLAP_COMPUTE_SLOWDOWN", 0.0)
+    after = [predict(sc, engine=e, keep_spans=False).step_time_s for e in ("analytic", "des")]
+    assert after == pytest.approx(before, rel=1e-12)
