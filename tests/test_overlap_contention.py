@@ -31,18 +31,32 @@ def test_hidden_sync_stretches_the_backward_by_the_slowdown_of_its_window() -> N
     assert plain < stretch + exposed < plain + stretch
 
 
-def _ddp(pp: int, overlap_grad_reduce: bool = True) -> object:
+def test_gathers_behind_the_forward_stretch_it_too() -> None:
+    # 4 gathers of 10 ms ahead of a 1 s forward: the first waits, 30 ms run beside the forward
+    stretch, exposed = overlap.contended_prefetch(0.04, 4, 1.0, slowdown=0.2)
+    assert stretch == pytest.approx(0.2 * 0.03)
+    assert exposed == pytest.approx(0.01)
+    assert overlap.contended_prefetch(0.04, 4, 1.0, slowdown=0.0) == (0.0, overlap.prefetch_exposed(0.04, 4, 1.0))
+    # gathers longer than the forward: all of the forward runs beside them, and the longer
+    # forward hides as much more
+    stretch, exposed = overlap.contended_prefetch(4.0, 4, 1.0, slowdown=0.2)
+    assert stretch == pytest.approx(0.2)
+    assert exposed == pytest.approx(4.0 - 1.2)
+
+
+def _ddp(pp: int, overlap_grad_reduce: bool = True, overlap_param_gather: bool = False) -> object:
     return scenario_from_dict({
         "name": "contention", "model": {"preset": "gpt3-1.3b", "num_layers": 8},
         "cluster": {"preset": "dgx-h100", "num_nodes": 4, "gpus_per_node": 8},
         "plan": {"tp": 1, "pp": pp, "global_batch_size": 64, "micro_batch_size": 1, "framework": "megatron",
-                 "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": False},
+                 "overlap_grad_reduce": overlap_grad_reduce, "overlap_param_gather": overlap_param_gather,
+                 "zero_stage": 1},
     })
 
 
-@pytest.mark.parametrize("pp", [1, 4])
-def test_both_engines_slow_the_last_backward_alike(pp: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    sc = _ddp(pp)
+@pytest.mark.parametrize(("pp", "gather"), [(1, False), (4, False), (1, True)])
+def test_both_engines_slow_the_compute_alike(pp: int, gather: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    sc = _ddp(pp, overlap_param_gather=gather)
     new = [predict(sc, engine=e, keep_spans=False).step_time_s for e in ("analytic", "des")]
     monkeypatch.setattr(overlap, "OVERLAP_COMPUTE_SLOWDOWN", 0.0)
     old = [predict(sc, engine=e, keep_spans=False).step_time_s for e in ("analytic", "des")]
@@ -57,3 +71,18 @@ def test_without_overlap_nothing_is_slowed(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(overlap, "OVERLAP_COMPUTE_SLOWDOWN", 0.0)
     after = [predict(sc, engine=e, keep_spans=False).step_time_s for e in ("analytic", "des")]
     assert after == pytest.approx(before, rel=1e-12)
+
+
+def _increments(sc: object, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    new = [predict(sc, engine=e, keep_spans=False).step_time_s for e in ("analytic", "des")]
+    with monkeypatch.context() as mp:
+        mp.setattr(overlap, "OVERLAP_COMPUTE_SLOWDOWN", 0.0)
+        old = [predict(sc, engine=e, keep_spans=False).step_time_s for e in ("analytic", "des")]
+    return [a - b for a, b in zip(new, old, strict=True)]
+
+
+def test_the_post_step_gathers_slow_the_next_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the same sync, plus the all-gathers behind the next step's first forward: more slowdown
+    behind = _increments(_ddp(1, overlap_param_gather=True), monkeypatch)
+    after = _increments(_ddp(1), monkeypatch)
+    assert behind[0] > after[0] and behind[1] > after[1]

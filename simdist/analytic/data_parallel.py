@@ -24,6 +24,7 @@ from simdist.analytic.overlap import (
     bucketed_exposed,
     chunked_buckets_exposed,
     contended_buckets,
+    contended_prefetch,
     grad_buckets,
     prefetch_exposed,
 )
@@ -215,10 +216,29 @@ class DataParallelTimes:
     gather_fwd: float = 0.0  # un-overlapped: one micro-batch's forward gathers
     grad_sync: float = 0.0  # un-overlapped: its reduce-scatters (+ replica all-reduces)
     stretch: float = 0.0  # the last backward's compute slowed by the step sync beside it
+    post_stretch: float = 0.0  # the next first forward slowed by the post-step gathers (in post_step)
 
     @property
     def per_microbatch(self) -> float:
         return self.fwd_exposed + self.bwd_exposed
+
+
+def _bucket_seconds(tr: DataParallelTraffic) -> float:
+    """One bucket of the per-step gradient sync, timed alone."""
+    return sum(c.seconds * c.calls / tr.step_buckets for c in tr.step_grad_sync)
+
+
+def contention_stretch(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: float) -> tuple[float, float]:
+    """Seconds by which (the last backward, the next step's first forward) run longer beside the
+    per-step gradient sync and the post-step gathers, as :func:`dp_times` prices them (the event
+    engine lengthens its tasks by these: simdist.sim.lowering); the interleaved schedule's
+    chunked sync is not slowed."""
+    back = fwd = 0.0
+    if tr.step_grad_sync and plan.overlap_grad_reduce and not plan.interleaved:
+        back = contended_buckets(_bucket_seconds(tr), tr.step_buckets, t_bwd)[0]
+    if tr.post_step_behind_forward:
+        fwd = contended_prefetch(calls_seconds(tr.post_step_gathers), tr.step_buckets, t_fwd)[0]
+    return back, fwd
 
 
 def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: float,
@@ -236,7 +256,8 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
     the stage's parameters, in chunk order) during that chunk's last backward, which ends
     pp chunk-backwards per lower chunk before the stage's last (chunked_buckets_exposed).
     The post-step all-gather overlaps the next step's first forward with Megatron's
-    ``--overlap-param-gather`` (overlap_param_gather), and waits in full otherwise.
+    ``--overlap-param-gather`` (overlap_param_gather), slowing it (contended_prefetch:
+    ``post_stretch``, counted in ``post_step``), and waits in full otherwise.
     """
     last_bwd = t_bwd if last_bwd is None else last_bwd
     first_fwd = t_fwd if first_fwd is None else first_fwd
@@ -261,7 +282,7 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
     step = stretch = 0.0
     if tr.step_grad_sync:
         nb = tr.step_buckets
-        t_b = sum(c.seconds * c.calls / nb for c in tr.step_grad_sync)
+        t_b = _bucket_seconds(tr)
         if plan.overlap_grad_reduce and len(chunk_shares) > 1:
             groups, below = [], 0.0
             for share in chunk_shares:  # chunk 0 ends last; each chunk above waits pp backwards of those below
@@ -274,7 +295,9 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
         else:
             step = bucketed_exposed(t_b, nb, last_bwd, False)
     post = calls_seconds(tr.post_step_gathers)
-    if tr.post_step_behind_forward:  # each bucket's gather ahead of the forward that needs it
-        post = prefetch_exposed(post, tr.step_buckets, first_fwd)
-    return DataParallelTimes(fwd_exp, bwd_exp, step, post, ag_f, rs, stretch)
+    post_stretch = 0.0
+    if tr.post_step_behind_forward:  # each bucket's gather ahead of the forward that needs it, slowing it
+        post_stretch, post = contended_prefetch(post, tr.step_buckets, first_fwd)
+        post += post_stretch
+    return DataParallelTimes(fwd_exp, bwd_exp, step, post, ag_f, rs, stretch, post_stretch)
 

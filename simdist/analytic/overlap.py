@@ -112,6 +112,20 @@ def contended_buckets(t_bucket: float, n_buckets: int, t_overlap: float,
     return stretch, bucketed_exposed(t_bucket, n_buckets, t_overlap + stretch)
 
 
+def contended_prefetch(t_comm: float, chunks: int, t_compute: float,
+                       slowdown: float | None = None) -> tuple[float, float]:
+    """(stretch, exposed) of :func:`prefetch_exposed` when the compute runs ``1 + slowdown``
+    times slower while the prefetched pieces run beside it: the pieces after the first run
+    beside the compute for t minus what is exposed (at most the compute), that window of
+    compute takes ``slowdown`` times it longer, and the longer compute hides more."""
+    if t_comm <= 0:
+        return 0.0, 0.0
+    slowdown = OVERLAP_COMPUTE_SLOWDOWN if slowdown is None else slowdown
+    beside = min(t_compute, t_comm - prefetch_exposed(t_comm, chunks, t_compute))
+    stretch = slowdown * max(0.0, beside)
+    return stretch, prefetch_exposed(t_comm, chunks, t_compute + stretch)
+
+
 def chunked_buckets_exposed(t_bucket: float, groups: Sequence[tuple[float, float, int]]) -> float:
     """Exposed time after the backward ends of gradient buckets reduced one after the other
     (first in, first out), in groups that fill during different intervals: group j's

@@ -207,7 +207,6 @@ def reduce_step(d: StepDescription) -> StepResult:
     ends = [kind_ends[k] for k in d.kind_of]
     later = [sum(e.stretch for e in ends[s + 1:]) for s in range(plan.pp)]
     dp_end = max(max(0.0, e.dp + later[s] - s * avg_bwd) for s, e in enumerate(ends))
-    stretch = sum(e.stretch for e in ends)
     off_end = max(e.offload for e in ends)
     comp_end = max(e.compression for e in ends)
     opt = max(e.optimizer for e in ends)
@@ -222,12 +221,12 @@ def reduce_step(d: StepDescription) -> StepResult:
         if plan.async_parameter_servers:
             extras["staleness_steps"] = async_staleness_steps(plan)
     breakdown = {
-        "compute": m * (st.fwd.compute + st.bwd.compute) + stretch,
+        "compute": m * (st.fwd.compute + st.bwd.compute) + ends[busiest].stretch,
         "recompute": m * st.recompute.compute,
         "tp_comm": m * sum(p.tp_exposed + (0.0 if plan.cp > 1 else p.cp_exposed) + (0.0 if plan.ep > 1 else p.ep_exposed)
                            for p in (st.fwd, st.bwd, st.recompute)),
         "pp_comm": m * st.p2p,
-        "dp_comm": m * st.dp_per_microbatch + dp_end - stretch,
+        "dp_comm": m * st.dp_per_microbatch + dp_end - ends[busiest].stretch,
     }
     # waits at the per-layer sync points: TP/CP collectives, else the ZeRO-3 gathers
     breakdown[sync_wait_part(plan)] += m * (st.fwd.sync_wait + st.bwd.sync_wait + st.recompute.sync_wait)

@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from simdist.analytic.collectives import CollectiveCall, node_gpus
 from simdist.analytic.data_parallel import (
     DataParallelTraffic,
-    dp_times,
+    contention_stretch,
     param_gathers_per_microbatch,
 )
 from simdist.analytic.ops import Comm, Op
@@ -167,7 +167,7 @@ def _kind_work(d: StepDescription, s: StageDescription, split: bool) -> StageWor
     if plan.overlap_grad_reduce and traffic.step_grad_sync and not plan.interleaved:
         # the last backward runs slower beside the buckets it reduces, by the closed form's seconds
         t_bwd = s.bwd.total + s.recompute.total
-        stretch = dp_times(traffic, plan, s.fwd.total, t_bwd).stretch
+        stretch = contention_stretch(traffic, plan, s.fwd.total, t_bwd)[0]
         chunks = tuple(_slowed(cw, stretch * c.params / total, "W" if split else "B")
                        for cw, c in zip(chunks, s.chunks, strict=True))
     flush: tuple[GradPiece, ...] = ()
@@ -180,9 +180,10 @@ def _kind_work(d: StepDescription, s: StageDescription, split: bool) -> StageWor
             flush = (GradPiece(0, 1.0, comms, extra.down_per_step),)
         flush_compression = extra.compression_per_step
     first_forward = sum(c.task("F", False).work.total() for c in chunks)
+    forward_stretch = contention_stretch(traffic, plan, s.fwd.total, s.bwd.total + s.recompute.total)[1]
     return StageWork(-1, chunks, (), (), flush, s.optimizer, calls(traffic.post_step_gathers),
                      traffic.post_step_behind_forward, first_forward, flush_compression, extra.host_step,
-                     extra.host_after_optimizer)
+                     extra.host_after_optimizer, forward_stretch)
 
 
 def stage_systems(d: StepDescription, s: StageDescription) -> StageSystems:
@@ -326,15 +327,14 @@ def _tasks(plan: ParallelPlan, fwd: list[Work], bwd: list[Work], wgt: list[Work]
 
 
 def _slowed(cw: ChunkWork, seconds: float, producer: str) -> ChunkWork:
-    """``cw`` with the task that fills the step's gradient buckets ``seconds`` longer, every
-    part of it in proportion (simdist.analytic.overlap.contended_buckets)."""
+    """``cw`` with the task that fills the step's gradient buckets ``seconds`` longer, more
+    compute in each segment in proportion to its length (simdist.analytic.overlap.
+    contended_buckets)."""
     task = cw.tasks.get((producer, True))
     length = sum(w.total() for w in task.segments) if task is not None else 0.0
     if task is None or seconds <= 0 or length <= 0:
         return cw
-    r = 1 + seconds / length
-    segs = tuple(Work(w.compute * r, w.recompute * r, w.tp * r, w.compression * r, w.sync * r, w.cp * r)
-                 for w in task.segments)
+    segs = tuple(w + Work(seconds * w.total() / length) for w in task.segments)
     return replace(cw, tasks={**cw.tasks, (producer, True): replace(task, segments=segs)})
 
 
