@@ -86,3 +86,19 @@ def test_the_post_step_gathers_slow_the_next_forward(monkeypatch: pytest.MonkeyP
     behind = _increments(_ddp(1, overlap_param_gather=True), monkeypatch)
     after = _increments(_ddp(1), monkeypatch)
     assert behind[0] > after[0] and behind[1] > after[1]
+
+
+def test_a_gemm_beside_a_hidden_tp_collective_runs_slower(monkeypatch: pytest.MonkeyPatch) -> None:
+    sc = scenario_from_dict({
+        "name": "tp overlap", "model": {"preset": "gpt3-1.3b", "num_layers": 4},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 1, "gpus_per_node": 8},
+        "plan": {"tp": 8, "pp": 1, "global_batch_size": 8, "micro_batch_size": 1, "sequence_parallel": True,
+                 "tp_comm_overlap": True},
+    })
+    new = [predict(sc, engine=e, keep_spans=False).breakdown_s for e in ("analytic", "des")]
+    monkeypatch.setattr(overlap, "OVERLAP_COMPUTE_SLOWDOWN", 0.0)
+    old = [predict(sc, engine=e, keep_spans=False).breakdown_s for e in ("analytic", "des")]
+    for n, o in zip(new, old, strict=True):
+        assert n["compute"] > o["compute"]  # the hidden collectives' GEMMs take longer
+        assert n["tp_comm"] == pytest.approx(o["tp_comm"])  # and what they expose is the same
+    assert new[0]["compute"] == pytest.approx(new[1]["compute"], rel=1e-9)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simdist.analytic import fabric, host
+from simdist.analytic import fabric, host, overlap
 from simdist.analytic.collectives import (
     GroupLayout,
     Network,
@@ -162,6 +162,8 @@ class OpTimer:
             elif plan.tp_comm_overlap and prev is not None and prev.kind == "gemm":
                 hide = self.cost.time(prev)
             exposed = max(0.0, t - hide)
+            # the kernel that hides it runs slower beside it (NCCL takes SMs: Lee et al. 2025)
+            compute += overlap.OVERLAP_COMPUTE_SLOWDOWN * min(t, hide)
             if op.axis == "cp":
                 cp += exposed
             else:
