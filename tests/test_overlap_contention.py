@@ -1,13 +1,20 @@
-"""Compute slowed by the data-parallel gradient sync running beside it on the same GPU
+"""Compute slowed by a collective running beside it on the same GPU (the data-parallel sync, TP/CP
+collectives hidden behind a kernel)
 (simdist.analytic.overlap.contended_buckets; Lee et al. 2025, arXiv:2507.03114: 18.9% average
 compute slowdown under overlap), the same seconds in both engines."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from simdist.analytic import overlap
+from simdist.analytic.cost import CostModel
+from simdist.analytic.passes import OpTimer
 from simdist.predict import predict
+from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import scenario_from_dict
 
 
@@ -102,3 +109,16 @@ def test_a_gemm_beside_a_hidden_tp_collective_runs_slower(monkeypatch: pytest.Mo
         assert n["compute"] > o["compute"]  # the hidden collectives' GEMMs take longer
         assert n["tp_comm"] == pytest.approx(o["tp_comm"])  # and what they expose is the same
     assert new[0]["compute"] == pytest.approx(new[1]["compute"], rel=1e-9)
+
+
+def test_gloo_on_cpus_shares_no_sms() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    import golden
+
+    sc = scenario_from_dict({"name": "t", "model": {"preset": "gpt3-1.3b", "num_layers": 2},
+                             "cluster": {"preset": "dgx-h100", "num_nodes": 1, "gpus_per_node": 8},
+                             "plan": {"tp": 8, "global_batch_size": 8}})
+    gloo = CalibrationProfile.from_dict(golden.LOCAL_PROFILE)
+    gpu = sc.cluster.gpu
+    assert OpTimer(sc, CostModel(gpu, "bf16", gloo), None).contention == 0.0  # type: ignore[arg-type]
+    assert OpTimer(sc, CostModel(gpu, "bf16"), None).contention == overlap.OVERLAP_COMPUTE_SLOWDOWN  # type: ignore[arg-type]
