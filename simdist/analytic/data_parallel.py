@@ -23,6 +23,8 @@ from simdist.analytic.compression import (
 from simdist.analytic.overlap import (
     bucketed_exposed,
     chunked_buckets_exposed,
+    contended_buckets,
+    contended_prefetch,
     grad_buckets,
     prefetch_exposed,
 )
@@ -213,10 +215,30 @@ class DataParallelTimes:
     post_step: float  # parameter all-gather after the optimizer that did not hide
     gather_fwd: float = 0.0  # un-overlapped: one micro-batch's forward gathers
     grad_sync: float = 0.0  # un-overlapped: its reduce-scatters (+ replica all-reduces)
+    stretch: float = 0.0  # the last backward's compute slowed by the step sync beside it
+    post_stretch: float = 0.0  # the next first forward slowed by the post-step gathers (in post_step)
 
     @property
     def per_microbatch(self) -> float:
         return self.fwd_exposed + self.bwd_exposed
+
+
+def _bucket_seconds(tr: DataParallelTraffic) -> float:
+    """One bucket of the per-step gradient sync, timed alone."""
+    return sum(c.seconds * c.calls / tr.step_buckets for c in tr.step_grad_sync)
+
+
+def contention_stretch(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: float) -> tuple[float, float]:
+    """Seconds by which (the last backward, the next step's first forward) run longer beside the
+    per-step gradient sync and the post-step gathers, as :func:`dp_times` prices them (the event
+    engine lengthens its tasks by these: simdist.sim.lowering); the interleaved schedule's
+    chunked sync is not slowed."""
+    back = fwd = 0.0
+    if tr.step_grad_sync and plan.overlap_grad_reduce and not plan.interleaved:
+        back = contended_buckets(_bucket_seconds(tr), tr.step_buckets, t_bwd)[0]
+    if tr.post_step_behind_forward:
+        fwd = contended_prefetch(calls_seconds(tr.post_step_gathers), tr.step_buckets, t_fwd)[0]
+    return back, fwd
 
 
 def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: float,
@@ -228,12 +250,14 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
     ZeRO-3: prefetched all-gathers and per-layer reduce-scatters hide behind compute except the
     first gather and the last reduce-scatter (prefetch_exposed); without ``overlap_param_gather``
     all of it waits. ZeRO-2: the per-layer reduce-scatters trail backward (the first chunk
-    exposed). The per-step sync runs in buckets during the last backward (bucketed_exposed); under
+    exposed). The per-step sync runs in buckets during the last backward, which runs slower beside
+    it (contended_buckets: ``stretch``); under
     the interleaved schedule each model chunk's buckets (``chunk_shares``: the chunks' parts of
     the stage's parameters, in chunk order) during that chunk's last backward, which ends
     pp chunk-backwards per lower chunk before the stage's last (chunked_buckets_exposed).
     The post-step all-gather overlaps the next step's first forward with Megatron's
-    ``--overlap-param-gather`` (overlap_param_gather), and waits in full otherwise.
+    ``--overlap-param-gather`` (overlap_param_gather), slowing it (contended_prefetch:
+    ``post_stretch``, counted in ``post_step``), and waits in full otherwise.
     """
     last_bwd = t_bwd if last_bwd is None else last_bwd
     first_fwd = t_fwd if first_fwd is None else first_fwd
@@ -255,10 +279,10 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
             bwd_exp = max(min(v, chunks) * (ag_f + rs) / chunks, busiest - t_bwd) if (ag_b + rs) > 0 else 0.0
     elif tr.microbatch_grad_sync:  # ZeRO-2
         bwd_exp = prefetch_exposed(rs, chunks, t_bwd)
-    step = 0.0
+    step = stretch = 0.0
     if tr.step_grad_sync:
         nb = tr.step_buckets
-        t_b = sum(c.seconds * c.calls / nb for c in tr.step_grad_sync)
+        t_b = _bucket_seconds(tr)
         if plan.overlap_grad_reduce and len(chunk_shares) > 1:
             groups, below = [], 0.0
             for share in chunk_shares:  # chunk 0 ends last; each chunk above waits pp backwards of those below
@@ -266,10 +290,14 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
                 groups.append((below + t_c, below, max(1, round(nb * share))))
                 below += plan.pp * t_c
             step = chunked_buckets_exposed(t_b, groups[::-1])
+        elif plan.overlap_grad_reduce:  # beside the last backward, which it slows down
+            stretch, step = contended_buckets(t_b, nb, last_bwd)
         else:
-            step = bucketed_exposed(t_b, nb, last_bwd, plan.overlap_grad_reduce)
+            step = bucketed_exposed(t_b, nb, last_bwd, False)
     post = calls_seconds(tr.post_step_gathers)
-    if tr.post_step_behind_forward:  # each bucket's gather ahead of the forward that needs it
-        post = prefetch_exposed(post, tr.step_buckets, first_fwd)
-    return DataParallelTimes(fwd_exp, bwd_exp, step, post, ag_f, rs)
+    post_stretch = 0.0
+    if tr.post_step_behind_forward:  # each bucket's gather ahead of the forward that needs it, slowing it
+        post_stretch, post = contended_prefetch(post, tr.step_buckets, first_fwd)
+        post += post_stretch
+    return DataParallelTimes(fwd_exp, bwd_exp, step, post, ag_f, rs, stretch, post_stretch)
 

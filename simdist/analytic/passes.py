@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simdist.analytic import fabric, host
+from simdist.analytic import fabric, host, overlap
 from simdist.analytic.collectives import (
     GroupLayout,
     Network,
@@ -78,6 +78,8 @@ class OpTimer:
 
     def __init__(self, sc: Scenario, cost: CostModel, net: Network):
         self.sc, self.cost, self.net = sc, cost, net
+        gloo = cost.profile is not None and cost.profile.backend == "gloo"
+        self.contention = 0.0 if gloo else overlap.OVERLAP_COMPUTE_SLOWDOWN
         self._layouts: dict[str, GroupLayout] = {}
         self._passes: dict[tuple[Op, ...], PassTime] = {}
         # per op list with expert all-to-alls: compute (with exposed TP/CP) between them, and their times
@@ -162,6 +164,9 @@ class OpTimer:
             elif plan.tp_comm_overlap and prev is not None and prev.kind == "gemm":
                 hide = self.cost.time(prev)
             exposed = max(0.0, t - hide)
+            # the kernel that hides it runs slower beside it (NCCL takes SMs: Lee et al. 2025;
+            # not gloo on a calibrated CPU)
+            compute += self.contention * min(t, hide)
             if op.axis == "cp":
                 cp += exposed
             else:

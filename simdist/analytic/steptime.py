@@ -105,6 +105,7 @@ class EndOfStep:
     offload: float = 0.0
     compression: float = 0.0
     optimizer: float = 0.0
+    stretch: float = 0.0  # the last backward slowed by the gradient sync beside it (in dp)
 
 
 def end_of_step(s: StageDescription, plan: ParallelPlan, st: StageTime) -> EndOfStep:
@@ -125,7 +126,8 @@ def end_of_step(s: StageDescription, plan: ParallelPlan, st: StageTime) -> EndOf
         offload += off.after_step - off.cpu_step
     elif off.after_step:
         offload += off.after_step
-    return EndOfStep(dp.step_sync + dp.post_step, offload, s.compression_per_step, optimizer)
+    return EndOfStep(dp.stretch + dp.step_sync + dp.post_step, offload, s.compression_per_step, optimizer,
+                     dp.stretch)
 
 
 def pipeline_time(plan: ParallelPlan, times: list[float], weight_grads: list[float]) -> float:
@@ -199,10 +201,12 @@ def reduce_step(d: StepDescription) -> StepResult:
         t_pipe = pipeline_time(plan, totals, [st.bwd.weight_grad for st in stages])
     busiest = max(range(plan.pp), key=totals.__getitem__)
     m = plan.num_microbatches
-    # the last backward of stage s ends about s backward-passes before stage 0's
+    # the last backward of stage s ends about s backward-passes before stage 0's, later by what
+    # the gradient sync beside it slowed it and the stages after it (each waits for the next's)
     avg_bwd = sum(last_backwards) / plan.pp
     ends = [kind_ends[k] for k in d.kind_of]
-    dp_end = max(max(0.0, e.dp - s * avg_bwd) for s, e in enumerate(ends))
+    later = [sum(e.stretch for e in ends[s + 1:]) for s in range(plan.pp)]
+    dp_end = max(max(0.0, e.dp + later[s] - s * avg_bwd) for s, e in enumerate(ends))
     off_end = max(e.offload for e in ends)
     comp_end = max(e.compression for e in ends)
     opt = max(e.optimizer for e in ends)
@@ -217,12 +221,12 @@ def reduce_step(d: StepDescription) -> StepResult:
         if plan.async_parameter_servers:
             extras["staleness_steps"] = async_staleness_steps(plan)
     breakdown = {
-        "compute": m * (st.fwd.compute + st.bwd.compute),
+        "compute": m * (st.fwd.compute + st.bwd.compute) + ends[busiest].stretch,
         "recompute": m * st.recompute.compute,
         "tp_comm": m * sum(p.tp_exposed + (0.0 if plan.cp > 1 else p.cp_exposed) + (0.0 if plan.ep > 1 else p.ep_exposed)
                            for p in (st.fwd, st.bwd, st.recompute)),
         "pp_comm": m * st.p2p,
-        "dp_comm": m * st.dp_per_microbatch + dp_end,
+        "dp_comm": m * st.dp_per_microbatch + dp_end - ends[busiest].stretch,
     }
     # waits at the per-layer sync points: TP/CP collectives, else the ZeRO-3 gathers
     breakdown[sync_wait_part(plan)] += m * (st.fwd.sync_wait + st.bwd.sync_wait + st.recompute.sync_wait)

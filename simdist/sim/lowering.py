@@ -48,7 +48,11 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from simdist.analytic.collectives import CollectiveCall, node_gpus
-from simdist.analytic.data_parallel import DataParallelTraffic, param_gathers_per_microbatch
+from simdist.analytic.data_parallel import (
+    DataParallelTraffic,
+    contention_stretch,
+    param_gathers_per_microbatch,
+)
 from simdist.analytic.ops import Comm, Op
 from simdist.analytic.passes import ZERO_PASS, PassTime
 from simdist.analytic.stage import Chunk, StageDescription, StepDescription
@@ -160,6 +164,12 @@ def _kind_work(d: StepDescription, s: StageDescription, split: bool) -> StageWor
     extra = stage_systems(d, s)
     total = sum(c.params for c in s.chunks)
     chunks = tuple(_chunk(d, c, i, split, traffic, extra, c.params / total) for i, c in enumerate(s.chunks))
+    if plan.overlap_grad_reduce and traffic.step_grad_sync and not plan.interleaved:
+        # the last backward runs slower beside the buckets it reduces, by the closed form's seconds
+        t_bwd = s.bwd.total + s.recompute.total
+        stretch = contention_stretch(traffic, plan, s.fwd.total, t_bwd)[0]
+        chunks = tuple(_slowed(cw, stretch * c.params / total, "W" if split else "B")
+                       for cw, c in zip(chunks, s.chunks, strict=True))
     flush: tuple[GradPiece, ...] = ()
     flush_compression = 0.0
     if not plan.overlap_grad_reduce:  # one sync of the whole buffer after the pipeline flush
@@ -170,9 +180,10 @@ def _kind_work(d: StepDescription, s: StageDescription, split: bool) -> StageWor
             flush = (GradPiece(0, 1.0, comms, extra.down_per_step),)
         flush_compression = extra.compression_per_step
     first_forward = sum(c.task("F", False).work.total() for c in chunks)
+    forward_stretch = contention_stretch(traffic, plan, s.fwd.total, s.bwd.total + s.recompute.total)[1]
     return StageWork(-1, chunks, (), (), flush, s.optimizer, calls(traffic.post_step_gathers),
                      traffic.post_step_behind_forward, first_forward, flush_compression, extra.host_step,
-                     extra.host_after_optimizer)
+                     extra.host_after_optimizer, forward_stretch)
 
 
 def stage_systems(d: StepDescription, s: StageDescription) -> StageSystems:
@@ -314,6 +325,18 @@ def _tasks(plan: ParallelPlan, fwd: list[Work], bwd: list[Work], wgt: list[Work]
             task = replace(task, segments=(seg,))
         tasks[(producer, True)] = task
     return tasks
+
+
+def _slowed(cw: ChunkWork, seconds: float, producer: str) -> ChunkWork:
+    """``cw`` with the task that fills the step's gradient buckets ``seconds`` longer, more
+    compute in each segment in proportion to its length (simdist.analytic.overlap.
+    contended_buckets)."""
+    task = cw.tasks.get((producer, True))
+    length = sum(w.total() for w in task.segments) if task is not None else 0.0
+    if task is None or seconds <= 0 or length <= 0:
+        return cw
+    segs = tuple(w + Work(seconds * w.total() / length) for w in task.segments)
+    return replace(cw, tasks={**cw.tasks, (producer, True): replace(task, segments=segs)})
 
 
 def _with_pieces(task: Task, pieces: tuple[GradPiece, ...], drain: bool = False) -> Task:

@@ -153,6 +153,7 @@ class StageWork:
     flush_compression: float = 0.0  # compression kernels before a sync after the flush
     host_step: HostXfer | None = None  # ZeRO-Offload: CPU step + parameter upload + NVMe swap
     host_after_optimizer: HostXfer | None = None  # parameter offload: updated shard back to host
+    forward_stretch: float = 0.0  # first_forward's extra beside the gathers (overlap.contended_prefetch)
 
 
 @dataclass(frozen=True)

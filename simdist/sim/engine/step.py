@@ -210,7 +210,7 @@ class StepDriver:
         for ev in done:
             if not ev.processed:
                 yield ev
-            clock = max(clock, self.env.now) + work.first_forward * sl.factor / n
+            clock = max(clock, self.env.now) + (work.first_forward * sl.factor + work.forward_stretch) / n
         sl.tally.end = max(start, clock - work.first_forward * sl.factor)
         self.run.span(sl, "compute", "next forward waits for parameters", start, sl.tally.end, "dp_comm")
 
