@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from simdist.analytic import overlap
+from simdist.analytic import overlap, passes
 from simdist.analytic.cost import CostModel
 from simdist.analytic.passes import OpTimer
 from simdist.predict import predict
@@ -109,6 +109,30 @@ def test_a_gemm_beside_a_hidden_tp_collective_runs_slower(monkeypatch: pytest.Mo
         assert n["compute"] > o["compute"]  # the hidden collectives' GEMMs take longer
         assert n["tp_comm"] == pytest.approx(o["tp_comm"])  # and what they expose is the same
     assert new[0]["compute"] == pytest.approx(new[1]["compute"], rel=1e-9)
+
+
+def test_userbuffers_slow_the_gemm_by_their_own_sms_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under tp_comm_overlap Transformer Engine's userbuffers kernels hold 1 (all-gather ring
+    exchange), 24 (reduce-scatter pipeline) or 2 (bulk) of H100's 132 SMs: less than NCCL's 18.9%."""
+    sc = scenario_from_dict({
+        "name": "tp overlap", "model": {"preset": "gpt3-1.3b", "num_layers": 4},
+        "cluster": {"preset": "dgx-h100", "num_nodes": 1, "gpus_per_node": 8},
+        "plan": {"tp": 8, "pp": 1, "global_batch_size": 8, "micro_batch_size": 1, "sequence_parallel": True,
+                 "tp_comm_overlap": True},
+    })
+    timer = OpTimer(sc, CostModel(sc.cluster.gpu, "bf16"), None)  # type: ignore[arg-type]
+    assert timer._userbuffers_slowdown("allgather") == pytest.approx(1 / 132)
+    assert timer._userbuffers_slowdown("reducescatter") == pytest.approx(24 / 132)
+
+    def compute() -> float:
+        return predict(sc, engine="analytic", keep_spans=False).breakdown_s["compute"]
+
+    userbuffers = compute()
+    monkeypatch.setattr(passes, "USERBUFFERS_SMS", {k: 0.189 * 132 for k in passes.USERBUFFERS_SMS})
+    nccl_share = compute()
+    monkeypatch.setattr(overlap, "OVERLAP_COMPUTE_SLOWDOWN", 0.0)
+    alone = compute()
+    assert alone < userbuffers < nccl_share
 
 
 def test_gloo_on_cpus_shares_no_sms() -> None:

@@ -72,6 +72,14 @@ class PassTime:
 ZERO_PASS = PassTime()
 
 
+# SMs a Transformer Engine userbuffers kernel holds while it overlaps a TP collective with a GEMM
+# (Megatron's --tp-comm-overlap; NeMo's H100 userbuffers configs): an all-gather as a ring
+# exchange of peer copies (num_sm 1), a reduce-scatter as a chunked "pipeline" kernel (num_sm
+# 24), a collective beside the wgrad/dgrad GEMM as a "bulk" copy (num_sm 2). The GEMM beside it
+# runs on the other SMs.
+USERBUFFERS_SMS = {"allgather": 1, "reducescatter": 24, "bulk": 2}
+
+
 class OpTimer:
     """Times op lists of one scenario with one cost model and network (memoised per op list:
     every stage times the same layer)."""
@@ -86,6 +94,13 @@ class OpTimer:
         self._ep_parts: dict[tuple[Op, ...], tuple[tuple[float, ...], tuple[float, ...]]] = {}
         self.op_extra = framework_overhead(sc, cost)
         self.sync_wait = sync_wait_fraction(sc, cost)
+
+    def _userbuffers_slowdown(self, method: str) -> float:
+        """The GEMM beside a TP collective that Transformer Engine's userbuffers overlap with it
+        loses the SMs their kernel holds (:data:`USERBUFFERS_SMS`), not NCCL's share."""
+        if not self.contention:
+            return 0.0
+        return min(1.0, USERBUFFERS_SMS.get(method, 0) / self.sc.cluster.gpu.sms)
 
     def comm(self, op: Comm) -> float:
         """A TP/CP/EP collective on the links its group crosses, the other groups of the stage
@@ -153,20 +168,23 @@ class OpTimer:
                 segments.append(compute + tp + cp - sum(segments))
                 comms.append(t)
                 continue
-            hide = 0.0
+            hide, slowdown = 0.0, self.contention
             nxt = _next_compute(ops, i)
+            userbuffers = plan.tp_comm_overlap and op.axis == "tp"
             if op.axis == "cp" and (op.collective == "sendrecv" or op.overlaps_next) and nxt is not None:
                 hide = self.cost.time(nxt)  # ring attention overlaps KV exchange with compute
             elif prev is not None and prev.name.endswith("wgrad"):
                 hide = self.cost.time(prev)  # async data-grad all-reduce beside the wgrad GEMM
+                if userbuffers:
+                    slowdown = self._userbuffers_slowdown("bulk")
             elif plan.tp_comm_overlap and nxt is not None and nxt.kind == "gemm":
-                hide = self.cost.time(nxt)
+                hide, slowdown = self.cost.time(nxt), self._userbuffers_slowdown(op.collective)
             elif plan.tp_comm_overlap and prev is not None and prev.kind == "gemm":
-                hide = self.cost.time(prev)
+                hide, slowdown = self.cost.time(prev), self._userbuffers_slowdown(op.collective)
             exposed = max(0.0, t - hide)
             # the kernel that hides it runs slower beside it (NCCL takes SMs: Lee et al. 2025;
-            # not gloo on a calibrated CPU)
-            compute += self.contention * min(t, hide)
+            # Transformer Engine's userbuffers the few SMs of their kernels; not gloo on a CPU)
+            compute += slowdown * min(t, hide)
             if op.axis == "cp":
                 cp += exposed
             else:
