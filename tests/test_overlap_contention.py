@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from simdist.analytic import overlap, passes
+from simdist.analytic.collectives import CommContext, Network
 from simdist.analytic.cost import CostModel
+from simdist.analytic.data_parallel import contention_stretch
 from simdist.analytic.passes import OpTimer
+from simdist.analytic.stage import stage_sync
 from simdist.predict import predict
 from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import scenario_from_dict
@@ -121,8 +124,9 @@ def test_userbuffers_slow_the_gemm_by_their_own_sms_only(monkeypatch: pytest.Mon
                  "tp_comm_overlap": True},
     })
     timer = OpTimer(sc, CostModel(sc.cluster.gpu, "bf16"), None)  # type: ignore[arg-type]
-    assert timer._userbuffers_slowdown("allgather") == pytest.approx(1 / 132)
-    assert timer._userbuffers_slowdown("reducescatter") == pytest.approx(24 / 132)
+    assert timer._slowdown("allgather") == pytest.approx(1 / 132)
+    assert timer._slowdown("reducescatter") == pytest.approx(24 / 132)
+    assert timer._slowdown(None) == overlap.OVERLAP_COMPUTE_SLOWDOWN  # NCCL's share elsewhere
 
     def compute() -> float:
         return predict(sc, engine="analytic", keep_spans=False).breakdown_s["compute"]
@@ -136,13 +140,20 @@ def test_userbuffers_slow_the_gemm_by_their_own_sms_only(monkeypatch: pytest.Mon
 
 
 def test_gloo_on_cpus_shares_no_sms() -> None:
+    """Neither the TP/CP passes nor the data-parallel sync slow compute under a gloo profile."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
     import golden
 
     sc = scenario_from_dict({"name": "t", "model": {"preset": "gpt3-1.3b", "num_layers": 2},
-                             "cluster": {"preset": "dgx-h100", "num_nodes": 1, "gpus_per_node": 8},
-                             "plan": {"tp": 8, "global_batch_size": 8}})
+                             "cluster": {"preset": "dgx-h100", "num_nodes": 1, "gpus_per_node": 2},
+                             "plan": {"tp": 1, "global_batch_size": 8, "overlap_grad_reduce": True}})
     gloo = CalibrationProfile.from_dict(golden.LOCAL_PROFILE)
     gpu = sc.cluster.gpu
-    assert OpTimer(sc, CostModel(gpu, "bf16", gloo), None).contention == 0.0  # type: ignore[arg-type]
-    assert OpTimer(sc, CostModel(gpu, "bf16"), None).contention == overlap.OVERLAP_COMPUTE_SLOWDOWN  # type: ignore[arg-type]
+    for profile, slowdown in ((gloo, 0.0), (None, overlap.OVERLAP_COMPUTE_SLOWDOWN)):
+        cost = CostModel(gpu, "bf16", profile)
+        assert OpTimer(sc, cost, None).contention == slowdown  # type: ignore[arg-type]
+        ctx = CommContext(sc.cluster, sc.plan, Network.of(sc.cluster, profile))
+        traffic, _ = stage_sync(sc, ctx, cost, 0)
+        assert traffic.step_grad_sync and traffic.contention == slowdown
+        stretch = contention_stretch(traffic, sc.plan, 0.1, 0.2)[0]
+        assert (stretch > 0) == (slowdown > 0)

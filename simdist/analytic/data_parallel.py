@@ -74,6 +74,8 @@ class DataParallelTraffic:
     gather_chunks: int = 1
     step_buckets: int = 1
     post_step_behind_forward: bool = False
+    # how much slower compute runs beside these collectives (overlap.compute_slowdown; set by timed)
+    contention: float = 0.0
 
     def step_bytes(self, microbatches: int) -> float:
         """Bytes this GPU puts into DP collectives per step (sum of buffer sizes)."""
@@ -81,9 +83,10 @@ class DataParallelTraffic:
         once = sum(c.total_bytes for c in self.step_grad_sync + self.post_step_gathers)
         return microbatches * per_mb + once
 
-    def timed(self, ctx: CommContext) -> DataParallelTraffic:
-        """The same traffic with the seconds of each call alone on the links."""
-        return replace(self, fwd_gathers=ctx.timed(self.fwd_gathers), bwd_gathers=ctx.timed(self.bwd_gathers),
+    def timed(self, ctx: CommContext, contention: float) -> DataParallelTraffic:
+        """The same traffic with the seconds of each call alone on the links, and the slowdown
+        of the compute beside them (:func:`simdist.analytic.overlap.compute_slowdown`)."""
+        return replace(self, contention=contention, fwd_gathers=ctx.timed(self.fwd_gathers), bwd_gathers=ctx.timed(self.bwd_gathers),
                        microbatch_grad_sync=ctx.timed(self.microbatch_grad_sync),
                        step_grad_sync=ctx.timed(self.step_grad_sync),
                        post_step_gathers=ctx.timed(self.post_step_gathers))
@@ -235,9 +238,9 @@ def contention_stretch(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float
     chunked sync is not slowed."""
     back = fwd = 0.0
     if tr.step_grad_sync and plan.overlap_grad_reduce and not plan.interleaved:
-        back = contended_buckets(_bucket_seconds(tr), tr.step_buckets, t_bwd)[0]
+        back = contended_buckets(_bucket_seconds(tr), tr.step_buckets, t_bwd, tr.contention)[0]
     if tr.post_step_behind_forward:
-        fwd = contended_prefetch(calls_seconds(tr.post_step_gathers), tr.step_buckets, t_fwd)[0]
+        fwd = contended_prefetch(calls_seconds(tr.post_step_gathers), tr.step_buckets, t_fwd, tr.contention)[0]
     return back, fwd
 
 
@@ -291,13 +294,13 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
                 below += plan.pp * t_c
             step = chunked_buckets_exposed(t_b, groups[::-1])
         elif plan.overlap_grad_reduce:  # beside the last backward, which it slows down
-            stretch, step = contended_buckets(t_b, nb, last_bwd)
+            stretch, step = contended_buckets(t_b, nb, last_bwd, tr.contention)
         else:
             step = bucketed_exposed(t_b, nb, last_bwd, False)
     post = calls_seconds(tr.post_step_gathers)
     post_stretch = 0.0
     if tr.post_step_behind_forward:  # each bucket's gather ahead of the forward that needs it, slowing it
-        post_stretch, post = contended_prefetch(post, tr.step_buckets, first_fwd)
+        post_stretch, post = contended_prefetch(post, tr.step_buckets, first_fwd, tr.contention)
         post += post_stretch
     return DataParallelTimes(fwd_exp, bwd_exp, step, post, ag_f, rs, stretch, post_stretch)
 

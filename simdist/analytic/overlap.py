@@ -12,7 +12,7 @@ compute slows that compute down (:func:`contended_buckets`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from simdist.spec.frameworks import (
     DDP_BUCKET_BYTES,
@@ -22,6 +22,7 @@ from simdist.spec.frameworks import (
     framework_of,
 )
 from simdist.spec.plan import ParallelPlan
+from simdist.spec.profile import CalibrationProfile
 
 
 def bucket_bytes(plan: ParallelPlan) -> float:
@@ -106,10 +107,8 @@ def contended_buckets(t_bucket: float, n_buckets: int, t_overlap: float,
     engine by lengthening the task that fills the buckets: simdist.sim.lowering)."""
     if n_buckets <= 0 or t_bucket <= 0:
         return 0.0, 0.0
-    slowdown = OVERLAP_COMPUTE_SLOWDOWN if slowdown is None else slowdown
-    beside = min(t_overlap, n_buckets * t_bucket - bucketed_exposed(t_bucket, n_buckets, t_overlap))
-    stretch = slowdown * max(0.0, beside)
-    return stretch, bucketed_exposed(t_bucket, n_buckets, t_overlap + stretch)
+    return _stretched(n_buckets * t_bucket, t_overlap, slowdown,
+                      lambda t: bucketed_exposed(t_bucket, n_buckets, t))
 
 
 def contended_prefetch(t_comm: float, chunks: int, t_compute: float,
@@ -120,10 +119,25 @@ def contended_prefetch(t_comm: float, chunks: int, t_compute: float,
     compute takes ``slowdown`` times it longer, and the longer compute hides more."""
     if t_comm <= 0:
         return 0.0, 0.0
+    return _stretched(t_comm, t_compute, slowdown, lambda t: prefetch_exposed(t_comm, chunks, t))
+
+
+def _stretched(t_comm: float, t_compute: float, slowdown: float | None,
+               exposed: Callable[[float], float]) -> tuple[float, float]:
+    """(stretch, exposed) of communication of ``t_comm`` seconds beside ``t_compute`` of
+    compute, ``exposed(t)`` what it leaves exposed after t of compute: it runs beside the
+    compute for t_comm minus what it exposes (at most the compute), which stretches that window
+    of compute by ``slowdown``, and the longer compute hides more."""
     slowdown = OVERLAP_COMPUTE_SLOWDOWN if slowdown is None else slowdown
-    beside = min(t_compute, t_comm - prefetch_exposed(t_comm, chunks, t_compute))
-    stretch = slowdown * max(0.0, beside)
-    return stretch, prefetch_exposed(t_comm, chunks, t_compute + stretch)
+    stretch = slowdown * max(0.0, min(t_compute, t_comm - exposed(t_compute)))
+    return stretch, exposed(t_compute + stretch)
+
+
+def compute_slowdown(profile: CalibrationProfile | None) -> float:
+    """The slowdown of compute beside a collective for a scenario priced with ``profile``: none
+    under a profile measured with gloo on CPUs (no SMs are shared), else NCCL's
+    (:data:`OVERLAP_COMPUTE_SLOWDOWN`)."""
+    return 0.0 if profile is not None and profile.backend == "gloo" else OVERLAP_COMPUTE_SLOWDOWN
 
 
 def chunked_buckets_exposed(t_bucket: float, groups: Sequence[tuple[float, float, int]]) -> float:

@@ -86,8 +86,7 @@ class OpTimer:
 
     def __init__(self, sc: Scenario, cost: CostModel, net: Network):
         self.sc, self.cost, self.net = sc, cost, net
-        gloo = cost.profile is not None and cost.profile.backend == "gloo"
-        self.contention = 0.0 if gloo else overlap.OVERLAP_COMPUTE_SLOWDOWN
+        self.contention = overlap.compute_slowdown(cost.profile)
         self._layouts: dict[str, GroupLayout] = {}
         self._passes: dict[tuple[Op, ...], PassTime] = {}
         # per op list with expert all-to-alls: compute (with exposed TP/CP) between them, and their times
@@ -95,12 +94,13 @@ class OpTimer:
         self.op_extra = framework_overhead(sc, cost)
         self.sync_wait = sync_wait_fraction(sc, cost)
 
-    def _userbuffers_slowdown(self, method: str) -> float:
-        """The GEMM beside a TP collective that Transformer Engine's userbuffers overlap with it
-        loses the SMs their kernel holds (:data:`USERBUFFERS_SMS`), not NCCL's share."""
-        if not self.contention:
-            return 0.0
-        return min(1.0, USERBUFFERS_SMS.get(method, 0) / self.sc.cluster.gpu.sms)
+    def _slowdown(self, userbuffers: str | None) -> float:
+        """How much slower a kernel runs beside a collective it hides: NCCL's share
+        (:attr:`contention`), or, beside a TP collective that Transformer Engine's userbuffers
+        kernel ``userbuffers`` overlaps, the SMs that kernel holds (:data:`USERBUFFERS_SMS`)."""
+        if userbuffers is None or not self.contention:
+            return self.contention
+        return min(1.0, USERBUFFERS_SMS.get(userbuffers, 0) / self.sc.cluster.gpu.sms)
 
     def comm(self, op: Comm) -> float:
         """A TP/CP/EP collective on the links its group crosses, the other groups of the stage
@@ -168,23 +168,21 @@ class OpTimer:
                 segments.append(compute + tp + cp - sum(segments))
                 comms.append(t)
                 continue
-            hide, slowdown = 0.0, self.contention
+            hide, userbuffers = 0.0, None  # the userbuffers kernel that overlaps it, if any
             nxt = _next_compute(ops, i)
-            userbuffers = plan.tp_comm_overlap and op.axis == "tp"
             if op.axis == "cp" and (op.collective == "sendrecv" or op.overlaps_next) and nxt is not None:
                 hide = self.cost.time(nxt)  # ring attention overlaps KV exchange with compute
             elif prev is not None and prev.name.endswith("wgrad"):
                 hide = self.cost.time(prev)  # async data-grad all-reduce beside the wgrad GEMM
-                if userbuffers:
-                    slowdown = self._userbuffers_slowdown("bulk")
+                userbuffers = "bulk" if plan.tp_comm_overlap and op.axis == "tp" else None
             elif plan.tp_comm_overlap and nxt is not None and nxt.kind == "gemm":
-                hide, slowdown = self.cost.time(nxt), self._userbuffers_slowdown(op.collective)
+                hide, userbuffers = self.cost.time(nxt), op.collective
             elif plan.tp_comm_overlap and prev is not None and prev.kind == "gemm":
-                hide, slowdown = self.cost.time(prev), self._userbuffers_slowdown(op.collective)
+                hide, userbuffers = self.cost.time(prev), op.collective
             exposed = max(0.0, t - hide)
             # the kernel that hides it runs slower beside it (NCCL takes SMs: Lee et al. 2025;
             # Transformer Engine's userbuffers the few SMs of their kernels; not gloo on a CPU)
-            compute += slowdown * min(t, hide)
+            compute += self._slowdown(userbuffers) * min(t, hide)
             if op.axis == "cp":
                 cp += exposed
             else:

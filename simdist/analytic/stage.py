@@ -39,7 +39,7 @@ from simdist.analytic.dp_groups import data_parallel_traffic
 from simdist.analytic.memory import StageMemory, optimizer_shard_params, stage_memory, state_bytes
 from simdist.analytic.offload import OffloadTimes, OffloadTraffic, offload_times, offload_traffic
 from simdist.analytic.ops import embedding_ops, head_ops
-from simdist.analytic.overlap import grad_buckets
+from simdist.analytic.overlap import compute_slowdown, grad_buckets
 from simdist.analytic.param_server import (
     PSTimes,
     PSTraffic,
@@ -332,7 +332,8 @@ SyncOf = Callable[[CommContext, int], tuple[DataParallelTraffic, float]]
 def stage_sync(sc: Scenario, ctx: CommContext, cost: CostModel, stage: int) -> tuple[DataParallelTraffic, float]:
     """A stage's data-parallel traffic, each call timed alone, and its GPU optimizer step: they
     read the stage's parameters, the rank grid and the ZeRO stage, not the micro-batch's shape."""
-    return data_parallel_traffic(sc.model, sc.plan, stage).timed(ctx), gpu_optimizer_time(sc, cost, stage)
+    traffic = data_parallel_traffic(sc.model, sc.plan, stage).timed(ctx, compute_slowdown(cost.profile))
+    return traffic, gpu_optimizer_time(sc, cost, stage)
 
 
 def gpu_optimizer_time(sc: Scenario, cost: CostModel, stage: int) -> float:
