@@ -16,7 +16,7 @@ from simdist.calibrate.repeat import Repeated, repeat_until_stable
 from simdist.calibrate.terms import FitRun, fit_checks, fit_terms, with_honesty
 from simdist.predict import predict
 from simdist.spec.measurement import Measurement
-from simdist.spec.profile import CalibrationProfile, load_profile, profile_layers
+from simdist.spec.profile import PROFILE_VERSION, CalibrationProfile, load_profile, profile_layers
 from simdist.spec.scenario import scenario_from_dict
 
 
@@ -179,7 +179,7 @@ def test_version_1_profiles_still_load_and_version_2_round_trips(tmp_path):
     old = {"version": 1, "device": "cpu", "peak_flops": 1e10, "links": {}, "compute_curves": {}}
     (tmp_path / "v1.json").write_text(json.dumps(old))
     v1 = load_profile(tmp_path / "v1.json")
-    assert v1.version == 3 and v1.cores == 0 and v1.error_band == 0.0
+    assert v1.version == PROFILE_VERSION and v1.cores == 0 and v1.error_band == 0.0 and v1.sync_point_waits_s == {}
     v2 = replace(fit_profile({**synthetic_bench(), "cores": 2}), spreads={"dp": 0.05}, error_band=0.08)
     v2.save(tmp_path / "v2.json")
     assert load_profile(tmp_path / "v2.json") == v2 and v2.cores == 2 and v2.ranks == 2

@@ -199,3 +199,42 @@ def test_an_attention_op_is_its_share_of_the_benchmarked_pair():
     fwd = Compute("flash attention", "attention", f, m=64, n=64, k=16, batch=4)
     bwd = Compute("flash attention bwd", "attention", 2.5 * f, m=64, n=64, k=16, batch=4)
     assert cm.attention_efficiency(fwd) == cm.attention_efficiency(bwd) == prof.efficiency("attention", 3 * f)
+
+
+def test_tp_waits_split_into_a_share_of_compute_and_a_wait_per_call():
+    """Two TP runs, few large collectives and many small ones, give back both parts of the TP
+    waits (profile v4's ``sync_point_waits_s``), which one share of compute could not serve."""
+    t = replace(truth(), sync_point_waits_s={"tp": 4e-4})
+    runs = [phased(t, "small")[1], phased(t, "large", micro_batch_size=8, global_batch_size=16)[1],
+            phased(t, "tp", tp=2)[1], phased(t, "tp-large", tp=2, micro_batch_size=16, global_batch_size=16)[1]]
+    fitted, bounds, unusable = fit_terms(microbenchmark_part(t), runs)
+    assert unusable == [] and not [b for b in bounds if b.hit]
+    assert fitted.sync_wait_fractions["tp"] == pytest.approx(0.3, rel=0.05)
+    assert fitted.sync_point_waits_s["tp"] == pytest.approx(4e-4, rel=0.05)
+    assert BASE_TERMS not in fitted.sync_point_waits_s  # plain runs call no collective in their layers
+    assert all(abs(c.error) < 0.01 for c in fit_checks(fitted, runs))
+    share_only, _, _ = fit_terms(microbenchmark_part(t), runs[:3])  # one TP run: the share alone
+    assert "tp" not in share_only.sync_point_waits_s
+
+
+def test_the_wait_per_call_counts_the_layers_collectives():
+    sc = scenario_from_dict(local_scenario(tp=2))
+    t = truth()
+    per_call = predicted_quantities(sc, replace(t, sync_point_waits_s={"tp": 1e-3}))["comm_s"]
+    calls = (per_call - predicted_quantities(sc, t)["comm_s"]) / 1e-3
+    m = sc.model
+    # Megatron TP: an all-reduce after attention and after the MLP, forward and backward, per layer
+    # and micro-batch, the embedding's and the head's (vocab-parallel) beside them
+    assert calls >= 4 * m.num_layers * sc.plan.num_microbatches and calls == pytest.approx(round(calls))
+    plain = scenario_from_dict(local_scenario())
+    assert predicted_quantities(plain, replace(t, sync_point_waits_s={"tp": 1e-3})) == predicted_quantities(plain, t)
+
+
+def test_two_slopes_least_squares_never_below_zero():
+    from simdist.calibrate.phases import two_slopes
+
+    rows = [(1.0 + 2 * 0.3 + 10 * 0.1, 1.0, 2.0, 10.0), (1.0 + 20 * 0.3 + 1 * 0.1, 1.0, 20.0, 1.0)]
+    assert two_slopes(rows) == pytest.approx((0.3, 0.1))
+    assert two_slopes(rows[:1])[1] == 0.0  # one row: the share alone
+    assert two_slopes([(2.0, 1.0, 1.0, 0.0), (3.0, 1.0, 2.0, 0.0)])[1] == 0.0  # nothing depends on b
+    assert min(two_slopes([(1.0, 1.0, 1.0, 1.0), (5.0, 1.0, 0.1, 4.0)])) >= 0.0

@@ -93,6 +93,7 @@ class OpTimer:
         self._ep_parts: dict[tuple[Op, ...], tuple[tuple[float, ...], tuple[float, ...]]] = {}
         self.op_extra = framework_overhead(sc, cost)
         self.sync_wait = sync_wait_fraction(sc, cost)
+        self.call_wait = sync_call_wait(sc, cost)
 
     def _slowdown(self, userbuffers: str | None) -> float:
         """How much slower a kernel runs beside a collective it hides: NCCL's share
@@ -140,8 +141,8 @@ class OpTimer:
         for p, (segs, _) in ((fwd, parts_f), (bwd, parts_b)):
             h = hidden * p.ep / (fwd.ep + bwd.ep) if fwd.ep + bwd.ep > 0 else 0.0
             compute = sum(segs) - p.tp_exposed - p.cp_exposed + h * slow
-            out.append(PassTime(compute, p.tp_exposed, p.cp_exposed, p.weight_grad, compute * self.sync_wait,
-                                p.ep, h))
+            out.append(PassTime(compute, p.tp_exposed, p.cp_exposed, p.weight_grad,
+                                p.sync_wait + (compute - p.compute) * self.sync_wait, p.ep, h))
         return out[0], out[1]
 
     def _sum(self, ops: tuple[Op, ...]) -> PassTime:
@@ -200,7 +201,8 @@ class OpTimer:
             slow = min(ep, hide_ep) * c / max(1, sms - c)
             compute += slow
             hide_ep += slow
-        return PassTime(compute, tp, cp, w, compute * self.sync_wait, ep, hide_ep)
+        calls = sum(2 if op.collective == "sendrecv" else 1 for op in ops if isinstance(op, Comm))
+        return PassTime(compute, tp, cp, w, compute * self.sync_wait + calls * self.call_wait, ep, hide_ep)
 
 
     def _kernels(self, ops: tuple[Op, ...]) -> list[float]:
@@ -258,3 +260,12 @@ def sync_wait_fraction(sc: Scenario, cost: CostModel) -> float:
     ``sync_wait_fractions`` of its software layers); 0 otherwise."""
     fr = cost.profile.sync_wait_fractions if cost.profile else {}
     return sum(fr.get(k, 0.0) for k in wait_keys(sc.plan))
+
+
+def sync_call_wait(sc: Scenario, cost: CostModel) -> float:
+    """Fixed wait per collective call of a layer's op lists (TP, CP and expert-parallel; a ring's
+    send/receive counts twice, as simdist.analytic.cpu_syncs counts sync points) that a
+    calibration profile measured for this plan's software layers (``sync_point_waits_s``); 0
+    otherwise."""
+    per_call = cost.profile.sync_point_waits_s if cost.profile else {}
+    return sum(per_call.get(k, 0.0) for k in wait_keys(sc.plan))

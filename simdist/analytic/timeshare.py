@@ -66,9 +66,10 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
 
 
 def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float) -> float:
-    """The part of the full-speed step that is the links' latency (the step less the same step
-    on links without latency): on gloo a rank sleeps in the transport for it, its core free for
-    another rank, while the bandwidth part (copies, reductions) is CPU work."""
+    """The part of the full-speed step that is the links' latency and the profile's fixed wait
+    per collective call (the step less the same step on links without latency, without those
+    waits): on gloo a rank sleeps in the transport for them, its core free for another rank,
+    while the bandwidth part (copies, reductions) is CPU work."""
     from dataclasses import replace
 
     from simdist.analytic.collectives import Network
@@ -78,7 +79,7 @@ def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float) -
     from simdist.spec.profile import LinkFit
 
     quick = replace(profile, links={k: LinkFit(latency_s=0.0, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s)
-                                    for k, v in profile.links.items()})
+                                    for k, v in profile.links.items()}, sync_point_waits_s={})
     cluster = scenario.cluster
     no_latency = reduce_step(describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, quick),
                                       Network.of(cluster, quick)))

@@ -158,21 +158,52 @@ def _sum_others(base: float | None, per_layer: dict[str, float], layer: str, run
 
 
 def fit_waits(profile: CalibrationProfile, key: str, runs: Sequence[Any]) -> CalibrationProfile:
-    """The waits at the sync points of ``key``'s plans, per second of compute
-    (``sync_wait_fractions[key]``), from the wall time the runs did not compute beyond what the
-    model already prices (collectives, bubbles, the waits fitted before)."""
-    def wait(p: CalibrationProfile, v: float) -> CalibrationProfile:
-        return replace(p, sync_wait_fractions={**p.sync_wait_fractions, key: v})
+    """The waits at the sync points of ``key``'s plans beyond what the model already prices
+    (collectives, bubbles, the waits fitted before), from the wall time the runs did not
+    compute: a share of the compute since the previous sync point (``sync_wait_fractions[key]``)
+    and a fixed wait per collective call of the layer's op lists (``sync_point_waits_s[key]``).
+    Runs of few large collectives and of many small ones tell the two apart; runs that cannot
+    (one run, or a layer without collectives in its op lists) fit the share alone."""
+    def setting(fraction: float, per_call: float) -> CalibrationProfile:
+        return replace(profile, sync_wait_fractions={**profile.sync_wait_fractions, key: fraction},
+                       sync_point_waits_s={**profile.sync_point_waits_s, key: per_call})
 
     rows = []
     for r in runs:
         m = measured_waits(r.measured())
         if m is not None:
-            at0, slope = probe(r, profile, comm_s, wait)
-            rows.append((m, at0, slope))
+            at0 = comm_s(r.predicted(setting(0.0, 0.0)))
+            rows.append((m, at0, (comm_s(r.predicted(setting(PROBE_S, 0.0))) - at0) / PROBE_S,
+                         (comm_s(r.predicted(setting(0.0, PROBE_S))) - at0) / PROBE_S))
     if not rows:
         return profile
-    return wait(profile, one_term(rows))
+    fraction, per_call = two_slopes(rows)
+    profile = setting(fraction, per_call)
+    if not per_call:  # keep the profile's dict to the layers that have a per-call wait
+        profile = replace(profile, sync_point_waits_s={k: v for k, v in profile.sync_point_waits_s.items() if k != key})
+    return profile
+
+
+def two_slopes(rows: Sequence[tuple[float, float, float, float]]) -> tuple[float, float]:
+    """(a, b) >= 0 minimising sum(((c + j a + k b) / m - 1)^2) over rows (measured m, model at
+    a = b = 0 c, slopes j and k): least squares on relative error; b = 0 where the rows cannot
+    tell a from b (one row, or no row depends on b)."""
+    import numpy as np
+
+    good = [(m, c, j, k) for m, c, j, k in rows if m > 0]
+    alone = one_term([(m, c, j) for m, c, j, _ in good])
+
+    def cost(a: float, b: float) -> float:
+        return sum(((c + j * a + k * b) / m - 1) ** 2 for m, c, j, k in good)
+
+    design = np.array([[j / m, k / m] for m, _, j, k in good]) if good else np.zeros((0, 2))
+    if len(good) < 2 or np.linalg.matrix_rank(design) < 2:
+        return alone, 0.0
+    (a, b), *_ = np.linalg.lstsq(design, np.array([(m - c) / m for m, c, _, _ in good]), rcond=None)
+    options = [(alone, 0.0), (0.0, one_term([(m, c, k) for m, c, _, k in good]))]
+    if a >= 0 and b >= 0:
+        options.append((float(a), float(b)))
+    return min(options, key=lambda o: cost(*o))
 
 
 def fit_coschedule(profile: CalibrationProfile, runs: Sequence[Any]) -> CalibrationProfile:

@@ -12,8 +12,9 @@ cannot see is the framework around the kernels, so executor runs fit it, phase b
    (``sync_wait_fractions["base"]``: comm + core wait beyond the collectives' prices);
 2. then, repeatedly, the runs that add exactly one layer not fitted yet fit that layer: its
    extra per-op cost (``framework_overheads_s``) and per-tensor optimizer cost, which may be
-   below zero (cheaper than plain DDP), then its sync-point waits, from those of its runs whose
-   ranks have a core each;
+   below zero (cheaper than plain DDP), then its sync-point waits (a share of compute and,
+   where its runs tell them apart, a fixed wait per collective call), from those of its runs
+   whose ranks have a core each;
 3. runs with more ranks than cores then fit the wait at a sync point whose peers are
    descheduled (``coschedule_wait_s``, simdist.analytic.cpu_syncs) on their step times;
 4. a run whose plan adds two unfitted layers at once cannot tell them apart: it is reported.
@@ -114,6 +115,9 @@ def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[Calibrat
                             *OVERHEAD_RANGE))
         bounds.append(Bound("the plain plans' sync-point waits (share of compute)",
                             profile.sync_wait_fractions.get(BASE_TERMS, 0.0), 0.0, SYNC_WAIT_MAX))
+        if BASE_TERMS in profile.sync_point_waits_s:
+            bounds.append(Bound("the plain plans' wait per collective call (s)",
+                                profile.sync_point_waits_s[BASE_TERMS], 0.0, COSCHEDULE_MAX))
         terms_from["per-op"] = ", ".join(r.name for r in plain)
     elif plain:
         profile = fit_overhead(profile, _mean_log_error(plain))
@@ -142,6 +146,9 @@ def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[Calibrat
                 profile = fit_waits(profile, layer, own_cores)
                 wait = profile.sync_wait_fractions.get(layer, 0.0)
                 bounds.append(Bound(f"the {layer} sync-point waits (share of compute)", wait, 0.0, SYNC_WAIT_MAX))
+                if layer in profile.sync_point_waits_s:
+                    bounds.append(Bound(f"the {layer} wait per collective call (s)",
+                                        profile.sync_point_waits_s[layer], 0.0, COSCHEDULE_MAX))
             terms_from[layer] = ", ".join(r.name for r in subset)
             fitted.add(layer)
         pending = [r for r in pending if any(x not in fitted for x in r.layers)]

@@ -25,8 +25,15 @@ plus ``optimizer_layer_tensor_s`` per software layer: DTensor's dispatch on TP a
 parameters), which replaces a fixed kernel count when set, and ``coschedule_wait_s``, the wait
 at a sync point of ranks that time-share the cores (simdist.analytic.cpu_syncs).
 
-Version 1 and 2 files still load (the new fields take their defaults: no cores known, no band,
-no optimizer term).
+Version 4 splits the waits at a layer's sync points in two (``sync_point_waits_s``): besides
+the share of the compute since the previous sync point (``sync_wait_fractions``: the ranks'
+compute jitters in proportion to its length), a fixed wait per collective call (on gloo the
+call hands its work to the process group's thread and the caller sleeps until it is woken:
+scheduler wake-ups and the peer's own fixed detour per call, Hoefler et al. SC'10's fixed part of
+the noise). Many small TP collectives pay mostly the second, few large ones mostly the first.
+
+Versions 1 to 3 still load (the new fields take their defaults: no cores known, no band,
+no optimizer term, no per-call wait).
 """
 
 from __future__ import annotations
@@ -40,8 +47,8 @@ from typing import Any
 from simdist.errors import Problem, ScenarioError
 from simdist.spec.files import read_json_object, write_json_atomic
 
-PROFILE_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+PROFILE_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +98,8 @@ class CalibrationProfile:
     optimizer_layer_tensor_s: dict[str, float] = field(default_factory=dict)  # software layer -> extra s/tensor
     # wait at one sync point whose peers are descheduled, with more ranks than cores (simdist.analytic.cpu_syncs)
     coschedule_wait_s: float = 0.0
+    # v4: software layer -> wait per collective call of its op lists (module docstring), beside the fraction
+    sync_point_waits_s: dict[str, float] = field(default_factory=dict)
 
     def efficiency(self, kind: str, size: float) -> float | None:
         """Interpolated efficiency for an op of ``kind`` and ``size``, or None if not fitted."""
@@ -124,7 +133,7 @@ class CalibrationProfile:
         """This profile ``factor`` times slower: compute rates divided, per-op and latency terms
         multiplied, link bandwidths divided (how ranks that time-share the cores see it,
         :mod:`simdist.analytic.timeshare`). The sync-point waits are a fraction of compute, so
-        they stretch with it."""
+        they stretch with it; the per-call waits are times, and stretch like the latencies."""
         if factor == 1.0:
             return self
         s = factor
@@ -136,6 +145,7 @@ class CalibrationProfile:
             framework_overheads_s={k: v * s for k, v in self.framework_overheads_s.items()},
             optimizer_tensor_s=None if self.optimizer_tensor_s is None else self.optimizer_tensor_s * s,
             optimizer_layer_tensor_s={k: v * s for k, v in self.optimizer_layer_tensor_s.items()},
+            sync_point_waits_s={k: v * s for k, v in self.sync_point_waits_s.items()},
             links={k: LinkFit(latency_s=v.latency_s * s, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s / s)
                    for k, v in self.links.items()},
         )
