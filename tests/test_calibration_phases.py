@@ -5,6 +5,7 @@ optimizer's per-tensor cost (simdist.analytic.cpu_optimizer) and refitting from 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
@@ -238,3 +239,22 @@ def test_two_slopes_least_squares_never_below_zero():
     assert two_slopes(rows[:1])[1] == 0.0  # one row: the share alone
     assert two_slopes([(2.0, 1.0, 1.0, 0.0), (3.0, 1.0, 2.0, 0.0)])[1] == 0.0  # nothing depends on b
     assert min(two_slopes([(1.0, 1.0, 1.0, 1.0), (5.0, 1.0, 0.1, 4.0)])) >= 0.0
+
+
+def test_a_parameter_server_worker_copies_per_tensor_and_the_fit_finds_it():
+    """No optimizer runs on a worker, but the executor's client gathers the gradients and copies
+    the pulled values back tensor by tensor (executor.ps.PSClient.step): the ps layers'
+    per-tensor terms price it, also where the synchronous layer's own is below zero."""
+    from simdist.calibrate.phases import fit_layer
+
+    bundled = yaml.safe_load(Path("scenarios/tiny-ps-async.yaml").read_text())["plan"]
+    plan = {k: v for k, v in bundled.items() if k != "precision"}
+    sc = scenario_from_dict(local_scenario(**plan))
+    assert sc.plan.uses_parameter_servers and not sc.plan.sync_parameter_servers
+    n = stage_tensors(sc.model, sc.plan, 0)
+    t = replace(truth(), optimizer_layer_tensor_s={"ps": -1e-5, "async": 4e-5})
+    assert predicted_quantities(sc, t)["optimizer_s"] == pytest.approx(n * 3e-5, rel=1e-6)
+    assert predicted_quantities(sc, replace(t, optimizer_tensor_s=None))["optimizer_s"] == 0.0  # no CPU term
+    start = replace(t, optimizer_layer_tensor_s={"ps": -1e-5})
+    fitted = fit_layer(start, "async", [phased(t, "async", **plan)[1]])
+    assert fitted.optimizer_layer_tensor_s["async"] == pytest.approx(4e-5, rel=0.02)  # through the kink at 0

@@ -56,3 +56,15 @@ def per_tensor_optimizer_time(sc: Any, profile: Any, stage: int) -> float | None
     per = profile.optimizer_tensor_s + sum(profile.optimizer_layer_tensor_s.get(k, 0.0)
                                            for k in profile_layers(sc.plan))
     return stage_tensors(sc.model, sc.plan, stage) * max(0.0, per)  # a layer's term may be negative
+
+
+def ps_worker_time(sc: Any, profile: Any, stage: int) -> float:
+    """A parameter-server worker's own step on a CPU profile: no optimizer runs there, but the
+    executor's client (executor.ps.PSClient.step) gathers the gradients into one message and
+    copies the pulled values back, tensor by tensor: the plan's layers' per-tensor terms
+    (``optimizer_layer_tensor_s`` of "ps", and "async"), without the optimizer's own. 0 on
+    profiles without the per-tensor term."""
+    if profile is None or profile.optimizer_tensor_s is None:
+        return 0.0
+    per = sum(profile.optimizer_layer_tensor_s.get(k, 0.0) for k in profile_layers(sc.plan))
+    return stage_tensors(sc.model, sc.plan, stage) * max(0.0, per)

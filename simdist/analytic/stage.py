@@ -33,7 +33,7 @@ from simdist.analytic.collectives import (
 )
 from simdist.analytic.compression import compression_kernel_bytes
 from simdist.analytic.cost import CostModel, optimizer_bytes_per_param
-from simdist.analytic.cpu_optimizer import per_tensor_optimizer_time
+from simdist.analytic.cpu_optimizer import per_tensor_optimizer_time, ps_worker_time
 from simdist.analytic.data_parallel import DataParallelTraffic
 from simdist.analytic.dp_groups import data_parallel_traffic
 from simdist.analytic.memory import StageMemory, optimizer_shard_params, stage_memory, state_bytes
@@ -341,7 +341,9 @@ def gpu_optimizer_time(sc: Scenario, cost: CostModel, stage: int) -> float:
     GPU's optimizer partition: zero when the optimizer runs on the CPU (ZeRO-Offload) or on
     parameter servers."""
     plan = sc.plan
-    if plan.offload.optimizer != "none" or plan.uses_parameter_servers:
+    if plan.uses_parameter_servers:  # a CPU profile's worker still copies per tensor (cpu_optimizer)
+        return ps_worker_time(sc, cost.profile, stage)
+    if plan.offload.optimizer != "none":
         return 0.0
     n = optimizer_shard_params(sc.model, plan, stage)
     traffic = n * optimizer_bytes_per_param(plan.optimizer, plan.precision, state_bytes(sc.model, plan).grads)

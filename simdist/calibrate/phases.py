@@ -65,10 +65,15 @@ def optimizer_s(predicted: dict[str, float]) -> float:
 
 def probe(run: Any, profile: CalibrationProfile, quantity: Callable[[dict[str, float]], float],
           setting: Callable[[CalibrationProfile, float], CalibrationProfile]) -> tuple[float, float]:
-    """(``quantity`` predicted with the term at 0, its growth per second of the term)."""
-    at0 = quantity(run.predicted(setting(profile, 0.0)))
+    """(``quantity`` predicted with the term at 0, its growth per second of the term), from two
+    probes above 0: a layer's term sums with the others' before the model holds the sum at or
+    above zero (a layer may be cheaper than plain DDP), so the line through two positive probes,
+    extended to 0, is the linear model the fit solves even where another layer's term is below
+    zero (the model is linear in each term above that kink)."""
     at1 = quantity(run.predicted(setting(profile, PROBE_S)))
-    return at0, (at1 - at0) / PROBE_S
+    at2 = quantity(run.predicted(setting(profile, 2 * PROBE_S)))
+    slope = (at2 - at1) / PROBE_S
+    return at1 - slope * PROBE_S, slope
 
 
 def cpu_time(setting: Callable[[CalibrationProfile, float], CalibrationProfile]
