@@ -130,6 +130,23 @@ def test_every_plan_kind_has_its_layers():
     assert profile_layers(hsdp) == ("zero3", "hsdp")
 
 
+def test_plans_the_executor_replicates_with_fsdp2_pay_its_terms():
+    """DDP cannot run several chunks or a split backward per rank, so the executor replicates
+    with FSDP2 (DTensor parameters, per-block hooks): such plans pay the "zero2" layer's terms."""
+    pytest.importorskip("torch")
+    from executor.parallelize import data_parallel_kind
+
+    four = {"cluster": {"preset": "local", "num_nodes": 1, "gpus_per_node": 4}}
+    for plan in ({"pp": 2, "schedule": "zero-bubble"}, {"pp": 2, "virtual_pipeline_stages": 2},
+                 {"pp": 2, "schedule": "1f1b"}, {"pp": 2, "schedule": "zero-bubble", "zero_stage": 3},
+                 {"pp": 4, "schedule": "zero-bubble"}):
+        p = scenario_from_dict({**local_scenario(global_batch_size=8, **plan), **four}).plan
+        layers = profile_layers(p)
+        assert (data_parallel_kind(p) == "replicate") == ("zero2" in layers and p.zero_stage == 0), (plan, layers)
+    zb = scenario_from_dict({**local_scenario(global_batch_size=8, pp=2, schedule="zero-bubble"), **four}).plan
+    assert profile_layers(zb) == ("pipeline", "multichunk", "zero2")
+
+
 # --- the machine's cores -----------------------------------------------------------------------------
 
 

@@ -225,7 +225,8 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
     """The software layers of the executor's PyTorch that a plan runs through, each with its
     own fitted terms in a profile (``framework_overheads_s`` per compute op and
     ``sync_wait_fractions`` of compute): "tp" (DTensor tensor parallelism), "zero1"
-    (ZeroRedundancyOptimizer), "zero2" (FSDP2 keeping parameters gathered), "zero3" (FSDP2
+    (ZeroRedundancyOptimizer), "zero2" (FSDP2 keeping parameters gathered, and FSDP2's replicate, which the executor
+    runs for plain data parallelism under several chunks per rank or a split backward), "zero3" (FSDP2
     resharding them), "hsdp" (FSDP2 on a 2-D mesh), "pipeline" (torch.distributed.pipelining),
     "multichunk" (several chunks per rank or zero-bubble's split backward, under FSDP2's
     replicate), "compression" (DDP communication hooks), "ps" (the parameter server; "async" besides
@@ -259,6 +260,11 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
         out.append("pipeline")
         if plan.virtual_pipeline_stages > 1 or plan.schedule == "zero-bubble":
             out.append("multichunk")
+            if plan.dp * plan.cp > 1 and plan.zero_stage == 0:
+                # DDP cannot run several chunks or a split backward per rank: the executor
+                # replicates with FSDP2 (executor.parallelize.data_parallel_kind), whole
+                # parameters as DTensors behind per-block hooks, as "zero2" keeps them gathered
+                out.append("zero2")
     return tuple(out)
 
 
