@@ -258,3 +258,35 @@ def test_a_parameter_server_worker_copies_per_tensor_and_the_fit_finds_it():
     start = replace(t, optimizer_layer_tensor_s={"ps": -1e-5})
     fitted = fit_layer(start, "async", [phased(t, "async", **plan)[1]])
     assert fitted.optimizer_layer_tensor_s["async"] == pytest.approx(4e-5, rel=0.02)  # through the kink at 0
+
+
+def test_powersgd_pays_its_hooks_ops_per_matrix_of_the_executors_model():
+    """PowerSGD's hook runs products and orthogonalizations per matrix (torch's powerSGD_hook);
+    the model counts the matrices the executor's model holds (every 2-D parameter) and prices
+    each op at the profile's per-op cost."""
+    pytest.importorskip("torch")
+    from executor.model import build_model
+
+    from simdist.analytic.compression import (
+        POWERSGD_BUCKET_OPS,
+        POWERSGD_PRODUCTS,
+        hook_ops,
+        orthogonalize_ops,
+        powersgd_elements,
+    )
+
+    sc = scenario_from_dict(local_scenario(grad_compression={"method": "powersgd", "rank": 4}))
+    params = list(build_model(sc.model, seed=0).parameters())
+    assert powersgd_elements(sc.model, sc.plan, 0).count == sum(p.dim() >= 2 for p in params)
+    assert stage_tensors(sc.model, sc.plan, 0) == len(params)
+    matrices = sum(p.dim() >= 2 for p in params)
+    assert hook_ops(sc.model, sc.plan, 0, 1) == POWERSGD_BUCKET_OPS + (POWERSGD_PRODUCTS + 2) * matrices + (
+        len(params) - matrices)  # rank 4: one QR per orthogonalization
+    assert orthogonalize_ops(1) == 2 and orthogonalize_ops(2) == 8  # Gram-Schmidt: 2 per column, 4 per pair
+    t = truth()
+    slower = replace(t, kernel_overhead_s=2 * t.kernel_overhead_s)
+    q = lambda p: predicted_quantities(sc, p)["step_time_s"]  # noqa: E731
+    fp16 = scenario_from_dict(local_scenario(grad_compression={"method": "fp16"}))
+    # the per-op cost weighs on PowerSGD by its hook's ops more than on a dense cast's four
+    assert q(slower) - q(t) > predicted_quantities(fp16, slower)["step_time_s"] - predicted_quantities(fp16, t)["step_time_s"] \
+        + 0.9 * hook_ops(sc.model, sc.plan, 0, 1) * t.kernel_overhead_s

@@ -85,6 +85,7 @@ class PowerSgdElements:
     q: float
     uncompressed: float
     matrix: float  # elements of the compressed matrices (what the factors stand for)
+    count: float = 0.0  # the compressed matrices themselves
 
 
 def powersgd_elements(m: ModelSpec, plan: ParallelPlan, stage: int) -> PowerSgdElements:
@@ -109,8 +110,11 @@ def powersgd_elements(m: ModelSpec, plan: ParallelPlan, stage: int) -> PowerSgdE
     p += vocab * m.vocab_size / t * r
     q += vocab * h * r
     elems += vocab * m.vocab_size / t * h
+    positions = 1 if stage == 0 and m.position_embedding == "learned" else 0  # a seq x h matrix, not TP-sharded
+    p, q, elems = p + positions * m.seq_length * r, q + positions * h * r, elems + positions * m.seq_length * h
     total = params_per_rank(m, plan, stage)
-    return PowerSgdElements(p=p, q=q, uncompressed=max(0.0, total - elems), matrix=elems)
+    return PowerSgdElements(p=p, q=q, uncompressed=max(0.0, total - elems), matrix=elems,
+                            count=layers * sum(c for _, _, c in mats) + vocab + positions)
 
 
 def compression_ratio(m: ModelSpec, plan: ParallelPlan, stage: int = 0) -> float:
@@ -128,6 +132,40 @@ def compression_ratio(m: ModelSpec, plan: ParallelPlan, stage: int = 0) -> float
         return topk_elements(n, plan) * topk_wire_bytes(plan) / (n * base)
     ps = powersgd_elements(m, plan, stage)
     return (ps.p + ps.q + ps.uncompressed) / n
+
+
+# Ops a DDP communication hook runs besides its collectives, as the executor registers them
+# (executor.compression; torch 2.13's hooks), each paying the per-op cost of the cost model:
+# per bucket: clone, + residual, abs, topk, gather the values, zero them in the residual, pack values and
+# indices (cat), unpack (contiguous, long), zero the bucket, index_add_ every rank's entries, divide
+TOPK_HOOK_OPS = 12
+# powerSGD_hook per bucket: the residual added and kept (copy, add, subtract), the vectors packed (cat)
+# and divided, Q divided; per matrix: P = M Q, Q = M^T P, M = P Q^T (three batched products) and P and Q
+# orthogonalized (QR above rank 2; else Gram-Schmidt: per column a norm and a division, and for the
+# columns after it a product, a sum, a product and a subtraction); per vector one copy back
+POWERSGD_BUCKET_OPS = 6
+POWERSGD_PRODUCTS = 3
+
+
+def orthogonalize_ops(rank: int) -> int:
+    """Ops of one orthogonalization of a rank-``rank`` factor (torch's ``_orthogonalize``)."""
+    return 1 if rank > 2 else 2 * rank + 4 * (rank - 1)
+
+
+def hook_ops(m: ModelSpec, plan: ParallelPlan, stage: int, buckets: int) -> float | None:
+    """Ops the plan's top-k or PowerSGD hook runs on one GPU per step (constants above); None for
+    the dense casts, whose few ops per step the cost model counts as four kernels."""
+    method = plan.grad_compression.method
+    if method == "topk":
+        return TOPK_HOOK_OPS * buckets
+    if method != "powersgd":
+        return None
+    from simdist.analytic.cpu_optimizer import stage_tensors
+
+    matrices = powersgd_elements(m, plan, stage).count
+    vectors = max(0.0, stage_tensors(m, plan, stage) - matrices)
+    per_matrix = POWERSGD_PRODUCTS + 2 * orthogonalize_ops(plan.grad_compression.rank)
+    return POWERSGD_BUCKET_OPS * buckets + per_matrix * matrices + vectors
 
 
 def compression_kernel_bytes(m: ModelSpec, plan: ParallelPlan, stage: int, syncs: int = 1) -> float:

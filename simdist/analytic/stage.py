@@ -31,7 +31,7 @@ from simdist.analytic.collectives import (
     collective_time,
     layout_for_axis,
 )
-from simdist.analytic.compression import compression_kernel_bytes
+from simdist.analytic.compression import compression_kernel_bytes, hook_ops
 from simdist.analytic.cost import CostModel, optimizer_bytes_per_param
 from simdist.analytic.cpu_optimizer import per_tensor_optimizer_time, ps_worker_time
 from simdist.analytic.data_parallel import DataParallelTraffic
@@ -316,7 +316,9 @@ def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, passes: dic
         if plan.shards_gradients:  # ZeRO-2/3 compress every micro-batch's reduce-scatter, per layer
             per_mb = cost.memory_time(nbytes, kernels=2 * layers)
         else:
-            per_step = cost.memory_time(nbytes, kernels=4)
+            ops = hook_ops(m, plan, stage, max(1, sync[0].step_buckets))  # the hook's own ops (top-k, PowerSGD)
+            per_step = cost.memory_time(nbytes, kernels=4) if ops is None else \
+                cost.memory_time(nbytes, kernels=0) + ops * cost.kernel_overhead
     return StageDescription(
         chunks=chunks, fwd=fwd, bwd=bwd, recompute=recompute,
         dp=sync[0],
