@@ -266,7 +266,6 @@ def test_powersgd_pays_its_hooks_ops_per_matrix_of_the_executors_model():
     each op at the profile's per-op cost."""
     pytest.importorskip("torch")
     from executor.model import build_model
-
     from simdist.analytic.compression import (
         POWERSGD_BUCKET_OPS,
         POWERSGD_PRODUCTS,
