@@ -50,7 +50,7 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     b = full.breakdown
     waits = sum(profile.sync_wait_fractions.get(k, 0.0) for k in wait_keys(scenario.plan))
     idle = b.get("bubble", 0.0) + waits * (b.get("compute", 0.0) + b.get("recompute", 0.0))
-    idle += latency_part(scenario, profile, full.step_time)
+    idle += latency_part(scenario, profile, full.step_time, b.get("bubble", 0.0))
     busy = max(0.0, full.step_time - idle)
     if full.step_time <= 0:
         return profile.slowed(share), share
@@ -65,11 +65,12 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     return profile.slowed(factor), factor
 
 
-def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float) -> float:
+def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float, bubble: float | None = None) -> float:
     """The part of the full-speed step that is the links' latency and the profile's fixed wait
     per collective call (the step less the same step on links without latency, without those
-    waits): on gloo a rank sleeps in the transport for them, its core free for another rank,
-    while the bandwidth part (copies, reductions) is CPU work."""
+    waits), outside the pipeline bubble (``bubble``: the full step's; the caller counts it
+    whole, and the latencies lengthen it too): on gloo a rank sleeps in the transport for them,
+    its core free for another rank, while the bandwidth part (copies, reductions) is CPU work."""
     from dataclasses import replace
 
     from simdist.analytic.collectives import Network
@@ -83,4 +84,8 @@ def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float) -
     cluster = scenario.cluster
     no_latency = reduce_step(describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, quick),
                                       Network.of(cluster, quick)))
-    return max(0.0, step_time - no_latency.step_time)
+    # outside the bubble, which the caller counts whole (a shorter stage also shortens the bubble)
+    if bubble is None:
+        bubble = reduce_step(describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, profile),
+                                      Network.of(cluster, profile))).breakdown.get("bubble", 0.0)
+    return max(0.0, (step_time - bubble) - (no_latency.step_time - no_latency.breakdown.get("bubble", 0.0)))
