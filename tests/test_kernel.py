@@ -87,3 +87,20 @@ def test_misuse_is_refused() -> None:
         _ = env.event().value
     with pytest.raises(RuntimeError):
         env.run(until=env.event())  # nothing left and the event never happened
+
+
+def test_simpy_package_completes_on_first_use_without_reading_metadata_before() -> None:
+    """The kernel imports SimPy's core and events without its package __init__ (which reads the
+    installed metadata); the package still gives every name, and its version, when asked."""
+    import subprocess
+    import sys
+
+    code = ("import sys; before = 'importlib.metadata' in sys.modules\n"
+            "import simdist.sim.kernel as k\n"
+            "print(before or 'importlib.metadata' not in sys.modules)\n"
+            "import simpy\n"
+            "from simpy import Store\n"
+            "print(simpy.Environment is simpy.core.Environment, bool(simpy.__version__), Store.__name__)\n"
+            "print(issubclass(k.Environment, simpy.Environment))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True", "True", "Store", "True"]
