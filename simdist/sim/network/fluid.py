@@ -207,7 +207,8 @@ class FluidNetwork:
             return  # an earlier wake-up is pending; it arms the next one
         armed.add(at)
         env = self.env
-        env.timeout(at - env.now if at > env.now else 0.0).callbacks.append(partial(self._wake, at))
+        now = env.now
+        kernel.Timeout(env, at - now if at > now else 0.0).callbacks.append(partial(self._wake, at))
 
     def _wake(self, at: float, _event: kernel.Event) -> None:
         """Finish every flow due by ``at`` (in finish-time, then queueing order)."""
