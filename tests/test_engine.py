@@ -214,21 +214,46 @@ def test_rejects_unknown_fidelity() -> None:
 # --- contention on links ----------------------------------------------------------------------
 
 
-def run_flows(starts: list[tuple[float, float, tuple]]) -> list[float]:
-    """Start flows (start time, solo seconds, loads); return their finish times."""
+def run_flows(starts: list[tuple[float, float, tuple]], routed: bool = False, tail: float = 0.0,
+              peak: list[float] | None = None) -> list[float]:
+    """Start flows (start time, solo seconds, loads); return their finish times (``routed``:
+    each from a route made beforehand, as pipeline sends start; ``peak`` gets the largest slow-down)."""
     env = kernel.Environment()
     fluid = FluidNetwork(env)
     ends: list[float] = [0.0] * len(starts)
 
     def go(i: int, at: float, work: float, loads: tuple):
+        route = fluid.route(work, loads, tail)
         yield env.timeout(at)
-        yield fluid.transfer(work, loads)
+        yield fluid.start(route) if routed else fluid.transfer(work, loads, tail)
         ends[i] = env.now
 
     for i, (at, work, loads) in enumerate(starts):
         env.process(go(i, at, work, loads))
     env.run()
+    if peak is not None:
+        peak.append(fluid.peak_overload)
     return ends
+
+
+def test_a_routed_flow_runs_as_a_transfer_to_the_last_bit() -> None:
+    """FluidNetwork.start's short way (all links idle) leaves the same state as transfer: the
+    same finish times, bit for bit, contention included (a flow meeting a routed one, one
+    starting the instant another ends, an overloaded link)."""
+    nic, other = ("nic0.0~leaf0", "up"), ("nic0.1~leaf0", "up")
+    cases = [
+        [(0.0, 0.3, ((nic, 1.0), (other, 1.0)))],
+        [(0.0, 0.3, ((nic, 1.0),)), (0.1, 0.7, ((nic, 1.0), (other, 0.5)))],
+        [(0.0, 0.25, ((nic, 1.0),)), (0.25, 0.5, ((nic, 1.0),)), (0.25, 0.5, ((other, 1.0),))],
+        [(0.0, 0.3, ((nic, 1.5), (other, 2.0)))],
+        [(0.0, 0.3, ((nic, 1.5), (other, 2.0))), (0.2, 0.1, ((other, 1.0),))],
+    ]
+    for starts in cases:
+        peaks: list[float] = []
+        plain = run_flows(starts, tail=1e-3, peak=peaks)
+        routed = run_flows(starts, routed=True, tail=1e-3, peak=peaks)
+        assert routed == plain, starts
+        assert peaks[0] == peaks[1], starts
 
 
 def test_fluid_sharing() -> None:

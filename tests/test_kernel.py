@@ -87,3 +87,54 @@ def test_misuse_is_refused() -> None:
         _ = env.event().value
     with pytest.raises(RuntimeError):
         env.run(until=env.event())  # nothing left and the event never happened
+
+
+def test_simpy_package_completes_on_first_use_without_reading_metadata_before() -> None:
+    """The kernel imports SimPy's core and events without its package __init__ (which reads the
+    installed metadata); the package still gives every name, and its version, when asked."""
+    import subprocess
+    import sys
+
+    code = ("import sys; before = 'importlib.metadata' in sys.modules\n"
+            "import simdist.sim.kernel as k\n"
+            "print(before or 'importlib.metadata' not in sys.modules)\n"
+            "import simpy\n"
+            "from simpy import Store\n"
+            "print(simpy.Environment is simpy.core.Environment, bool(simpy.__version__), Store.__name__)\n"
+            "print(issubclass(k.Environment, simpy.Environment))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True", "True", "Store", "True"]
+
+
+def test_resume_with_runs_the_waiters_right_after_the_running_event_in_its_step() -> None:
+    env = kernel.Environment()
+    seen: list[tuple[str, float, object]] = []
+    waited = env.event()
+    done = env.timeout(2.0)
+    running = done.callbacks  # taken before the step, as the step driver does
+    env.timeout(2.0).callbacks.append(lambda _e: seen.append(("later at 2", env.now, None)))
+
+    def receiver():
+        value = yield waited
+        seen.append(("receiver", env.now, waited.value))
+        assert value is None  # resumed by done's step: the value is read from the waited event
+
+    def sender():
+        yield done
+        seen.append(("sender", env.now, None))
+        kernel.resume_with(waited, "sent", running)
+
+    env.process(receiver())
+    env.process(sender())
+    steps = 0
+    while True:
+        try:
+            env.step()
+        except kernel.EmptySchedule:
+            break
+        steps += 1
+    # the receiver goes on in the sender's step, before the other event at the same instant
+    assert [s[0] for s in seen] == ["sender", "receiver", "later at 2"]
+    assert seen[1][1:] == (2.0, "sent")
+    assert waited.processed and waited.ok
+    assert steps == 6  # two process starts, two timeouts, two process ends: no step of its own for waited

@@ -12,33 +12,67 @@ answer is SimPy's. The additions:
 
 :meth:`Environment.event` makes such events, and the engine makes them through it or
 ``Event(env)``.
+
+SimPy's package ``__init__`` only gathers its submodules' names, and reads SimPy's version from
+the installed package metadata (``importlib.metadata``, with the ``email`` parser it pulls in:
+about 40 ms of CPU, a seventh of a ``simdist predict`` command). The engine needs only
+``simpy.core`` and ``simpy.events``, so :func:`_import_simpy` imports them with the package
+module made but its ``__init__`` deferred until something asks the package for a name it holds
+(``simpy.Store``, ``simpy.__version__``, ``from simpy import Resource``): then it runs, once,
+and the package is the same as if imported directly.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from typing import Any
 
-import simpy
-from simpy.core import EmptySchedule, StopSimulation
-from simpy.events import NORMAL, URGENT, AllOf, Process, Timeout
+
+def _import_simpy() -> None:
+    """Put SimPy's package in ``sys.modules`` with its ``__init__`` run on first use of one of
+    its names (see the module docstring); nothing to do where it is imported already or is not
+    a plain package."""
+    if "simpy" in sys.modules:
+        return
+    spec = importlib.util.find_spec("simpy")
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return  # (an import below then says what is missing)
+    package = importlib.util.module_from_spec(spec)
+
+    def complete(name: str) -> Any:
+        del package.__dict__["__getattr__"]  # once: the package's own code runs now
+        spec.loader.exec_module(package)  # type: ignore[union-attr]
+        return getattr(package, name)
+
+    package.__getattr__ = complete  # type: ignore[method-assign]
+    sys.modules["simpy"] = package
+
+
+_import_simpy()
+
+import simpy.core  # noqa: E402  (after _import_simpy)
+import simpy.events  # noqa: E402
+from simpy.core import EmptySchedule, StopSimulation  # noqa: E402
+from simpy.events import NORMAL, PENDING, URGENT, AllOf, Process, Timeout  # noqa: E402
 
 __all__ = ["NORMAL", "URGENT", "AllOf", "EmptySchedule", "Environment", "Event", "Process",
            "StopSimulation", "Timeout"]
 
 
-class Event(simpy.Event):
+class Event(simpy.events.Event):
     """A SimPy event that can also be triggered at a later instant."""
 
     def succeed_in(self, delay: float, value: Any = None) -> None:
         """Trigger the event ``delay`` seconds from now (what :meth:`succeed` does now)."""
-        if self._value is not simpy.events.PENDING:
+        if self._value is not PENDING:
             raise RuntimeError(f"{self!r} has already been triggered")
         self._ok = True
         self._value = value
         self.env.schedule(self, NORMAL, delay)
 
 
-class Environment(simpy.Environment):
+class Environment(simpy.core.Environment):
     """SimPy's environment, whose :meth:`event` is a :class:`Event`, with :meth:`steps`."""
 
     def event(self) -> Event:
@@ -49,3 +83,15 @@ class Environment(simpy.Environment):
         step = self.step
         for _ in range(n):
             step()
+
+
+def resume_with(waited: simpy.events.Event, value: Any, running: list) -> None:
+    """Trigger ``waited`` with ``value``, its callbacks (the processes waiting for it) to run
+    right after those in ``running``, the callback list of the event being processed now
+    (taken from it before its step: SimPy's step runs the list the event held, to its end,
+    so callbacks added to it run next), instead of in a step of their own later at the same
+    instant (one event fewer)."""
+    waited._ok = True
+    waited._value = value
+    running.extend(waited.callbacks)  # type: ignore[arg-type]
+    waited.callbacks = None  # processed: whoever reaches it from now on goes on at once

@@ -60,13 +60,15 @@ def gpipe(p: int, m: int) -> list[list[Action]]:
 def one_f_one_b(p: int, m: int) -> list[list[Action]]:
     """1F1B / PipeDream-flush (Narayanan et al. SC'21, sec 2.2)."""
     _check(p, m)
+    fwd = [Action("F", i) for i in range(m)]  # made once, shared by the stages
+    bwd = [Action("B", i) for i in range(m)]
     sched = []
     for s in range(p):
         warmup = min(p - s - 1, m)  # forwards in flight before the first backward reaches s
-        acts = [Action("F", i) for i in range(warmup)]  # warm-up
+        acts = fwd[:warmup]  # warm-up
         for i in range(m - warmup):  # steady state: one forward, then one backward
-            acts += [Action("F", warmup + i), Action("B", i)]
-        acts += [Action("B", i) for i in range(m - warmup, m)]  # cool-down: drain backwards
+            acts += (fwd[warmup + i], bwd[i])
+        acts += bwd[m - warmup:]  # cool-down: drain backwards
         sched.append(acts)
     return sched
 
@@ -93,13 +95,15 @@ def interleaved_1f1b(p: int, m: int, v: int) -> list[list[Action]]:
         chunk = r // p if forward else v - 1 - r // p
         return group * p + r % p, chunk
 
+    fwd = [Action("F", *unit(k, True)) for k in range(total)]  # the k-th forward of every stage
+    bwd = [Action("B", *unit(k, False)) for k in range(total)]  # (made once, shared by the stages)
     sched = []
     for s in range(p):
         warmup = min((p - s - 1) * 2 + (v - 1) * p, total)  # Megatron's warm-up count
-        acts = [Action("F", *unit(k, True)) for k in range(warmup)]  # warm-up
+        acts = fwd[:warmup]  # warm-up
         for i in range(total - warmup):  # steady state: forward k+warmup, then backward k
-            acts += [Action("F", *unit(warmup + i, True)), Action("B", *unit(i, False))]
-        acts += [Action("B", *unit(k, False)) for k in range(total - warmup, total)]  # cool-down
+            acts += (fwd[warmup + i], bwd[i])
+        acts += bwd[total - warmup:]  # cool-down
         sched.append(acts)
     return sched
 
@@ -188,6 +192,8 @@ def stage_dependencies(actions: list[Action], stage: int, p: int, v: int,
             j = -1  # its own backward
         if j < 0 or j % p == stage:
             out.append(none)
+        elif j // p == chunk:  # the same chunk on the next or previous stage: the action itself
+            out.append(((j % p, a),))
         else:
             out.append(((j % p, new(Action, (kind, mb, j // p))),))
     return tuple(out)

@@ -192,7 +192,16 @@ def _periodic_window(rec: list[tuple[float, ...]], first: int, end: int, span: i
         if lo < first:
             return None
         base = [b - a for a, b in zip(rec[stop - span], rec[stop], strict=True)]
-        if all(abs((b - a) - x) <= tol for j in range(lo, stop - span)
-               for a, b, x in zip(rec[j], rec[j + span], base, strict=True)):
+        if _repeats(rec, lo, stop - span, span, base, tol):
             return tuple(base)
     return None
+
+
+def _repeats(rec: list[tuple[float, ...]], lo: int, hi: int, span: int, base: list[float], tol: float) -> bool:
+    """Whether every record from ``lo`` to ``hi`` (excluded) is the one ``span`` before it plus
+    ``base``, each entry to ``tol`` (plain loops: every record of every slice is compared)."""
+    for j in range(lo, hi):
+        for a, b, x in zip(rec[j], rec[j + span], base, strict=True):
+            if abs((b - a) - x) > tol:
+                return False
+    return True

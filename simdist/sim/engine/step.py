@@ -28,11 +28,6 @@ CATEGORY = {"F": "forward", "B": "backward", "W": "backward"}
 TALLIED = ("compute", "recompute", "compression", "tp", "cp", "ep", "pp", "dp", "offload")  # summed per action
 
 
-def snapshot(now: float, t: Tally) -> tuple[float, ...]:
-    """The clock and the running sums of a slice's tally (what the periodic extension compares)."""
-    return (now, t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp, t.offload)
-
-
 class StepDriver:
     def __init__(self, run: Run, streams: Streams, servers: Servers):
         self.run, self.streams, self.servers = run, streams, servers
@@ -41,6 +36,7 @@ class StepDriver:
         self.sync_on_tp = sync_wait_part(run.plan) == "tp_comm"
         self.arrivals: dict[tuple[int, int, int, Action], kernel.Event] = {}  # waited for
         self.arrived: dict[tuple[int, int, int, Action], float] = {}  # sent before anyone waited
+        self.sending: dict[tuple[int, int, int, Action], kernel.Event] = {}  # blocking sends under way
 
     def process(self, sl: Slice, work: StageWork) -> Proc:
         """The slice's process: one step, or (asynchronous parameter servers) cycles of them."""
@@ -56,7 +52,6 @@ class StepDriver:
             yield from self._step(sl, work)
             sl.history.append(sl.tally)
 
-
     def _step(self, sl: Slice, work: StageWork) -> Proc:
         env, m, t, record = self.env, self.run.microbatches, sl.tally, sl.record
         # the hot loop (every action of the step): the common cases inline, with their state in locals
@@ -64,13 +59,13 @@ class StepDriver:
         cycle, replica, stage, factor = sl.cycle, sl.replica, sl.stage, sl.factor
         fwd, bwd = (stage + 1) % self.plan.pp, (stage - 1) % self.plan.pp
         blocking = not self.plan.dualpipe  # a blocking send to the next or previous stage
-        sync_on_tp, arrivals = self.sync_on_tp, self.arrivals
+        sync_on_tp, arrivals, sending = self.sync_on_tp, self.arrivals, self.sending
         # (chunk, kind, last micro-batch?) -> the chunk, the task, the plain task's length, the send
         looked_up: dict[tuple[int, str, bool], tuple[ChunkWork, Task, float | None, CommSpec | None]] = {}
         for action, deps in zip(work.actions, work.deps, strict=True):
-            if record is not None:
+            if record is not None:  # the clock and the tally's running sums (what periodic.extend compares)
                 record.append((env.now, t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp,
-                               t.offload))  # snapshot(env.now, t)
+                               t.offload))
             for i, (dep_stage, dep) in enumerate(deps):  # the inputs: _wait's steps, inline
                 key = (cycle, replica, dep_stage, dep)
                 if arrived.pop(key, None) is not None:
@@ -78,6 +73,12 @@ class StepDriver:
                 if keep:
                     yield from self._wait(sl, deps[i:])
                     break
+                ev = sending.pop(key, None)
+                if ev is not None:  # its send under way (the whole wait exposed): resume with the sender
+                    t0 = env.now
+                    yield ev
+                    t.pp += env.now - t0
+                    continue
                 ev = arrivals.get(key)
                 if ev is None:
                     ev = arrivals[key] = kernel.Event(env)
@@ -114,21 +115,24 @@ class StepDriver:
             if chunk.send_async:
                 self._send_async(sl, action, spec)
             elif blocking:  # _send's steps, inline
-                start = env.now
-                yield p2p(spec.nbytes, stage, fwd if kind == "F" else bwd, replica, spec.extra_s)
+                start, key = env.now, (cycle, replica, stage, action)
+                done = sending[key] = p2p(spec.nbytes, stage, fwd if kind == "F" else bwd, replica, spec.extra_s)
+                running = done.callbacks  # the list its step will run (this process's resumption first)
+                yield done
                 t.pp += env.now - start
                 if keep:
                     self.run.span(sl, "pp", spec.name, start, env.now, "pp_comm")
-                key = (cycle, replica, stage, action)  # self._arrive(*key, start), inline
-                ev = arrivals.get(key)
+                if sending.pop(key, None) is None:
+                    continue  # the receiver waited for the send itself, and resumes after this
+                ev = arrivals.pop(key, None)  # self._arrive(*key, start), inline
                 if ev is None:
                     arrived[key] = start
-                else:
-                    ev.succeed(start)
+                else:  # waiting since before the send: it resumes right after this, as above
+                    kernel.resume_with(ev, start, running)
             else:
                 yield from self._send(sl, action, spec)
         if record is not None:
-            record.append(snapshot(env.now, t))
+            record.append((env.now, t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp, t.offload))
         t.flush_end = env.now
         if work.flush_compression:
             start = env.now

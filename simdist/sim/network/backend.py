@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from simdist.analytic.collectives import Network
 from simdist.sim import kernel
-from simdist.sim.network.fluid import FluidNetwork
+from simdist.sim.network.fluid import FluidNetwork, Route
 from simdist.sim.network.links import HOST_DIRECTION, LinkModel, host_link, node_resource
 from simdist.spec.scenario import Scenario
 
@@ -65,7 +65,7 @@ class FluidBackend:
         self.sc = sc
         self.links = LinkModel(sc, net, replicas_alike)
         self.fluid = FluidNetwork(env, track=plan.uses_parameter_servers or plan.offload.any)
-        self._sends: dict[tuple, tuple] = {}  # a pipeline send's arguments -> its transfer's
+        self._sends: dict[tuple, Route] = {}  # a pipeline send's arguments -> its transfer
 
     def collective(self, kind: str, nbytes: float, axis: str, stage: int, replicas: tuple[int, ...],
                    extra_s: float = 0.0) -> kernel.Event:
@@ -74,11 +74,11 @@ class FluidBackend:
 
     def p2p(self, nbytes: float, src_stage: int, dst_stage: int, replica: int, extra_s: float = 0.0) -> kernel.Event:
         key = (nbytes, src_stage, dst_stage, replica, extra_s)
-        args = self._sends.get(key)
-        if args is None:
+        route = self._sends.get(key)
+        if route is None:
             t = self.links.p2p(nbytes, src_stage, dst_stage, replica)
-            args = self._sends[key] = (t.work, t.loads, t.latency + extra_s)
-        return self.fluid.transfer(*args)
+            route = self._sends[key] = self.fluid.route(t.work, t.loads, t.latency + extra_s)
+        return self.fluid.start(route)
 
     def host(self, resource: str, seconds: float, stage: int, replica: int) -> kernel.Event:
         t = self.links.host(resource, seconds, stage, replica)
