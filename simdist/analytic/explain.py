@@ -98,9 +98,12 @@ def moe_lines(d: StepDescription) -> list[str]:
         return []
     parts = []
     if host.syncs_per_forward(m, plan):
+        gap = host.drain_gap(moe.dispatch_overlapped(plan), d.cost.profile)
+        idle = (f"the GPU idle {gap * 1e6:.0f} us more while the host prepares the next launch (measured), "
+                if gap else "the paired micro-batch's queued kernels keep the GPU busy meanwhile, ")
         parts.append(f"dropless routing: the host reads the tokens per expert once per MoE forward, draining the "
-                     f"GPU queue ({host.SYNC_ROUND_TRIP_S * 1e6:.0f} us round trip, then {host.HOST_ISSUE_S * 1e6:.0f} "
-                     f"us of host time per kernel until the host is ahead again)")
+                     f"GPU queue ({host.SYNC_ROUND_TRIP_S * 1e6:.0f} us round trip, {idle}then "
+                     f"{host.HOST_ISSUE_S * 1e6:.0f} us of host time per kernel until the host is ahead again)")
     else:
         parts.append("expert inputs padded to capacity: no host read of the tokens per expert")
     if moe.dispatch_overlapped(plan):

@@ -152,7 +152,8 @@ class OpTimer:
         comms: list[float] = []
         for i, op in enumerate(ops):
             if isinstance(op, Compute) and op.kind == "sync":
-                compute += self.cost.time(op) + host.refill_idle(self._kernels(ops[i + 1:]))
+                compute += (self.cost.time(op) + host.refill_idle(self._kernels(ops[i + 1:]))
+                            + host.drain_gap(dispatch_overlapped(plan), self.cost.profile))
                 continue
             if isinstance(op, Compute):
                 t = self.cost.time(op) + self.op_extra
