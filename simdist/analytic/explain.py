@@ -109,8 +109,10 @@ def moe_lines(d: StepDescription) -> list[str]:
     if moe.dispatch_overlapped(plan):
         parts.append("each layer's forward paired with another micro-batch's backward node by node (combined 1F1B): "
                      "an all-to-all hides only behind the compute node paired with it")
-        parts.append(f"compute beside the overlapped dispatch runs without the {moe.dispatcher_sms(plan, d.scenario.cluster)} "
-                     f"SMs of the dispatcher's kernels")
+        stretch = moe.overlap_stretch(plan, d.scenario.cluster, d.cost.profile)
+        parts.append(f"compute beside the overlapped dispatch loses {stretch:.2f} s per second hidden (the "
+                     f"{moe.dispatcher_sms(plan, d.scenario.cluster)} SMs of the dispatcher's kernels and their "
+                     f"HBM traffic, measured end to end)")
     if m.moe_router_group_topk < m.moe_router_groups:
         parts.append(f"group-limited routing: experts from {m.moe_router_group_topk} of {m.moe_router_groups} groups")
     return ["mixture of experts: " + "; ".join(parts)]
