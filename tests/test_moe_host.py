@@ -169,3 +169,7 @@ def test_qwen3_30b_bf16_hybridep_overlapped_step_within_ten_percent_of_the_bridg
     c = moe.dispatcher_sms(sc.plan, sc.cluster)
     gloo = CalibrationProfile(device="cpu (2 cores)", backend="gloo")
     assert moe.overlap_stretch(sc.plan, sc.cluster, gloo) == pytest.approx(c / (sc.cluster.gpu.sms - c))
+    # DeepSeek's DualPipe without Megatron's combined 1F1B keeps the SM share (DeepEP's 20 SMs)
+    dual = replace(sc.plan, ep_comm_overlap=False, schedule="dualpipev")
+    assert moe.dispatch_overlapped(dual)
+    assert moe.overlap_stretch(dual, sc.cluster) == pytest.approx(c / (sc.cluster.gpu.sms - c))

@@ -155,11 +155,13 @@ def overlap_stretch(plan: ParallelPlan, cluster: ClusterSpec, profile: Calibrati
     132: 0.18). The same figure carries over to the other published overlapped steps: Megatron-
     MoE-ModelZoo's Qwen3-235B with DeepEP on 256 H100 (17.6 s, predicted -4%; -17% with the SM
     share alone) and Megatron-Bridge's Qwen3-30B SFT with the NCCL alltoall dispatcher (31.31 s,
-    same skill page; predicted -6%, was -19%). On CPUs under a gloo profile only the SM share
-    applies (no HBM is shared)."""
+    same skill page; predicted -6%, was -19%). It is Megatron-Core's combined 1F1B
+    (``ep_comm_overlap``) that was measured; a DualPipe schedule alone keeps the SM share, as
+    DeepSeek-V3 reports its all-to-all fully hidden with DeepEP's 20 SMs (sec 3.2.1-3.2.2). On
+    CPUs under a gloo profile only the SM share applies (no HBM is shared)."""
     c = dispatcher_sms(plan, cluster)
     share = c / max(1, cluster.gpu.sms - c)
-    if profile is not None and profile.backend == "gloo":
+    if (profile is not None and profile.backend == "gloo") or not plan.ep_comm_overlap:
         return share
     return max(share, OVERLAP_STRETCH)
 
