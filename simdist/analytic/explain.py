@@ -98,16 +98,21 @@ def moe_lines(d: StepDescription) -> list[str]:
         return []
     parts = []
     if host.syncs_per_forward(m, plan):
+        gap = host.drain_gap(moe.dispatch_overlapped(plan), d.cost.profile)
+        idle = (f"the GPU idle {gap * 1e6:.0f} us more while the host prepares the next launch (measured), "
+                if gap else "the paired micro-batch's queued kernels keep the GPU busy meanwhile, ")
         parts.append(f"dropless routing: the host reads the tokens per expert once per MoE forward, draining the "
-                     f"GPU queue ({host.SYNC_ROUND_TRIP_S * 1e6:.0f} us round trip, then {host.HOST_ISSUE_S * 1e6:.0f} "
-                     f"us of host time per kernel until the host is ahead again)")
+                     f"GPU queue ({host.SYNC_ROUND_TRIP_S * 1e6:.0f} us round trip, {idle}then "
+                     f"{host.HOST_ISSUE_S * 1e6:.0f} us of host time per kernel until the host is ahead again)")
     else:
         parts.append("expert inputs padded to capacity: no host read of the tokens per expert")
     if moe.dispatch_overlapped(plan):
         parts.append("each layer's forward paired with another micro-batch's backward node by node (combined 1F1B): "
                      "an all-to-all hides only behind the compute node paired with it")
-        parts.append(f"compute beside the overlapped dispatch runs without the {moe.dispatcher_sms(plan, d.scenario.cluster)} "
-                     f"SMs of the dispatcher's kernels")
+        stretch = moe.overlap_stretch(plan, d.scenario.cluster, d.cost.profile)
+        parts.append(f"compute beside the overlapped dispatch loses {stretch:.2f} s per second hidden (the "
+                     f"{moe.dispatcher_sms(plan, d.scenario.cluster)} SMs of the dispatcher's kernels and their "
+                     f"HBM traffic, measured end to end)")
     if m.moe_router_group_topk < m.moe_router_groups:
         parts.append(f"group-limited routing: experts from {m.moe_router_group_topk} of {m.moe_router_groups} groups")
     return ["mixture of experts: " + "; ".join(parts)]

@@ -29,6 +29,22 @@ The two host costs are typical figures of the mechanism, not fitted to any run:
 - :data:`HOST_ISSUE_S`: host time to issue one kernel from PyTorch eager code: Python, the
   pybind11 boundary, autograd, the ATen dispatcher and cudaLaunchKernel, about 5-25 us of CPU
   work per op; the geometric middle, 11 us.
+
+The third is measured, and it is most of the stall: :data:`DISPATCHER_GAP_S`, the host's work
+between the read and its next kernel launch (the split sizes turned into lists, buffers sized to
+the received tokens, the dispatch kernel's and the grouped GEMMs' launch set-up), while the GPU,
+drained, idles. Megatron-Bridge profiled Qwen3-30B-A3B pre-training on 16 H100 with Nsight
+Systems (skills/nemo-mbridge-perf-expert-parallel-overlap/SKILL.md, "HybridEP
+Production-Shape Benchmark", 2026-07-25: BF16, TP1 PP1 EP16, micro-batch 1, global batch 1024,
+sequence 4096, the flex dispatcher with HybridEP, force-balanced routing, the router and the
+dispatcher's preprocessing in CUDA graphs): a 24.714 s step held 22.821 s of GPU activity (the
+union of its kernels' intervals), so the GPU idled 1.893 s over 64 micro-batches x 48 MoE
+layers, 616 us per MoE forward: the round trip, the refill (a few us there) and this gap. That
+idle is an upper bound of the gap (the step's other host work, the optimizer's launches and
+the loss read, is in it too, a small share at 3,072 MoE forwards per step). With the
+all-to-all overlapped (``ep_comm_overlap``: combined 1F1B) the same run kept the GPU busy
+through it (21.221 s active in a 21.07 s step): the paired micro-batch's kernels are already
+queued when the host stalls, so the gap costs nothing there (:func:`drain_gap`).
 """
 
 from __future__ import annotations
@@ -37,9 +53,13 @@ from collections.abc import Iterable
 
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
+from simdist.spec.profile import CalibrationProfile
 
 SYNC_ROUND_TRIP_S = 10e-6
 HOST_ISSUE_S = 11e-6
+# the Nsight measurement quoted in the module docstring: step, GPU-active time, MoE forwards per step
+GAP_STEP_S, GAP_ACTIVE_S, GAP_SYNCS = 24.7138, 22.821, 64 * 48
+DISPATCHER_GAP_S = (GAP_STEP_S - GAP_ACTIVE_S) / GAP_SYNCS - SYNC_ROUND_TRIP_S  # 606 us
 
 
 def syncs_per_forward(m: ModelSpec, plan: ParallelPlan) -> int:
@@ -62,3 +82,13 @@ def refill_idle(kernels: Iterable[float], issue_s: float = HOST_ISSUE_S) -> floa
             gpu = host
         gpu += g
     return idle
+
+
+def drain_gap(overlapped: bool, profile: CalibrationProfile | None = None) -> float:
+    """GPU idle time at a read beyond its round trip and refill (:data:`DISPATCHER_GAP_S`):
+    none when another micro-batch's kernels are queued beside it (``overlapped``: the dispatch
+    paired with another micro-batch's pass) or on CPUs under a gloo profile (the host runs the
+    ops itself: there is no queue to drain)."""
+    if overlapped or (profile is not None and profile.backend == "gloo"):
+        return 0.0
+    return DISPATCHER_GAP_S

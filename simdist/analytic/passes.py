@@ -21,7 +21,7 @@ from simdist.analytic.collectives import (
     layout_for_axis,
 )
 from simdist.analytic.cost import CostModel
-from simdist.analytic.moe import dispatch_overlapped, dispatcher_sms, paired_hidden, wire_factor
+from simdist.analytic.moe import dispatch_overlapped, overlap_stretch, paired_hidden, wire_factor
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.profile import profile_layers, wait_keys
@@ -35,8 +35,8 @@ class PassTime:
     ``ep`` is the expert all-to-all time alone (dispatch and combine, simdist.analytic.moe) and
     ``ep_hide`` the compute that may hide it (with ``ep_comm_overlap`` or a DualPipe schedule:
     another micro-batch's pass runs beside it); only what it cannot hide is exposed, counted over
-    the layers added together. The hidden part costs SMs: the compute beside the dispatcher's
-    kernels runs on the SMs they leave free (simdist.analytic.moe.dispatcher_sms), slower."""
+    the layers added together. The hidden part costs compute time: the compute beside the
+    dispatcher's kernels runs slower (simdist.analytic.moe.overlap_stretch)."""
 
     compute: float = 0.0
     tp_exposed: float = 0.0
@@ -128,15 +128,15 @@ class OpTimer:
         DualPipe), each micro-batch's forward runs paired with another's backward, node by node
         (simdist.analytic.moe.paired_hidden): an all-to-all hides only behind the compute node it
         is paired with, and what it cannot hide is exposed. The compute beside the hidden part
-        runs on the SMs the dispatcher's kernels leave free, sms / (sms - c) times as long."""
+        loses simdist.analytic.moe.overlap_stretch seconds per second hidden (the dispatcher's
+        SMs and HBM traffic, measured end to end)."""
         fwd, bwd = self.passes(fwd_ops), self.passes(bwd_ops)
         parts_f, parts_b = self._ep_parts.get(fwd_ops), self._ep_parts.get(bwd_ops)
         if (not dispatch_overlapped(self.sc.plan) or parts_f is None or parts_b is None
                 or len(parts_f[1]) != 2 or len(parts_b[1]) != 2):
             return fwd, bwd
         hidden = paired_hidden(parts_f[0], parts_f[1], parts_b[0], parts_b[1])  # type: ignore[arg-type]
-        c = dispatcher_sms(self.sc.plan, self.sc.cluster)
-        slow = c / max(1, self.sc.cluster.gpu.sms - c)
+        slow = overlap_stretch(self.sc.plan, self.sc.cluster, self.cost.profile)
         out = []
         for p, (segs, _) in ((fwd, parts_f), (bwd, parts_b)):
             h = hidden * p.ep / (fwd.ep + bwd.ep) if fwd.ep + bwd.ep > 0 else 0.0
@@ -153,7 +153,8 @@ class OpTimer:
         comms: list[float] = []
         for i, op in enumerate(ops):
             if isinstance(op, Compute) and op.kind == "sync":
-                compute += self.cost.time(op) + host.refill_idle(self._kernels(ops[i + 1:]))
+                compute += (self.cost.time(op) + host.refill_idle(self._kernels(ops[i + 1:]))
+                            + host.drain_gap(dispatch_overlapped(plan), self.cost.profile))
                 continue
             if isinstance(op, Compute):
                 t = self.cost.time(op) + self.op_extra
@@ -194,11 +195,9 @@ class OpTimer:
         # pass); a layer's forward and backward paired node by node: pair()
         hide_ep = compute + tp + cp if dispatch_overlapped(plan) and ep > 0.0 else 0.0
         if hide_ep > 0.0 and ep > 0.0:
-            # the compute beside the dispatch and combine runs on the SMs their kernels leave
-            # free, so it takes sms / (sms - c) times as long while they run
-            c = dispatcher_sms(plan, self.sc.cluster)
-            sms = self.sc.cluster.gpu.sms
-            slow = min(ep, hide_ep) * c / max(1, sms - c)
+            # the compute beside the dispatch and combine runs on the SMs and the HBM their
+            # kernels leave it: it loses overlap_stretch seconds per second hidden
+            slow = min(ep, hide_ep) * overlap_stretch(plan, self.sc.cluster, self.cost.profile)
             compute += slow
             hide_ep += slow
         calls = sum(2 if op.collective == "sendrecv" else 1 for op in ops if isinstance(op, Comm))
