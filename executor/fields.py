@@ -61,6 +61,8 @@ EXECUTOR_READS: dict[str, str] = {
     "plan.fused_elementwise": "runs as false with RMSNorm, RoPE or SwiGLU: eager PyTorch, no torch.compile "
                               "(executor.checks.as_run)",
     "plan.pipeline_layout": "refused when set (the executor splits the layers evenly)",
+    "plan.recompute_early_stop": "torch.utils.checkpoint's early stop on or off under full recompute "
+                                 "(set_checkpoint_early_stop; executor.model.Block)",
 }
 SIMULATOR_ONLY: dict[str, str] = {
     "plan.fp8_recipe": "only with precision fp8, which the executor refuses",

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from executor.moe import build_ffn
 from simdist.spec.model import ModelSpec
@@ -147,13 +147,16 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer layer. ``recompute="full"`` checkpoints the whole layer."""
+    """Pre-norm transformer layer. ``recompute="full"`` checkpoints the whole layer; with
+    ``early_stop`` (plan.recompute_early_stop) PyTorch's non-reentrant checkpoint stops the
+    recompute once backward's saved tensors are back, else it re-runs the whole layer."""
 
-    def __init__(self, m: ModelSpec, recompute: str = "none", index: int = 0):
+    def __init__(self, m: ModelSpec, recompute: str = "none", index: int = 0, early_stop: bool = True):
         super().__init__()
         if recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
         self.recompute_full = recompute == "full"
+        self.early_stop = early_stop
         self.attn_norm = build_norm(m)
         self.attn = Attention(m, recompute_core=recompute == "selective")
         self.mlp_norm = build_norm(m)
@@ -165,7 +168,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recompute_full:
-            return checkpoint(self._layer, keep_for_backward(x), use_reentrant=False)
+            with set_checkpoint_early_stop(self.early_stop):
+                return checkpoint(self._layer, keep_for_backward(x), use_reentrant=False)
         return self._layer(x)
 
 
@@ -194,12 +198,12 @@ class Transformer(nn.Module):
     """
 
     def __init__(self, m: ModelSpec, recompute: str = "none", layer_ids: Iterable[int] | None = None,
-                 embed: bool = True, head: bool = True):
+                 embed: bool = True, head: bool = True, early_stop: bool = True):
         super().__init__()
         self.spec = m
         ids = range(m.num_layers) if layer_ids is None else layer_ids
         self.embed = Embedding(m) if embed else None
-        self.layers = nn.ModuleDict({str(i): Block(m, recompute, i) for i in ids})
+        self.layers = nn.ModuleDict({str(i): Block(m, recompute, i, early_stop) for i in ids})
         self.final_norm = build_norm(m) if head else None
         self.lm_head = nn.Linear(m.hidden_size, m.vocab_size, bias=False) if head else None
 
@@ -240,9 +244,9 @@ def init_weights(model: Transformer, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
 
 
-def build_model(m: ModelSpec, seed: int, recompute: str = "none") -> Transformer:
+def build_model(m: ModelSpec, seed: int, recompute: str = "none", early_stop: bool = True) -> Transformer:
     """The full model, initialised from ``seed`` on the CPU (every rank builds the same one)."""
-    model = Transformer(m, recompute=recompute)
+    model = Transformer(m, recompute=recompute, early_stop=early_stop)
     model.tie_weights()
     init_weights(model, seed)
     return model

@@ -47,6 +47,7 @@ from executor.checks import split_backward_pipeline
 from executor.knobs import apply_grad_reduce_overlap, apply_param_gather_overlap, shard_submodules
 from executor.model import Transformer, build_model, lm_loss, stage_module
 from executor.optim import NormSync, sharded_groups
+from simdist.spec.frameworks import recompute_early_stop
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan, RankCoord, rank_coord
 from simdist.spec.stages import stage_layer_ranges
@@ -312,7 +313,7 @@ def build_parallel_model(m: ModelSpec, plan: ParallelPlan, rank: int, mesh: Devi
                          device: torch.device, seed: int) -> ParallelModel:
     """This rank's part of the model, parallelised per ``plan`` on ``mesh``."""
     coord = rank_coord(rank, plan)
-    full = build_model(m, seed, recompute=plan.recompute)
+    full = build_model(m, seed, recompute=plan.recompute, early_stop=recompute_early_stop(plan))
     n_virtual = plan.pp * plan.virtual_pipeline_stages
     parts: list[tuple[int, Transformer]] = []
     for k, layer_ids in chunk_layers(m, plan, coord.pp):

@@ -312,9 +312,10 @@ def build_worker(m: Any, plan: ParallelPlan, index: int, layout: Layout, device:
     """Worker ``index``'s whole model, with a PSClient as its optimizer (a ParallelModel)."""
     from executor.model import build_model
     from executor.parallelize import ParallelModel
+    from simdist.spec.frameworks import recompute_early_stop
     from simdist.spec.plan import rank_coord
 
-    model = build_model(m, seed, recompute=plan.recompute).to(device)
+    model = build_model(m, seed, recompute=plan.recompute, early_stop=recompute_early_stop(plan)).to(device)
     client = PSClient(list(model.parameters()), layout, plan.async_parameter_servers)
     return ParallelModel(coord=rank_coord(index, plan), chunks=[model], optimizer=client,  # type: ignore[arg-type]
                          schedule=None, data_parallel="parameter-server", holds_input=True, holds_loss=True)

@@ -6,7 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from simdist.validate.crossval import MemoryModel, cross_validate, crossval_table
+from simdist.validate.crossval import (
+    MemoryModel,
+    cross_validate,
+    crossval_rows_table,
+    crossval_table,
+)
 from simdist.validate.fit import case_time, fit, fit_constants, objective, with_efficiency
 from simdist.validate.training import build_cases
 
@@ -76,6 +81,11 @@ def test_cross_validation_scores_each_group_with_a_fit_that_never_saw_it(cases):
     assert set(cv.held_out_fits) == {a[0].group, b[0].group}
     text = crossval_table(cv)
     assert "cross-val" in text and "overall" in text and "without " + a[0].group in text
+    # per row: every row once, its cross-validated error as the fit without its group gives it
+    lines = crossval_rows_table(cv, a + b).splitlines()
+    assert len(lines) == 2 + len(a) + len(b)
+    row = next(line for line in lines if line.startswith(a[0].run_id + " "))
+    assert row.rstrip().endswith(f"{cv.errors[a[0].run_id][2]:+.1%}") and cv.errors[a[0].run_id][2] < -0.10
 
 
 def test_memory_columns_use_the_registered_memory_model(cases):

@@ -12,7 +12,7 @@ from simdist.analytic.ops import Comm, embedding_ops, head_ops, layer_ops
 from simdist.analytic.overlap import OVERLAP_COMPUTE_SLOWDOWN, bucket_rule_text
 from simdist.analytic.stage import StepDescription
 from simdist.spec.cluster import GpuSpec
-from simdist.spec.frameworks import attention_kernel, framework_of
+from simdist.spec.frameworks import attention_kernel, framework_of, recompute_early_stop
 from simdist.spec.plan import ParallelPlan
 from simdist.units import GiB
 
@@ -42,6 +42,10 @@ def framework_lines(d: StepDescription) -> list[str]:
                   "op-level": "every second matmul and the elementwise ops (per-op selective AC)"}
         out.append(f"framework {fw.name}: {fw.description}; its defaults fill the plan fields the scenario leaves "
                    f"unset; recompute: selective recomputes {policy[fw.selective_recompute]}")
+    if plan.recompute == "full" and recompute_early_stop(plan):
+        origin = "as set" if plan.recompute_early_stop is not None else "the framework's default"
+        out.append(f"recompute full stops early ({origin}): PyTorch's non-reentrant checkpoint re-runs each layer "
+                   "only up to the last tensor backward saved, so a 16-bit down-projection is not run again")
     if plan.flash_attention:
         out.append(attention_kernel_line(plan, d.scenario.cluster.gpu))
     if not eager.fused(plan):

@@ -23,7 +23,7 @@ from functools import cache
 from typing import Literal
 
 from simdist.analytic import eager, fp8
-from simdist.spec.frameworks import attention_kernel, framework_of
+from simdist.spec.frameworks import attention_kernel, framework_of, recompute_early_stop
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
@@ -252,7 +252,9 @@ def head_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
 def recompute_ops(m: ModelSpec, plan: ParallelPlan) -> tuple[Op, ...]:
     """The forward ops of one layer that backward runs again, by the framework's policy:
 
-    - ``full``: the whole layer;
+    - ``full``: the whole layer, or under PyTorch's non-reentrant checkpoint (``plan.
+      recompute_early_stop``, the ``pytorch`` and ``torchtitan`` frameworks') the layer up to the
+      last tensor backward saved (:func:`_early_stopped`);
     - ``selective``, Megatron's (Korthikanti et al. 2022 sec 5): the attention core of explicit
       attention (FlashAttention recomputes it inside its backward kernel already);
     - ``selective``, torchtitan's per-op policy (parallelize_llama.py @ba24697, the llama3
@@ -264,7 +266,8 @@ def recompute_ops(m: ModelSpec, plan: ParallelPlan) -> tuple[Op, ...]:
       down-projection is recomputed. Elementwise ops and the sequence-parallel all-gathers run
       again."""
     if plan.recompute == "full":
-        return layer_ops(m, plan, "fwd")
+        fwd = layer_ops(m, plan, "fwd")
+        return _early_stopped(m, fwd) if recompute_early_stop(plan) else fwd
     if plan.recompute != "selective":
         return ()
     fwd = layer_ops(m, plan, "fwd")
@@ -284,6 +287,29 @@ def recompute_ops(m: ModelSpec, plan: ParallelPlan) -> tuple[Op, ...]:
         elif op.kind == "gemm":
             out += _unsaved_matmuls(m, plan, op)
     return tuple(out)
+
+
+def _early_stopped(m: ModelSpec, fwd: tuple[Op, ...]) -> tuple[Op, ...]:
+    """A layer's forward as PyTorch's non-reentrant checkpoint re-runs it: it "stops recomputation
+    as soon as all needed intermediate activations have been recomputed" (torch.utils.checkpoint
+    docs, early stop on by default since PyTorch 2.1), i.e. when the last tensor the original
+    forward saved for backward is packed again. An aten op packs the inputs it saves before it
+    computes (autograd's generated VariableType kernels record them, then dispatch the op), so the
+    recompute ends as the down-projection's 16-bit GEMM is called: its input is the last saved
+    tensor, and what follows it (the row-parallel collective, the residual add) saves nothing.
+    An FP8 linear (torchao's Float8Linear, Transformer Engine) is a custom autograd Function whose
+    saved tensors are packed once its forward returns: its GEMM and casts run again and the
+    recompute ends after them. Dropout after the down-projection saves its mask, so with dropout
+    the whole layer runs again; so it does when a GEMM follows (a router)."""
+    last = max((i for i, op in enumerate(fwd) if op.name == "fc2"), default=None)
+    if last is None:
+        return fwd
+    for op in fwd[last + 1:]:
+        if isinstance(op, Compute) and (op.kind != "memory" or not op.name.startswith("bias dropout add")
+                                        or m.dropout):
+            return fwd
+    fc2 = fwd[last]
+    return fwd[:last + 1] if isinstance(fc2, Compute) and fc2.fp8 else fwd[:last]
 
 
 def _unsaved_matmuls(m: ModelSpec, plan: ParallelPlan, op: Compute) -> list[Compute]:

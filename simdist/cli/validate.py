@@ -12,7 +12,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, help="folder with training_runs.csv and breadth.csv (default: "
                    "$SIMDIST_VALIDATION_DIR if set, else the copy shipped with simdist)")
     p.add_argument("--engine", default="analytic", choices=("des", "analytic"))
-    p.add_argument("--rows", action="store_true", help="print every row (and every skipped row), not only the summary")
+    p.add_argument("--rows", action="store_true", help="print every row (and every skipped row), not only the summary; "
+                   "with --cv, every row's catalog, in-sample and cross-validated error")
     p.add_argument("--cv", action="store_true",
                    help="cross-validate: refit the fitted constants without each source group and predict it "
                    "(in-sample and cross-validated error side by side; closed form)")
@@ -26,11 +27,15 @@ def main(args: argparse.Namespace) -> int:
 
     data = data_dir(args.data)
     if args.cv:
-        from simdist.validate.crossval import cross_validate, crossval_table
+        from simdist.validate.crossval import cross_validate, crossval_rows_table, crossval_table
         from simdist.validate.training import build_cases
 
         cases, _ = build_cases(data)
-        print(crossval_table(cross_validate(cases)))
+        cv = cross_validate(cases)
+        if args.rows:
+            print(crossval_rows_table(cv, cases))
+            print()
+        print(crossval_table(cv))
         return 0
     results, skipped = run_training(data, args.engine)
     if args.rows:

@@ -40,6 +40,14 @@ this module only says which rule a plan gets, so the executor and the simulator 
   which its Llama calls after repeating K/V to every query head (simdist.analytic.context).
 - ``deepspeed``: DeepSpeed ZeRO defaults: ``reduce_bucket_size`` 5e8 elements, each submodule's
   parameters fetched on their own under ZeRO-3, ``overlap_comm`` on for ZeRO-3 only.
+
+Full recompute (``plan.recompute_early_stop`` when unset): ``pytorch`` and ``torchtitan`` checkpoint
+each block with PyTorch's non-reentrant ``torch.utils.checkpoint`` (FSDP's ``checkpoint_wrapper``
+defaults to ``CheckpointImpl.NO_REENTRANT``; torchtitan's full AC wraps each block with it), which
+"stops recomputation as soon as all needed intermediate activations have been recomputed", on by
+default (torch.utils.checkpoint docs, ``set_checkpoint_early_stop``; PyTorch 2.1+). Megatron-LM,
+NeMo and DeepSpeed run their own checkpoint function, which re-runs the whole layer (Megatron's
+``CheckpointFunction``, DeepSpeed's ``activation_checkpointing.checkpoint``): no early stop.
 """
 
 from __future__ import annotations
@@ -72,6 +80,9 @@ class Framework:
     # the loss kernel(s) over the logits (simdist.analytic.ops.CROSS_ENTROPY_BYTES): "fused",
     # "megatron" (Megatron-Core's unfused vocabulary-parallel one) or "torch" (F.cross_entropy on fp32)
     cross_entropy: str = "fused"
+    # plan.recompute_early_stop when unset: full recompute through PyTorch's non-reentrant checkpoint,
+    # which stops once backward's saved tensors are back (simdist.analytic.ops.recompute_ops)
+    recompute_early_stop: bool = False
     description: str = ""
 
 
@@ -82,10 +93,10 @@ FRAMEWORKS: dict[str, Framework] = {
     "nemo": Framework("nemo", "megatron", "attention-core", "te-default", attention_kernel="cudnn", overlap_p2p=True,
                       description="NeMo 2 / Megatron-Bridge performance recipes"),
     "pytorch": Framework("pytorch", "ddp", "attention-core", "tensorwise", cross_entropy="torch",
-                         description="PyTorch DDP / FSDP defaults"),
+                         recompute_early_stop=True, description="PyTorch DDP / FSDP defaults"),
     "torchtitan": Framework("torchtitan", "ddp", "op-level", "tensorwise", fsdp_pipeline_no_sync=True,
                             fused_elementwise=False, sdpa_context_parallel=True, cross_entropy="torch",
-                            description="torchtitan (FSDP2, per-op selective AC, torchao float8)"),
+                            recompute_early_stop=True, description="torchtitan (FSDP2, per-op selective AC, torchao float8)"),
     "deepspeed": Framework("deepspeed", "deepspeed", "attention-core", "te-default", cross_entropy="torch",
                            description="DeepSpeed ZeRO defaults"),
 }
@@ -101,6 +112,14 @@ def attention_kernel(plan: Any) -> str:
     framework's (Transformer Engine's cuDNN fused attention for megatron and nemo, FlashAttention-2
     through SDPA or flash-attn otherwise)."""
     return plan.attention_kernel or framework_of(plan.framework).attention_kernel
+
+
+def recompute_early_stop(plan: Any) -> bool:
+    """Whether full recompute stops early (PyTorch's non-reentrant checkpoint): ``plan.
+    recompute_early_stop`` when set, else the framework's."""
+    if plan.recompute_early_stop is not None:
+        return bool(plan.recompute_early_stop)
+    return framework_of(plan.framework).recompute_early_stop
 
 
 def plan_defaults(framework: str, given: Mapping[str, Any]) -> dict[str, Any]:

@@ -139,6 +139,10 @@ class ParallelPlan:
     fused_elementwise: bool | None = spec_field(
         None, since="1.2", doc="elementwise ops (norms, RoPE, activations) in fused kernels (Transformer Engine, "
                                "torch.compile) or eager, one kernel per op; default the framework's")
+    recompute_early_stop: bool | None = spec_field(
+        None, since="1.2", doc="full recompute stops once the tensors backward needs are recomputed (PyTorch's "
+                               "non-reentrant checkpoint): a 16-bit down-projection is not run again; default "
+                               "the framework's")
     zero_hpz_partition_size: int = spec_field(0, check="positive", since="1.2",
                                               doc="ZeRO++ hpZ: secondary weight copy sharded in groups of this size")
     pipeline_layout: str | None = spec_field(None, since="1.2", doc="Megatron-Core pipeline layout, e.g. "

@@ -120,6 +120,26 @@ def _scores(cases: Sequence[Case], errors: dict[str, tuple[float, float, float]]
     return out
 
 
+def crossval_rows_table(cv: CrossValidation, cases: Sequence[Case]) -> str:
+    """One line per row: its plan and tokens per micro-batch (what residuals are read against),
+    then its step-time error with the shipped, in-sample and cross-validated constants."""
+    from simdist.table import table
+
+    rows = []
+    for c in cases:
+        if c.run_id not in cv.errors:
+            continue
+        p, m = c.scenario.plan, c.scenario.model
+        plan = (f"tp{p.tp} pp{p.pp} dp{p.dp} v{p.virtual_pipeline_stages} mb{p.micro_batch_size} z{p.zero_stage} "
+                f"{p.recompute} {p.precision}")
+        cat, ins, held = cv.errors[c.run_id]
+        rows.append([c.run_id, c.group[:32], c.label, c.scenario.cluster.gpu.name, c.scenario.world_size,
+                     m.seq_length, m.seq_length * p.micro_batch_size, plan, f"{cat:+.1%}", f"{ins:+.1%}",
+                     f"{held:+.1%}"])
+    return table(["run", "group", "model", "GPU", "GPUs", "seq", "tokens/mb", "plan", "catalog", "in-sample",
+                  "cross-val"], rows, align="llllrrrlrrr")
+
+
 def crossval_table(cv: CrossValidation) -> str:
     """The side-by-side report, then the constants each fit found."""
     from simdist.table import table

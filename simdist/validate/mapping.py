@@ -10,7 +10,9 @@ weak scaling, Llama 3 405B): those take the fastest setting that fits among the 
 Families (by the row's framework):
 
 - MosaicML llm-foundry: PyTorch FSDP, MPT models (ALiBi, no biases, tied embeddings), attention
-  by FlashAttention in Triton (the benchmark script's ``--attn_impl triton``);
+  by FlashAttention in Triton (the benchmark script's ``--attn_impl triton``), blocks checkpointed
+  with PyTorch's non-reentrant checkpoint (the script's ``activation_checkpointing_reentrant:
+  False``), whose full recompute stops early (``plan.recompute_early_stop``);
 - Megatron-LM (2020, SC'21, DeepSpeed ZeRO-3 comparison) and Megatron-Core r0.8 (weak scaling):
   GPT models with Megatron's flags as each source states them;
 - NeMo / Megatron-Bridge performance summaries (``framework: nemo``): Llama models, dimensions
@@ -148,6 +150,9 @@ def row_defaults(row: dict[str, str]) -> list[str]:
                    "fused_elementwise = torch.compile as the row states it (eager otherwise)")
     elif fam == "mosaic":
         out.append("attention_kernel=triton (llm-foundry benchmarks: --attn_impl triton, ALiBi)")
+        if row["recompute"].startswith("full"):
+            out.append("recompute_early_stop (activation_checkpointing_reentrant: False, PyTorch's non-reentrant "
+                       "checkpoint)")
     elif fam == "llama3":
         out.append("framework pytorch: FSDP with optimizer and gradients sharded (zero_stage 2)")
         out.append("global batch = 16M tokens / seq_len; no recompute (paper)")
@@ -325,6 +330,9 @@ def _legacy(row: dict[str, str]) -> dict[str, Any]:
         # --attn_impl, default 'triton'; the MPT yamls' attn_config.attn_impl: triton): ALiBi needs
         # the attention-bias input of FlashAttention in Triton
         plan["attention_kernel"] = "triton"
+        # the same script sets fsdp_config.activation_checkpointing_reentrant: False, so Composer
+        # wraps each block in PyTorch's non-reentrant checkpoint, whose recompute stops early
+        plan["recompute_early_stop"] = True
     if "DeepSpeed" in framework and zero == 3:
         plan["zero3_fetch"] = "module"  # DeepSpeed gathers each submodule's parameters on its own
     if mcore:  # --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap, distributed optimizer;
