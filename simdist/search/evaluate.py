@@ -24,11 +24,12 @@ from simdist.analytic.data_parallel import DataParallelTraffic
 from simdist.analytic.flops import model_flops_per_step
 from simdist.analytic.memory import model_state_bytes, stage_memory
 from simdist.analytic.runtime_memory import RuntimeMemory, runtime_memory
-from simdist.analytic.stage import ModelPasses, describe, model_passes, stage_sync
+from simdist.analytic.stage import ModelPasses, StepDescription, describe, model_passes, stage_sync
 from simdist.analytic.steptime import reduce_step
 from simdist.analytic.timeshare import time_shared
 from simdist.errors import Problem
 from simdist.results import Prediction
+from simdist.search.bounds import step_lower_bound
 from simdist.search.results import PlanResult
 from simdist.search.space import Candidate, Constraints, Enumeration, candidate_of
 from simdist.spec.cluster import ClusterSpec
@@ -144,8 +145,12 @@ class Evaluator:
         return ok
 
     def analytic_time(self, plan: ParallelPlan) -> float:
-        """The closed-form step time, with the layer, embedding and LM-head passes shared by the
-        plans that differ only in the schedule, the virtual stages and the ZeRO stage
+        """The closed-form step time (:meth:`describe` reduced)."""
+        return reduce_step(self.describe(plan)).step_time
+
+    def describe(self, plan: ParallelPlan) -> StepDescription:
+        """The plan's step described for the closed form, with the layer, embedding and LM-head
+        passes shared by the plans that differ only in the schedule, the virtual stages and the ZeRO stage
         (:meth:`passes_key`), and each stage's data-parallel traffic and optimizer step by those
         that differ only in the micro-batch's shape (simdist.analytic.stage.stage_sync reads the
         rank grid, the ZeRO stage, recompute's re-gathers and the stage's layers)."""
@@ -166,7 +171,11 @@ class Evaluator:
                 got = self._sync[(sync_key, stage)] = stage_sync(sc, ctx, self.cost, stage)
             return got
 
-        return reduce_step(describe(sc, self.cost, self.net, passes_of=mp, sync_of=sync_of)).step_time
+        return describe(sc, self.cost, self.net, passes_of=mp, sync_of=sync_of)
+
+    def lower_bound(self, plan: ParallelPlan) -> float:
+        """A lower bound on ``plan``'s step time in either engine (simdist.search.bounds)."""
+        return step_lower_bound(self.describe(plan))
 
     def passes_key(self, plan: ParallelPlan) -> tuple[object, ...]:
         """What the passes read of a plan the search builds (the other fields are the
