@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from functools import cache
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -23,10 +24,11 @@ from simdist.analytic.cost import CostModel
 from simdist.analytic.data_parallel import DataParallelTraffic
 from simdist.analytic.flops import model_flops_per_step
 from simdist.analytic.memory import model_state_bytes, stage_memory
-from simdist.analytic.runtime_memory import RuntimeMemory, runtime_memory
+from simdist.analytic.runtime_memory import runtime_memory
 from simdist.analytic.stage import ModelPasses, StepDescription, describe, model_passes, stage_sync
 from simdist.analytic.steptime import reduce_step
 from simdist.analytic.timeshare import time_shared
+from simdist.analytic.transients import transient_parts
 from simdist.errors import Problem
 from simdist.results import Prediction
 from simdist.search.bounds import step_lower_bound
@@ -67,6 +69,16 @@ def distinct_stages(num_layers: int, pp: int, v: int, layout: str | None = None)
     return tuple(firsts.values())
 
 
+def _fixed_memory(m: ModelSpec, plan: ParallelPlan, stage: int, cluster: ClusterSpec
+                  ) -> tuple[float, tuple[float, ...], float]:
+    """What :func:`stage_memory` adds up of a stage's model states and runtime buffers: the states'
+    GPU bytes (params + grads + optimizer, in its order), the runtime's parts (its non-zero ones,
+    in order) and the host bytes."""
+    st, rt = model_state_bytes(m, plan, stage, cluster), runtime_memory(plan, cluster)
+    return (st["params"] + st["grads"] + st["optimizer"], tuple(v for v in rt.parts().values() if v),
+            st["host_params"] + st["host_optimizer"])
+
+
 def peak_memory(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None = None
                 ) -> tuple[float, float]:
     """(GPU bytes, host bytes) at the peak over the pipeline stages: the same maximum as
@@ -87,7 +99,7 @@ class Evaluator:
         self.cost = CostModel(self.cluster.gpu, self.base_plan.precision, profile)
         self.net = Network.of(self.cluster, profile)
         self.capacity = self.cluster.gpu.memory_bytes
-        self._fixed: dict[tuple[object, ...], tuple[dict[str, float], RuntimeMemory]] = {}
+        self._fixed: dict[tuple[object, ...], tuple[float, tuple[float, ...], float]] = {}
         self._passes: dict[tuple[object, ...], ModelPasses] = {}
         self._act: dict[tuple[object, ...], float] = {}
         self._sync: dict[tuple[object, ...], tuple[DataParallelTraffic, float]] = {}
@@ -122,21 +134,25 @@ class Evaluator:
         m, cluster = self.model, self.cluster
         layout = (*_state_of(plan), plan.pipeline_layout)
         shape = (*_shape_of(plan), plan.shards_params, plan.pipeline_layout)
-        stages = []
+        peak = host = 0.0
         for s in distinct_stages(m.num_layers, plan.pp, plan.virtual_pipeline_stages, plan.pipeline_layout):
             fixed = self._fixed.get((layout, s))
             if fixed is None:
                 if len(self._fixed) >= 65536:
                     self._fixed.clear()
-                fixed = self._fixed[(layout, s)] = (model_state_bytes(m, plan, s, cluster),
-                                                    runtime_memory(plan, cluster))
+                fixed = self._fixed[(layout, s)] = _fixed_memory(m, plan, s, cluster)
             act = self._act.get((shape, s))
             if act is None:
                 if len(self._act) >= 65536:
                     self._act.clear()
                 act = self._act[(shape, s)] = activation_bytes(m, plan, s)
-            stages.append(stage_memory(m, plan, s, cluster, *fixed, act=act))
-        return max(s.peak for s in stages), max(s.host for s in stages)
+            states, runtime, stage_host = fixed
+            parts, step_peak = transient_parts(m, plan, s, act)
+            # stage_memory's peak, added in its order: the states, the activations, then the
+            # transient parts and the runtime's in one sum
+            stage_peak = (states + (0.0 if step_peak else act)) + sum(chain((v for _, v in parts), runtime))
+            peak, host = max(peak, stage_peak), max(host, stage_host)
+        return peak, host
 
     def fits(self, peak: float, host: float, headroom: float = 0.0) -> bool:
         ok = peak <= self.capacity * (1 - headroom)
