@@ -177,7 +177,7 @@ class Evaluator:
             if len(self._passes) >= 65536:
                 self._passes.clear()
             mp = self._passes[key] = model_passes(sc, self.cost, self.net)
-        sync_key = (plan.zero_stage, plan.recompute, plan.schedule, plan.virtual_pipeline_stages, *grid(plan))
+        sync_key = (plan.zero_stage, *self.sync_reads(plan), plan.virtual_pipeline_stages, *grid(plan))
 
         def sync_of(ctx: CommContext, stage: int) -> tuple[DataParallelTraffic, float]:
             got = self._sync.get((sync_key, stage))
@@ -188,6 +188,16 @@ class Evaluator:
             return got
 
         return describe(sc, self.cost, self.net, passes_of=mp, sync_of=sync_of)
+
+    def sync_reads(self, plan: ParallelPlan) -> tuple[object, ...]:
+        """What a stage's data-parallel traffic and optimizer step read of the recompute and the
+        schedule: whether full recompute gathers ZeRO-3's parameters a third time
+        (data_parallel.param_gathers_per_microbatch), and the stage's chunks, which one-chunk and
+        interleaved schedules lay out alike (simdist.spec.stages.stage_chunks: DualPipe apart).
+        A calibration profile's per-tensor optimizer terms read both in full (profile_layers)."""
+        if self.cost.profile is not None:
+            return plan.recompute, plan.schedule
+        return plan.recompute == "full", plan.schedule if plan.dualpipe else ""
 
     def lower_bound(self, plan: ParallelPlan) -> float:
         """A lower bound on ``plan``'s step time in either engine (simdist.search.bounds)."""
