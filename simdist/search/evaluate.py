@@ -7,6 +7,7 @@ serially, so a search gives the same answer with any number of workers.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import sys
@@ -293,6 +294,18 @@ def evaluate_all(runner: Runner, enum: Enumeration, c: Constraints,
     items = [(cand, g.variants, tuple(sorted(g.equivalent))) for cand, g in enum.groups.items()]
     chunks = [(items[i:i + _CHUNK], c.memory_headroom) for i in range(0, len(items), _CHUNK)]
     out: list[PlanResult] = []
+    collecting = gc.isenabled()
+    gc.disable()  # as in _evaluate_chunk, for the whole pass: a collection between chunks walks every memo
+    try:
+        _collect(runner, chunks, enum, out, progress, len(items))
+    finally:
+        if collecting:
+            gc.enable()
+    return out
+
+
+def _collect(runner: Runner, chunks: list[Any], enum: Enumeration, out: list[PlanResult],
+             progress: Progress | None, total: int) -> None:
     done = 0
     for chunk_results in runner.map(_evaluate_chunk, chunks):
         for r in chunk_results:
@@ -303,14 +316,19 @@ def evaluate_all(runner: Runner, enum: Enumeration, c: Constraints,
                 enum.invalid[f"rejected by the validator ({field_name})"] += enum.groups.pop(cand).variants
         done += len(chunk_results)
         if progress:
-            progress("analytic", done, len(items))
-    return out
+            progress("analytic", done, total)
 
 
 def _evaluate_chunk(ev: Evaluator, task: tuple[list[tuple[Candidate, int, tuple[str, ...]]], float]
                     ) -> list[PlanResult | tuple[Candidate, str]]:
     chunk, headroom = task
-    return [_evaluate(ev, cand, variants, equivalent, headroom) for cand, variants, equivalent in chunk]
+    collecting = gc.isenabled()
+    gc.disable()  # the pass builds ~10^5 small objects, none in a cycle: no collection is due
+    try:
+        return [_evaluate(ev, cand, variants, equivalent, headroom) for cand, variants, equivalent in chunk]
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _evaluate(ev: Evaluator, cand: Candidate, variants: int, equivalent: tuple[str, ...],
