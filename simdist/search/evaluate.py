@@ -36,6 +36,7 @@ from simdist.search.bounds import step_lower_bound
 from simdist.search.results import PlanResult
 from simdist.search.space import Candidate, Constraints, Enumeration, candidate_of
 from simdist.spec.cluster import ClusterSpec
+from simdist.spec.consistency import own_problems
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan, unchecked_replace
 from simdist.spec.profile import CalibrationProfile
@@ -100,6 +101,7 @@ class Evaluator:
         self.cost = CostModel(self.cluster.gpu, self.base_plan.precision, profile)
         self.net = Network.of(self.cluster, profile)
         self.capacity = self.cluster.gpu.memory_bytes
+        self._own = own_problems(self.model, self.cluster)
         self._fixed: dict[tuple[object, ...], tuple[float, tuple[float, ...], float]] = {}
         self._passes: dict[tuple[object, ...], ModelPasses] = {}
         self._act: dict[tuple[object, ...], float] = {}
@@ -123,7 +125,8 @@ class Evaluator:
                                  pipeline_layout=layout)
 
     def problems(self, plan: ParallelPlan) -> list[Problem]:
-        return check_consistency(self.model, self.cluster, plan)
+        """check_consistency's problems, the model's and the cluster's own checked once."""
+        return check_consistency(self.model, self.cluster, plan, own=self._own)
 
     def memory(self, plan: ParallelPlan) -> tuple[float, float]:
         """(peak GPU bytes, peak host bytes) over the pipeline stages: the same as
