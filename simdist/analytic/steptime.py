@@ -205,7 +205,8 @@ def reduce_step(d: StepDescription) -> StepResult:
     # the gradient sync beside it slowed it and the stages after it (each waits for the next's)
     avg_bwd = sum(last_backwards) / plan.pp
     ends = [kind_ends[k] for k in d.kind_of]
-    later = [sum(e.stretch for e in ends[s + 1:]) for s in range(plan.pp)]
+    later = ([sum(e.stretch for e in ends[s + 1:]) for s in range(plan.pp)] if any(e.stretch for e in kind_ends)
+             else [0.0] * plan.pp)  # (quadratic in pp: skipped where no stage is stretched)
     dp_end = max(max(0.0, e.dp + later[s] - s * avg_bwd) for s, e in enumerate(ends))
     off_end = max(e.offload for e in ends)
     comp_end = max(e.compression for e in ends)

@@ -14,6 +14,8 @@ sequence parallelism, recompute and micro-batch size.
 - :mod:`simdist.search.results`: PlanResult, SearchResult, dominance and ranking (a plan that
   another fitting plan beats on both step time and memory is "dominated" and left out of the
   ranking, kept in ``SearchResult.evaluated_plans``);
+- :mod:`simdist.search.bounds`: a lower bound on a plan's step time that holds in both engines,
+  which spares the discrete-event engine the plans that cannot reach the top places;
 - :mod:`simdist.search.driver`: ``search()``, the three passes.
 
 Not searched: ZeRO sharding always spans all of dp (``dp_shard`` = dp: the scenario's HSDP

@@ -7,6 +7,7 @@ serially, so a search gives the same answer with any number of workers.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import sys
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from functools import cache
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -23,15 +25,18 @@ from simdist.analytic.cost import CostModel
 from simdist.analytic.data_parallel import DataParallelTraffic
 from simdist.analytic.flops import model_flops_per_step
 from simdist.analytic.memory import model_state_bytes, stage_memory
-from simdist.analytic.runtime_memory import RuntimeMemory, runtime_memory
-from simdist.analytic.stage import ModelPasses, describe, model_passes, stage_sync
+from simdist.analytic.runtime_memory import runtime_memory
+from simdist.analytic.stage import ModelPasses, StepDescription, describe, model_passes, stage_sync
 from simdist.analytic.steptime import reduce_step
 from simdist.analytic.timeshare import time_shared
+from simdist.analytic.transients import transient_parts
 from simdist.errors import Problem
 from simdist.results import Prediction
+from simdist.search.bounds import step_lower_bound
 from simdist.search.results import PlanResult
 from simdist.search.space import Candidate, Constraints, Enumeration, candidate_of
 from simdist.spec.cluster import ClusterSpec
+from simdist.spec.consistency import own_problems
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan, unchecked_replace
 from simdist.spec.profile import CalibrationProfile
@@ -66,6 +71,16 @@ def distinct_stages(num_layers: int, pp: int, v: int, layout: str | None = None)
     return tuple(firsts.values())
 
 
+def _fixed_memory(m: ModelSpec, plan: ParallelPlan, stage: int, cluster: ClusterSpec
+                  ) -> tuple[float, tuple[float, ...], float]:
+    """What :func:`stage_memory` adds up of a stage's model states and runtime buffers: the states'
+    GPU bytes (params + grads + optimizer, in its order), the runtime's parts (its non-zero ones,
+    in order) and the host bytes."""
+    st, rt = model_state_bytes(m, plan, stage, cluster), runtime_memory(plan, cluster)
+    return (st["params"] + st["grads"] + st["optimizer"], tuple(v for v in rt.parts().values() if v),
+            st["host_params"] + st["host_optimizer"])
+
+
 def peak_memory(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None = None
                 ) -> tuple[float, float]:
     """(GPU bytes, host bytes) at the peak over the pipeline stages: the same maximum as
@@ -86,7 +101,8 @@ class Evaluator:
         self.cost = CostModel(self.cluster.gpu, self.base_plan.precision, profile)
         self.net = Network.of(self.cluster, profile)
         self.capacity = self.cluster.gpu.memory_bytes
-        self._fixed: dict[tuple[object, ...], tuple[dict[str, float], RuntimeMemory]] = {}
+        self._own = own_problems(self.model, self.cluster)
+        self._fixed: dict[tuple[object, ...], tuple[float, tuple[float, ...], float]] = {}
         self._passes: dict[tuple[object, ...], ModelPasses] = {}
         self._act: dict[tuple[object, ...], float] = {}
         self._sync: dict[tuple[object, ...], tuple[DataParallelTraffic, float]] = {}
@@ -109,7 +125,8 @@ class Evaluator:
                                  pipeline_layout=layout)
 
     def problems(self, plan: ParallelPlan) -> list[Problem]:
-        return check_consistency(self.model, self.cluster, plan)
+        """check_consistency's problems, the model's and the cluster's own checked once."""
+        return check_consistency(self.model, self.cluster, plan, own=self._own)
 
     def memory(self, plan: ParallelPlan) -> tuple[float, float]:
         """(peak GPU bytes, peak host bytes) over the pipeline stages: the same as
@@ -121,21 +138,25 @@ class Evaluator:
         m, cluster = self.model, self.cluster
         layout = (*_state_of(plan), plan.pipeline_layout)
         shape = (*_shape_of(plan), plan.shards_params, plan.pipeline_layout)
-        stages = []
+        peak = host = 0.0
         for s in distinct_stages(m.num_layers, plan.pp, plan.virtual_pipeline_stages, plan.pipeline_layout):
             fixed = self._fixed.get((layout, s))
             if fixed is None:
                 if len(self._fixed) >= 65536:
                     self._fixed.clear()
-                fixed = self._fixed[(layout, s)] = (model_state_bytes(m, plan, s, cluster),
-                                                    runtime_memory(plan, cluster))
+                fixed = self._fixed[(layout, s)] = _fixed_memory(m, plan, s, cluster)
             act = self._act.get((shape, s))
             if act is None:
                 if len(self._act) >= 65536:
                     self._act.clear()
                 act = self._act[(shape, s)] = activation_bytes(m, plan, s)
-            stages.append(stage_memory(m, plan, s, cluster, *fixed, act=act))
-        return max(s.peak for s in stages), max(s.host for s in stages)
+            states, runtime, stage_host = fixed
+            parts, step_peak = transient_parts(m, plan, s, act)
+            # stage_memory's peak, added in its order: the states, the activations, then the
+            # transient parts and the runtime's in one sum
+            stage_peak = (states + (0.0 if step_peak else act)) + sum(chain((v for _, v in parts), runtime))
+            peak, host = max(peak, stage_peak), max(host, stage_host)
+        return peak, host
 
     def fits(self, peak: float, host: float, headroom: float = 0.0) -> bool:
         ok = peak <= self.capacity * (1 - headroom)
@@ -144,8 +165,12 @@ class Evaluator:
         return ok
 
     def analytic_time(self, plan: ParallelPlan) -> float:
-        """The closed-form step time, with the layer, embedding and LM-head passes shared by the
-        plans that differ only in the schedule, the virtual stages and the ZeRO stage
+        """The closed-form step time (:meth:`describe` reduced)."""
+        return reduce_step(self.describe(plan)).step_time
+
+    def describe(self, plan: ParallelPlan) -> StepDescription:
+        """The plan's step described for the closed form, with the layer, embedding and LM-head
+        passes shared by the plans that differ only in the schedule, the virtual stages and the ZeRO stage
         (:meth:`passes_key`), and each stage's data-parallel traffic and optimizer step by those
         that differ only in the micro-batch's shape (simdist.analytic.stage.stage_sync reads the
         rank grid, the ZeRO stage, recompute's re-gathers and the stage's layers)."""
@@ -156,7 +181,7 @@ class Evaluator:
             if len(self._passes) >= 65536:
                 self._passes.clear()
             mp = self._passes[key] = model_passes(sc, self.cost, self.net)
-        sync_key = (plan.zero_stage, plan.recompute, plan.schedule, plan.virtual_pipeline_stages, *grid(plan))
+        sync_key = (plan.zero_stage, *self.sync_reads(plan), plan.virtual_pipeline_stages, *grid(plan))
 
         def sync_of(ctx: CommContext, stage: int) -> tuple[DataParallelTraffic, float]:
             got = self._sync.get((sync_key, stage))
@@ -166,7 +191,21 @@ class Evaluator:
                 got = self._sync[(sync_key, stage)] = stage_sync(sc, ctx, self.cost, stage)
             return got
 
-        return reduce_step(describe(sc, self.cost, self.net, passes_of=mp, sync_of=sync_of)).step_time
+        return describe(sc, self.cost, self.net, passes_of=mp, sync_of=sync_of)
+
+    def sync_reads(self, plan: ParallelPlan) -> tuple[object, ...]:
+        """What a stage's data-parallel traffic and optimizer step read of the recompute and the
+        schedule: whether full recompute gathers ZeRO-3's parameters a third time
+        (data_parallel.param_gathers_per_microbatch), and the stage's chunks, which one-chunk and
+        interleaved schedules lay out alike (simdist.spec.stages.stage_chunks: DualPipe apart).
+        A calibration profile's per-tensor optimizer terms read both in full (profile_layers)."""
+        if self.cost.profile is not None:
+            return plan.recompute, plan.schedule
+        return plan.recompute == "full", plan.schedule if plan.dualpipe else ""
+
+    def lower_bound(self, plan: ParallelPlan) -> float:
+        """A lower bound on ``plan``'s step time in either engine (simdist.search.bounds)."""
+        return step_lower_bound(self.describe(plan))
 
     def passes_key(self, plan: ParallelPlan) -> tuple[object, ...]:
         """What the passes read of a plan the search builds (the other fields are the
@@ -258,6 +297,18 @@ def evaluate_all(runner: Runner, enum: Enumeration, c: Constraints,
     items = [(cand, g.variants, tuple(sorted(g.equivalent))) for cand, g in enum.groups.items()]
     chunks = [(items[i:i + _CHUNK], c.memory_headroom) for i in range(0, len(items), _CHUNK)]
     out: list[PlanResult] = []
+    collecting = gc.isenabled()
+    gc.disable()  # as in _evaluate_chunk, for the whole pass: a collection between chunks walks every memo
+    try:
+        _collect(runner, chunks, enum, out, progress, len(items))
+    finally:
+        if collecting:
+            gc.enable()
+    return out
+
+
+def _collect(runner: Runner, chunks: list[Any], enum: Enumeration, out: list[PlanResult],
+             progress: Progress | None, total: int) -> None:
     done = 0
     for chunk_results in runner.map(_evaluate_chunk, chunks):
         for r in chunk_results:
@@ -268,14 +319,19 @@ def evaluate_all(runner: Runner, enum: Enumeration, c: Constraints,
                 enum.invalid[f"rejected by the validator ({field_name})"] += enum.groups.pop(cand).variants
         done += len(chunk_results)
         if progress:
-            progress("analytic", done, len(items))
-    return out
+            progress("analytic", done, total)
 
 
 def _evaluate_chunk(ev: Evaluator, task: tuple[list[tuple[Candidate, int, tuple[str, ...]]], float]
                     ) -> list[PlanResult | tuple[Candidate, str]]:
     chunk, headroom = task
-    return [_evaluate(ev, cand, variants, equivalent, headroom) for cand, variants, equivalent in chunk]
+    collecting = gc.isenabled()
+    gc.disable()  # the pass builds ~10^5 small objects, none in a cycle: no collection is due
+    try:
+        return [_evaluate(ev, cand, variants, equivalent, headroom) for cand, variants, equivalent in chunk]
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _evaluate(ev: Evaluator, cand: Candidate, variants: int, equivalent: tuple[str, ...],
@@ -296,11 +352,18 @@ def _evaluate(ev: Evaluator, cand: Candidate, variants: int, equivalent: tuple[s
 
 
 def des_time(ev: Evaluator, plan: ParallelPlan) -> tuple[float | None, str]:
-    """The discrete-event step time of ``plan``, or None and why it failed."""
+    """The discrete-event step time of ``plan``, or None and why it failed. The cyclic garbage
+    collector waits until the run ends (its collections walked every live event again and again:
+    a tenth of the 530B space's re-rank); what the run leaves in cycles is collected then."""
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         return ev.des(plan).step_time_s, ""
     except Exception as exc:  # one failing plan must not lose the whole search
         return None, f"{type(exc).__name__}: {exc}"
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def des_cost(plan: ParallelPlan) -> int:

@@ -69,6 +69,9 @@ class Constraints:
     rerank: int | None = None  # most plans re-timed by the DES; None: max(20, top); 0: none
     # beyond the top K, the DES re-times only plans within this fraction of the K-th's time
     rerank_window: float = 0.2
+    # the top places the DES orders for certain (1: the winner); a plan whose lower bound on the
+    # step time (simdist.search.bounds) exceeds the DES time of the rerank_exact-th is not re-timed
+    rerank_exact: int = 1
     engine: RerankEngine = "auto"  # auto: the discrete-event engine re-ranks the top (as des)
     keep_dominated: bool = False
 
@@ -84,7 +87,8 @@ class Constraints:
         for flag, value in (("--max-tp", self.max_tp), ("--max-cp", self.max_cp), ("--max-ep", self.max_ep),
                             ("--max-etp", self.max_etp),
                             ("--max-virtual-stages", self.max_virtual_stages),
-                            ("--max-micro-batch", self.max_micro_batch), ("--top", self.top)):
+                            ("--max-micro-batch", self.max_micro_batch), ("--top", self.top),
+                            ("--rerank-exact", self.rerank_exact)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 out.append(Problem(flag, f"must be a positive whole number, got {value!r}"))
         if self.rerank is not None and (isinstance(self.rerank, bool) or not isinstance(self.rerank, int)

@@ -18,11 +18,14 @@ MAX_GROUP_RANKS = 2**20
 
 
 def check_consistency(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan,
-                      dp_given: bool = True) -> list[Problem]:
+                      dp_given: bool = True, own: tuple[Problem, ...] | None = None) -> list[Problem]:
     """Every problem of the three objects, alone and together. ``dp_given``: the file wrote
-    plan.dp (else it was derived from the world size, and a mismatch is tp's fault)."""
-    out = [Problem(f"{where}.{p.field}", p.message)
-           for where, obj in (("model", model), ("cluster", cluster), ("plan", plan)) for p in obj.problems()]
+    plan.dp (else it was derived from the world size, and a mismatch is tp's fault). ``own``:
+    the model's and the cluster's own problems when the caller has them (a search checks many
+    plans against one model and cluster)."""
+    if own is None:
+        own = own_problems(model, cluster)
+    out = [*own, *(Problem(f"plan.{p.field}", p.message) for p in plan.problems())]
 
     def add(f: str, msg: str) -> None:
         out.append(Problem(f, msg))
@@ -63,6 +66,12 @@ def check_consistency(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan
             "walked rank by rank); Llama 3 405B trained on up to 16K H100 (Dubey et al. 2024, "
             "arXiv:2407.21783, section 3.3)")
     return out
+
+
+def own_problems(model: ModelSpec, cluster: ClusterSpec) -> tuple[Problem, ...]:
+    """The model's and the cluster's own problems, named as :func:`check_consistency` names them."""
+    return tuple(Problem(f"{where}.{p.field}", p.message)
+                 for where, obj in (("model", model), ("cluster", cluster)) for p in obj.problems())
 
 
 def _tensor_parallel(model: ModelSpec, plan: ParallelPlan, add: Callable[[str, str], None]) -> None:
