@@ -105,3 +105,16 @@ def test_a_short_block_exposes_what_its_kernel_cannot_hide():
                      if isinstance(op, Comm) and op.axis == "cp")
         assert timer.passes(ops).cp_exposed == pytest.approx(expect, rel=1e-12)
         assert expect > 0.0
+
+
+def test_nemo_long_sequence_rows_run_their_recipe_without_recompute():
+    """The NeMo long-sequence rows take the recipe's plan (no activation recompute), even where
+    the memory model finds the plan tight (R0080: 4K tokens, TP1 on 4 GPUs): it is stated, not
+    tuned, so the search cannot pick full recompute for them."""
+    from simdist.validate import moe_cp
+    from simdist.validate.rows import packaged_data_dir, read_csv
+
+    rows = {r["run_id"]: r for r in read_csv(packaged_data_dir() / "training_runs.csv")}
+    for rid in ("R0080", "R0092", "R0096"):
+        sc, tuned, _ = moe_cp.build(rows[rid])
+        assert sc.plan.recompute == "none" and tuned == [] and sc.plan.cp_method == "ring"
