@@ -215,10 +215,11 @@ def candidates(row: dict[str, str]) -> list[tuple[dict[str, Any], list[str]]]:
     if row["run_id"] in LLAMA3_CP:  # the paper's interleaved schedule: chunks per stage unstated
         return [(cp_scenario(row, r, v), [f"recompute={r}", f"virtual_pipeline_stages={v}"])
                 for r in ("none", "selective", "full") for v in range(1, 8)]
-    # NeMo: no activation recompute, as its Llama 2 7B recipe (NeMo-Framework-Launcher
-    # launcher_scripts/conf/training/llama/llama2_7b.yaml: activations_checkpoint_granularity
-    # null) and the table's own figures say (R0080's 768 TFLOP/s at 4K on 4 GPUs is the summary's
-    # 767 on 8 GPUs, where no recompute is needed)
+    # NeMo: no activation recompute, as the Llama 2 recipes of the table's release say
+    # (NeMo-Framework-Launcher @24.03.01, launcher_scripts/conf/training/llama/llama2_7b.yaml,
+    # llama2_13b.yaml and llama2_70b.yaml: activations_checkpoint_granularity null) and as the
+    # table's own figures suggest (R0080's 768 TFLOP/s at 4K on 4 GPUs is NeMo's performance
+    # summary's 767 for the same model and plan on 8 GPUs, docs/source/performance/performance_summary.md)
     return [(cp_scenario(row, "none"), [])]
 
 
