@@ -118,3 +118,20 @@ def test_nemo_long_sequence_rows_run_their_recipe_without_recompute():
     for rid in ("R0080", "R0092", "R0096"):
         sc, tuned, _ = moe_cp.build(rows[rid])
         assert sc.plan.recompute == "none" and tuned == [] and sc.plan.cp_method == "ring"
+
+
+@pytest.mark.parametrize("framework", ["pytorch", "deepspeed", None])
+def test_frameworks_without_transformer_engine_run_a_plain_ring(framework):
+    """Outside Megatron-Core and NeMo the ring is a plain one: cp kernels, cp - 1 transfers each
+    way (K/V in forward, K/V with their gradients in backward), no split copies or corrections."""
+    plan = {"tp": 1, "cp": 4, "cp_method": "ring", "global_batch_size": 2, "recompute": "full"}
+    if framework:
+        plan["framework"] = framework
+    sc = scenario_from_dict({"name": "t", "model": {"preset": "llama2-7b", "seq_length": 65536},
+                             "cluster": {"preset": "dgx-h100", "num_nodes": 1}, "plan": plan})
+    kv = kv_block_bytes(sc.model, sc.plan)
+    for phase, blocks in (("fwd", 1.0), ("bwd", 2.0)):
+        ops = core(sc, phase)
+        assert not any(op.name.startswith("cp ") for op in ops)
+        assert [op.bytes / kv for op in ops if isinstance(op, Comm)] == [blocks] * 3
+        assert len([op for op in ops if isinstance(op, Compute)]) == 4

@@ -6,12 +6,13 @@ Every method balances the causal work the way the frameworks do: the sequence is
 context parallelism; torchtitan's ``_HeadTailLoadBalancer``), so each rank computes 1/cp of
 the causal attention. What differs is how the keys and values meet the queries:
 
-- ``ring`` (Liu et al. 2023, Ring Attention; Transformer Engine's ``cp_comm_type: p2p``), as
-  Transformer Engine runs it (:func:`te_ring_core_ops`): cp steps; at each the rank computes its
-  queries against one K/V block while it sends that block on and receives the next, so each
-  transfer hides behind a kernel; backward passes K/V and the K/V gradients. A step's kernel
-  holds 1/cp of the rank's work (the diagonal step does the causal half of a full block, the
-  others half-blocks), with the copies and accumulations of the causal split beside it.
+- ``ring`` (Liu et al. 2023, Ring Attention; Transformer Engine's ``cp_comm_type: p2p``): cp
+  steps; at each the rank computes its queries against one K/V block while it sends that block
+  on and receives the next, so each transfer hides behind a kernel; backward passes K/V and the
+  K/V gradients. A step's kernel holds 1/cp of the rank's work (the diagonal step does the
+  causal half of a full block, the others half-blocks). Under Megatron-Core and NeMo the ring is
+  Transformer Engine's (:func:`te_ring_core_ops`: its transfer schedule, and the copies and
+  accumulations of the causal split beside the kernels); elsewhere a plain ring of cp kernels.
 - ``allgather`` (Llama 3, arXiv:2407.21783 sec 3.3.2; torchtitan's all-gather rotation): one
   all-gather of every rank's K and V before the kernel, and a reduce-scatter of their gradients
   after the backward kernel, both exposed (small with GQA's few K/V heads).
@@ -119,10 +120,18 @@ def torch_sdpa_core_ops(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, bwd: 
 #   dK and dV packed (``torch.cat``, 4 B over the step's key share) and added into the received
 #   K/V gradient (6 B); after the diagonal step the half-copies of K/V or of q, out and dout
 #   (``[:, 1].contiguous()`` of three query-sized tensors).
+# The frameworks whose attention is Transformer Engine's DotProductAttention (Megatron-Core's
+# TEDotProductAttention), hence whose ring is AttnFuncWithCP; the others run a plain ring.
+TE_RING_FRAMEWORKS = ("megatron", "nemo")
 TE_COPY_BYTES = 4.0
 TE_ACCUMULATE_BYTES = 6.0
 TE_CAT_BYTES = 4.0
 TE_SIDE_SHARE = 0.75  # the query (or key) share of a step after the diagonal one, averaged over ranks
+
+
+def te_ring(plan: ParallelPlan) -> bool:
+    """Whether the plan's ring attention is Transformer Engine's (:func:`te_ring_core_ops`)."""
+    return plan.cp_method == "ring" and framework_of(plan.framework).name in TE_RING_FRAMEWORKS
 
 
 def te_ring_core_ops(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, bwd: bool) -> list[Op]:
@@ -178,8 +187,18 @@ def core_ops(m: ModelSpec, plan: ParallelPlan, kind: LayerKind, bwd: bool) -> li
         return [core_op(m, kind, s, s, b, heads, bwd, kernel=kernel)]
     kv = kv_block_bytes(m, plan)
     method = plan.cp_method
-    if method == "ring":
+    if method == "ring" and te_ring(plan):
         return te_ring_core_ops(m, plan, kind, bwd)
+    if method == "ring":  # a plain ring (Liu et al. 2023): one step's kernel per block
+        out: list[Op] = []
+        step = core_op(m, kind, s, s, b, heads, bwd, share=1.0 / cp ** 2, kernel=kernel)
+        for i in range(cp):
+            if i < cp - 1:  # the block for step i+1 (with its gradient in backward), in flight beside step i
+                out.append(Comm("sendrecv cp kv", "sendrecv", "cp", (2.0 if bwd else 1.0) * kv))
+            out.append(step)
+        # listed before the kernel they hide behind (passes.OpTimer hides a ring transfer behind
+        # the compute op that follows it); backward lists are reversed by the caller
+        return out
     if method == "allgather" and sdpa_context_parallel(plan):
         return torch_sdpa_core_ops(m, plan, kind, bwd)
     if method == "allgather":
