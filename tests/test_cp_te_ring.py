@@ -120,6 +120,29 @@ def test_nemo_long_sequence_rows_run_their_recipe_without_recompute():
         assert sc.plan.recompute == "none" and tuned == [] and sc.plan.cp_method == "ring"
 
 
+def test_nemo_2403_rows_run_cudnn_9_attention_on_an_h100():
+    """NeMo 24.03's cuDNN 9.0 fused attention: 1.38x FlashAttention-2 (Transformer Engine's benchmark
+    of cuDNN 9.0 against flash-attn 2.4.2, causal, head dim 128), not the catalog's later 1.66x;
+    the GPU is otherwise the H100 SXM and its rows inform the H100's fitted constants."""
+    from simdist.validate import moe_cp
+    from simdist.validate.rows import packaged_data_dir, read_csv
+    from simdist.validate.training import generation
+
+    rows = {r["run_id"]: r for r in read_csv(packaged_data_dir() / "training_runs.csv")}
+    sc, _, _ = moe_cp.build(rows["R0092"])
+    h100 = scenario_from_dict({"name": "t", "model": {"preset": "llama2-7b"}, "cluster": {"preset": "dgx-h100",
+                               "num_nodes": 1}, "plan": {"global_batch_size": 8}}).cluster.gpu
+    gpu = sc.cluster.gpu
+    assert gpu.fused_attention_speedup == 1.38 and h100.fused_attention_speedup == 1.66
+    assert (gpu.peak("bf16"), gpu.efficiency, gpu.sms) == (h100.peak("bf16"), h100.efficiency, h100.sms)
+    assert generation(gpu.name) == generation(h100.name) == "h100"
+    # the attention kernels run 1.66 / 1.38 times longer than on the catalog's H100
+    cm, ch = CostModel(gpu, sc.plan.precision), CostModel(h100, sc.plan.precision)
+    kernel = next(op for op in layer_ops(sc.model, sc.plan, "fwd") if isinstance(op, Compute) and op.kind == "attention")
+    assert (cm.time(kernel) - cm.kernel_overhead) / (ch.time(kernel) - ch.kernel_overhead) == pytest.approx(
+        1.66 / 1.38, rel=0.02)
+
+
 @pytest.mark.parametrize("framework", ["pytorch", "deepspeed", None])
 def test_frameworks_without_transformer_engine_run_a_plain_ring(framework):
     """Outside Megatron-Core and NeMo the ring is a plain one: cp kernels, cp - 1 transfers each
