@@ -90,10 +90,11 @@ def handles(row: dict[str, str]) -> bool:
 def fitted(row: dict[str, str]) -> bool:
     """Whether the row informs the fitted GEMM and attention efficiencies
     (:mod:`simdist.validate.fit`). The mixture-of-experts rows are scored but not fitted on:
-    their steps hold what the model does not price yet (the host-side overhead of the MoE
+    their steps hold what the model prices only in part (the host-side overhead of the MoE
     layer's many small kernels and its dispatcher's synchronisation, the "compute wall" of
-    Megatron-Core MoE, arXiv:2603.07685 sec 1), which a fit would fold into the FP8 GEMM
-    efficiency every dense FP8 run shares. Two signs of it in the rows: FP8 brings these MoE
+    Megatron-Core MoE, arXiv:2603.07685 sec 1: the dropless dispatcher's measured GPU idle,
+    simdist.analytic.host.DISPATCHER_GAP_S, is priced; the FP8 recipes' own host work is not),
+    which a fit would fold into the FP8 GEMM efficiency every dense FP8 run shares. Two signs of it in the rows: FP8 brings these MoE
     steps little (Qwen3-235B at this plan in FP8, 20.8 s, against 19.7 s in BF16 with DeepEP in
     the Megatron-MoE-ModelZoo's H100 table, which the model predicts within 3% in BF16), and the
     same Qwen3-30B recipe measured 29 s in one container and 51 s in the next (R0116, R0122).
