@@ -47,7 +47,17 @@ under ZeRO-3 than ZeRO-2 gathering a 5.1B-parameter model, 10.2 GB x 7/8 in 0.42
 (DeepSpeed issue #1174, 2021, v0.3.16). Each fetch is a list all_gather followed by copies
 and a host synchronisation (DeepSpeed PR #1188), so it is bound by the GPU's copies and the
 host, not the network: the same ceiling shows on Selene's 8 x HDR nodes, where ZeRO-3's step
-stops shrinking past 768 GPUs (Narayanan et al. SC'21 Table 2)."""
+stops shrinking past 768 GPUs (Narayanan et al. SC'21 Table 2).
+
+A call takes max(NCCL's latency + transfer, bytes over the ceiling), not their sum: ZeRO-3
+prefetches the next submodules' parameters (DeepSpeed config ``stage3_prefetch_bucket_size``)
+while the current one's are copied, so the fetch is a pipeline whose slowest stage sets the pace
+and NCCL's per-call ring latency hides under the copies. The published rows show it: the
+latency of a ring over 1,536 ranks is twice that over 768 (NCCL's model: ~7 ms against ~3.6 ms per
+call, over ~1,500 calls a step), yet the step is 66.7 s at both (and 180 s / 184 s at 1,120 /
+2,240 GPUs); adding the latency to the capped transfer (alpha + n beta with beta at the ceiling)
+predicts +5 to +16% on those four rows where the maximum predicts -0.5 to +12%
+(tests/test_validation.py)."""
 
 
 def busbw_cap(plan: ParallelPlan, axis: str = "dp") -> float:

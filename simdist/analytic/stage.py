@@ -88,7 +88,7 @@ class PipelineSend:
     nbytes: float  # what each TP rank sends
     send_s: float  # the send alone on the pp axis's links
     gather_s: float  # the receiver's TP all-gather
-    overlapped: bool = False  # sends overlap the next compute (Megatron's interleaved overlap_p2p_comm)
+    overlapped: bool = False  # the sender does not wait for its sends (Megatron's interleaved overlap_p2p_comm)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,9 @@ this module only says which rule a plan gets, so the executor and the simulator 
   attention core (Korthikanti et al. 2022); attention runs Transformer Engine's cuDNN fused kernel
   (``attention_kernel`` cudnn; on Hopper a FlashAttention-3-class kernel: GpuSpec.
   fused_attention_speedup), the other frameworks FlashAttention-2 (flash2); under the
-  interleaved schedule the pipeline sends overlap compute (``--overlap-p2p-communication``, on
-  by default for interleaving, ``overlap_p2p_comm``); the loss is the unfused vocabulary-parallel
+  interleaved schedule the sender does not wait for its pipeline sends (``--overlap-p2p-communication``,
+  on by default for interleaving, ``overlap_p2p_comm``), though the receiver still waits for
+  each one (simdist.analytic.steptime.stage_time); the loss is the unfused vocabulary-parallel
   cross-entropy (``cross_entropy_loss_fusion`` off by default).
 - ``nemo``: NeMo 2 / Megatron-Bridge performance recipes (the configurations of NVIDIA's
   published performance summaries): Megatron-Core with the distributed optimizer, gradient
@@ -73,7 +74,7 @@ class Framework:
     fsdp_pipeline_no_sync: bool = False  # FSDP under PP: gather once, reduce at the last micro-batch
     attention_kernel: str = "flash2"  # plan.attention_kernel when unset: "flash2" | "cudnn" | "triton"
     fused_elementwise: bool = True  # plan.fused_elementwise when unset (torchtitan: compile off by default)
-    overlap_p2p: bool = False  # interleaved schedule: pipeline sends overlap compute (isend/irecv)
+    overlap_p2p: bool = False  # interleaved schedule: the sender does not wait for its sends (isend/irecv)
     # context parallelism through PyTorch's context_parallel over SDPA, which the model calls
     # after repeating K/V to every query head (simdist.analytic.context.torch_sdpa_core_ops)
     sdpa_context_parallel: bool = False
