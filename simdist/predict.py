@@ -36,7 +36,6 @@ from simdist.analytic.memory_report import memory_assumption
 from simdist.analytic.param_server import async_staleness_steps
 from simdist.analytic.result import StepResult
 from simdist.analytic.stage import StepDescription, describe
-from simdist.analytic.steptime import reduce_step
 from simdist.analytic.timeshare import time_shared
 from simdist.errors import Problem, ScenarioError
 from simdist.results import Prediction, StageMemoryReport, to_gib
@@ -117,6 +116,8 @@ def _predict(scenario: Scenario, profile: CalibrationProfile | None, engine: str
             assumptions.append(f"closed form used instead of the event engine ({work.driver} too large: "
                                f"{work.message()})")
     if engine == "analytic":
+        from simdist.analytic.steptime import reduce_step  # here: the event engine does not need it
+
         result = reduce_step(described)
     else:
         from simdist.sim.engine import simulate

@@ -25,6 +25,10 @@ LIMITS_HELP = (
     "docs/scenario-format.md, section Input limits. Exit code 0: predicted; 2: bad input, one "
     "line per problem naming the field.")
 
+# one prediction: the event engine's work is bounded (simdist.sim.engine.budget) and runs with the
+# collector paused anyway (simdist.sim.engine.simulation); the rest makes little garbage
+PAUSE_GC = True
+
 
 def limits_help() -> str:
     from simdist.io.text import MAX_DEPTH, MAX_EXPANDED_NODES

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 
 from simdist.analytic.result import StepResult
@@ -37,7 +38,24 @@ def simulate(
     the transfers run on (:class:`simdist.sim.network.NetworkBackend`). A scenario past the
     work limits of :mod:`.budget` is refused (ScenarioError naming the input) before anything
     is built.
+
+    The cyclic garbage collector is paused for the run (its previous state restored after):
+    the run makes ~10^4-10^6 short-lived events, processes and spans, and each collection they
+    trigger walks every live one (the pending events, the lowered work, the timeline) although
+    almost none die in a cycle. predict, the search's re-rank, calibration and the trace all
+    come through here.
     """
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _simulate(described, fidelity, keep_spans, stragglers, backend)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _simulate(described: StepDescription, fidelity: str, keep_spans: bool,
+              stragglers: dict[int, float] | None, backend: BackendFactory) -> StepResult:
     if fidelity not in FIDELITIES:
         raise ValueError(f"fidelity must be one of {FIDELITIES}, got {fidelity!r}")
     sc = described.scenario
