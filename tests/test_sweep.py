@@ -114,6 +114,17 @@ def test_base_and_search_options_are_checked(tmp_path: Path) -> None:
     assert "'2f2b' is not one of" in found[1]
 
 
+def test_every_search_option_of_a_sweep_is_a_search_constraint() -> None:
+    from dataclasses import fields
+
+    from simdist.search.space import Constraints
+    from simdist.sweep.spec import SEARCH_KEYS
+
+    names = {f.name for f in fields(Constraints)}
+    assert set(SEARCH_KEYS) <= names, set(SEARCH_KEYS) - names
+    assert "rerank_exact" in SEARCH_KEYS  # the search's exact places, as `simdist search --rerank-exact`
+
+
 def test_a_bad_sweep_file_exits_2_one_line_per_problem(tmp_path: Path) -> None:
     path = write_sweep(tmp_path, [{"field": "plan.tp", "values": "eight"}], name="bad id!")
     r = run_cli("sweep", str(path), "--db", str(tmp_path / "runs.db"))

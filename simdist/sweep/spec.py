@@ -35,7 +35,7 @@ SEARCH_KEYS = {  # Constraints fields a sweep may set, and the kind of value eac
     "top": int, "max_tp": int, "pp": list, "max_cp": int, "max_ep": int, "max_etp": int,
     "uneven_pp": bool, "max_virtual_stages": int, "max_micro_batch": int, "schedules": list,
     "zero_stages": list, "recompute": list, "memory_headroom": float, "rerank": int,
-    "rerank_window": float, "keep_dominated": bool,
+    "rerank_window": float, "rerank_exact": int, "keep_dominated": bool,
 }
 TOP_KEYS = ("name", "description", "base", "mode", "engine", "search", "cost_per_gpu_hour", "axes")
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
