@@ -78,3 +78,24 @@ def test_megatron_framework_is_megatron_lm_argument_defaults():
     assert meg.fp32_grad_accumulation and not none.fp32_grad_accumulation  # bf16 forces fp32 main grads
     ds = scenario_from_dict({**base, "plan": {"framework": "deepspeed", "zero_stage": 3, "global_batch_size": 64}})
     assert ds.plan.zero3_fetch == "module"
+
+
+def test_megatron_core_weak_scaling_rows_untie_the_embeddings_their_counts_imply():
+    """Megatron-Core's weak-scaling table (README @f2e5db40) states 1.7B .. 462B: the parameter
+    counts of models whose output layer is apart from the input embedding, not tied."""
+    from simdist.analytic.params import total_params
+
+    for rid in ("R0048", "R0049", "R0052", "R0056"):
+        s = sc(rid)
+        assert not s.model.tie_embeddings, rid
+        stated = float(ROWS[rid]["params_b"]) * 1e9
+        untied = total_params(s.model)
+        tied = untied - s.model.vocab_size * s.model.hidden_size
+        assert abs(untied - stated) < abs(tied - stated), rid  # the tied count is 1-13% short
+        assert abs(untied / stated - 1) < 0.04, rid  # the table rounds (1.75B -> 1.7B)
+    assert sc("R0001").model.tie_embeddings  # SC'21's GPT (Megatron-LM 2021): tied, untouched
+    # the table's percentage of peak over its TFLOP/s is H100 SXM's dense BF16 peak (989 TFLOP/s),
+    # not FP8's twice that: BF16, as mapped
+    r = ROWS["R0048"]
+    assert abs(float(r["measured_tflops_per_gpu"]) / (float(r["measured_mfu"].rstrip("%")) / 100) - 989) < 15
+    assert sc("R0048").plan.precision == "bf16"

@@ -19,6 +19,7 @@ import math
 from simdist.analytic.host import SYNC_ROUND_TRIP_S
 from simdist.analytic.ops import Compute
 from simdist.spec.cluster import GpuSpec, HostSpec
+from simdist.spec.frameworks import framework_of
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.profile import CalibrationProfile
 
@@ -211,6 +212,24 @@ def optimizer_bytes_per_param(optimizer: str, precision: str, grad_bytes: float)
         "adafactor": 2 * 4.0 + grad_bytes + 2 * weights,
     }[optimizer]
     return base + extra
+
+
+def grad_buffer_pass_bytes(params: float, plan: ParallelPlan) -> float:
+    """HBM traffic per step of the passes a framework makes over the rank's whole gradient buffer
+    (``params`` parameters, unsharded) besides reducing it (Framework.grad_buffer_passes), when the
+    plan keeps one contiguous buffer (ZeRO 0/1; ZeRO-2/3 shard the gradients as they come).
+
+    Megatron-LM / Megatron-Core (r0.8, megatron/core/distributed): two, each
+    ``plan.grad_buffer_bytes`` per parameter. ``train_step`` calls ``zero_grad_buffer()`` on every
+    model chunk before the first micro-batch, a memset of the buffer (one write); and each bucket's
+    ``start_grad_sync`` first takes ``grad_data.norm(p=2)`` to refuse NaN gradients
+    (``check_for_nan_in_grad``, on in Megatron-LM through ``--check-for-nan-in-loss-and-grad``,
+    default True), one read of the buffer. The optimizer's own gradient-norm clip reads only its
+    shard (:func:`optimizer_bytes_per_param`)."""
+    passes = framework_of(plan.framework).grad_buffer_passes
+    if passes <= 0 or plan.zero_stage > 1 or params <= 0:
+        return 0.0
+    return passes * params * plan.grad_buffer_bytes
 
 
 def cpu_optimizer_time(params: float, plan: ParallelPlan, host: HostSpec) -> float:

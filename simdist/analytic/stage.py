@@ -32,7 +32,7 @@ from simdist.analytic.collectives import (
     layout_for_axis,
 )
 from simdist.analytic.compression import compression_kernel_bytes, hook_ops
-from simdist.analytic.cost import CostModel, optimizer_bytes_per_param
+from simdist.analytic.cost import CostModel, grad_buffer_pass_bytes, optimizer_bytes_per_param
 from simdist.analytic.cpu_optimizer import per_tensor_optimizer_time, ps_worker_time
 from simdist.analytic.data_parallel import DataParallelTraffic
 from simdist.analytic.dp_groups import data_parallel_traffic
@@ -47,7 +47,13 @@ from simdist.analytic.param_server import (
     ps_traffic,
     server_update_time,
 )
-from simdist.analytic.params import embedding_params, head_params, layers_params, mtp_params
+from simdist.analytic.params import (
+    embedding_params,
+    head_params,
+    layers_params,
+    mtp_params,
+    params_per_rank,
+)
 from simdist.analytic.passes import OpTimer, PassTime
 from simdist.analytic.variants import layer_ops, mtp_ops, recompute_ops
 from simdist.spec.frameworks import framework_of
@@ -349,6 +355,7 @@ def gpu_optimizer_time(sc: Scenario, cost: CostModel, stage: int) -> float:
         return 0.0
     n = optimizer_shard_params(sc.model, plan, stage)
     traffic = n * optimizer_bytes_per_param(plan.optimizer, plan.precision, state_bytes(sc.model, plan).grads)
+    traffic += grad_buffer_pass_bytes(params_per_rank(sc.model, plan, stage), plan)
     per_tensor = per_tensor_optimizer_time(sc, cost.profile, stage)  # a CPU profile's loop over tensors
     if per_tensor is not None:
         return cost.memory_time(traffic, kernels=0) + per_tensor

@@ -84,12 +84,15 @@ class Framework:
     # plan.recompute_early_stop when unset: full recompute through PyTorch's non-reentrant checkpoint,
     # which stops once backward's saved tensors are back (simdist.analytic.ops.recompute_ops)
     recompute_early_stop: bool = False
+    # full passes over the rank's whole gradient buffer each step besides the reduction, when the
+    # framework keeps one contiguous buffer (ZeRO 0/1): simdist.analytic.cost.grad_buffer_pass_bytes
+    grad_buffer_passes: int = 0
     description: str = ""
 
 
 FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", "megatron", "attention-core", "te-default", attention_kernel="cudnn", overlap_p2p=True,
-                          cross_entropy="megatron",
+                          cross_entropy="megatron", grad_buffer_passes=2,
                           description="Megatron-LM / Megatron-Core argument defaults"),
     "nemo": Framework("nemo", "megatron", "attention-core", "te-default", attention_kernel="cudnn", overlap_p2p=True,
                       description="NeMo 2 / Megatron-Bridge performance recipes"),

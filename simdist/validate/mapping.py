@@ -276,6 +276,20 @@ def _llama3(row: dict[str, str]) -> dict[str, Any]:
 # --- the older rows (MosaicML, Megatron-LM, Megatron-Core) ------------------------------------
 
 
+def _untied_by_count(model: dict[str, Any], params_b: float | None) -> bool:
+    """Whether a row's stated parameter count is that of the model with its LM head apart from
+    the input embedding (Megatron's ``--untie-embeddings-and-output-weights``) rather than tied:
+    the nearer of the two counts. Megatron-Core's weak-scaling table (README @f2e5db40) lists
+    1.7B, 7.1B, 16B, ..., 462B for models whose tied counts are 1.48B, 6.58B, 15.3B, ..., 459B
+    and untied 1.75B, 7.12B, 16.1B, ..., 461.5B (12 l h^2 + 13 l h + V h (+ V h) + s h), so
+    those runs kept a separate output layer: one more V x h weight to reduce, update and hold."""
+    if not params_b:
+        return False
+    h, layers, v = model["hidden_size"], model["num_layers"], model["vocab_size"]
+    tied = layers * (12 * h * h + 13 * h) + v * h + model["seq_length"] * h
+    return abs(tied + v * h - params_b * 1e9) < abs(tied - params_b * 1e9)
+
+
 def _legacy(row: dict[str, str]) -> dict[str, Any]:
     framework = row["framework"]
     mosaic = framework.startswith("MosaicML")
@@ -294,6 +308,8 @@ def _legacy(row: dict[str, str]) -> dict[str, Any]:
     else:  # Megatron GPT: biases, learned positions, tied embeddings, dropout 0.1
         model.update(bias=True, position_embedding="learned", tie_embeddings=True,
                      dropout=not mcore)
+    if mcore:  # the table's parameter counts are those of untied embeddings (_untied_by_count)
+        model["tie_embeddings"] = not _untied_by_count(model, cell_float(row["params_b"]))
     gpus = int(row["num_gpus"])
     gpn = min(gpus, cell_int(row["gpus_per_node"]) or 8)
     preset = _GPU_CLUSTER[row["gpu_type"].strip().lower()]
