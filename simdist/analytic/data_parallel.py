@@ -215,8 +215,8 @@ def _synced_times(tr: DataParallelTraffic, v: int, t_fwd: float, t_bwd: float) -
     (:func:`simdist.analytic.zero3_sync.synced_exposed`); backward reduce-scatters each
     submodule's gradients as it ends (its part of the layer's, pro rata)."""
     layers = max(1, tr.gather_chunks // v)
-    shares = tuple(c.bytes for c in tr.fwd_gathers)
-    shares = tuple(b / sum(shares) for b in shares)
+    total = sum(c.bytes for c in tr.fwd_gathers) or 1.0
+    shares = tuple(c.bytes / total for c in tr.fwd_gathers)
     per = v * layers
     fwd = tuple(c.total_seconds / per for c in tr.fwd_gathers)
     rs = calls_seconds(tr.microbatch_grad_sync) / per
