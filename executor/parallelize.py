@@ -331,7 +331,7 @@ def build_parallel_model(m: ModelSpec, plan: ParallelPlan, rank: int, mesh: Devi
             # (train.loss_context); pipeline schedules compute it on gathered logits
             apply_tensor_parallel(chunk, mesh["tp"], plan.sequence_parallel, vocab_parallel_loss=plan.pp == 1)
         if kind == "fsdp":
-            if plan.zero3_fetch == "module" and plan.shards_params:  # executor.knobs
+            if plan.zero3_fetch != "layer" and plan.shards_params:  # executor.knobs
                 shard_submodules(chunk, shard_mesh(plan, mesh), reshard_after_forward=True)
             chunks.append(apply_fsdp(chunk, shard_mesh(plan, mesh), reshard_after_forward=plan.shards_params))
             apply_param_gather_overlap(chunks[-1], plan)

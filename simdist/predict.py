@@ -269,9 +269,12 @@ def _system_assumptions(sc: Scenario) -> list[str]:
                    f"replicated across {plan.dp // plan.dp_shard}; gradients reduce-scattered in the group, "
                    "then all-reduced across replicas")
     if cap := busbw_cap(plan):
-        out.append(f"DeepSpeed ZeRO-3 (zero3_fetch: module): data-parallel collectives at most "
+        out.append(f"DeepSpeed ZeRO-3 (zero3_fetch: {plan.zero3_fetch}): data-parallel collectives at most "
                    f"{cap / 1e9:.0f} GB/s of bus bandwidth per GPU (per-submodule fetch bound by copies "
                    "and host waits, DeepSpeed #1174), whatever the links carry")
+        if plan.zero3_fetch == "module_sync":
+            out.append("DeepSpeed <= 0.4.0 ZeRO-3 fetch: the device synchronised at every submodule's fetch, "
+                       "one submodule's weight in flight: each submodule takes max(its compute, the next gather)")
     if plan.zero_quantized_weights:
         out.append("ZeRO++ qwZ: parameter all-gathers in int8 with a block scale")
     if plan.offload.any:

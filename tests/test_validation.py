@@ -54,15 +54,27 @@ def test_megatron_core_h100_mean_within_15_percent(report):
 ZERO3_GROUP = "Megatron-LM SC'21 ZeRO-3 comparison"
 
 
-def test_deepspeed_zero3_rows_each_within_25_percent(report):
+def test_deepspeed_zero3_rows_each_within_15_percent(report):
     """Narayanan et al. SC'21 Table 2: DeepSpeed ZeRO-3 without model parallelism, 175B and 530B
-    on 384-2,240 A100. Within 25% each (they were 27-75% too fast before DeepSpeed's fetch
-    ceiling was modelled)."""
-    results, _, _ = report
+    on 384-2,240 A100. Within 15% each, 10% on average (they were 27-75% too fast before
+    DeepSpeed's fetch ceiling was modelled, and the micro-batch-4 rows 19-21% too fast while
+    the 2021 fetch, zero3_fetch: module_sync, hid wholly behind compute)."""
+    results, summary, _ = report
     rows = [r for r in results if r.case.group == ZERO3_GROUP]
     assert len(rows) == 6
     for r in rows:
-        assert abs(r.error) <= 0.25, (r.case.run_id, r.error)
+        assert abs(r.error) <= 0.15, (r.case.run_id, r.error)
+    assert summary[ZERO3_GROUP]["mae"] <= 0.10
+
+
+def test_deepspeed_zero3_microbatch_4_pays_the_synchronised_fetch(report):
+    """At micro-batch 4 a submodule's compute is about its gather's length, so DeepSpeed 0.3's
+    one-submodule-ahead fetch exposes what a layer-wide overlap would hide: the published
+    steps (R0011, R0014) are 22% and 40% above the communication-bound rows' per-sample pace,
+    and each is predicted within 12% (not 19-21% too fast)."""
+    by_id = {r.case.run_id: r for r in report[0]}
+    for rid in ("R0011", "R0014"):
+        assert abs(by_id[rid].error) <= 0.12, (rid, by_id[rid].error)
 
 
 def test_deepspeed_zero3_step_stops_shrinking_with_more_gpus(report):
@@ -76,16 +88,17 @@ def test_deepspeed_zero3_step_stops_shrinking_with_more_gpus(report):
 
 
 def test_deepspeed_zero3_rows_event_engine_agrees():
-    """The event engine shares each GPU's capped collectives the same way (within 25% of the
-    published step, and within 10% of the closed form)."""
+    """The event engine shares each GPU's capped collectives the same way and runs the same
+    one-submodule-ahead fetch (within 20% of the published step, and within 5% of the closed
+    form; R0015, the 530B micro-batch-2 row, is the furthest: +17.5% here, +12.8% closed form)."""
     from simdist.predict import predict
 
     cases = [c for c in build_cases()[0] if c.group == ZERO3_GROUP]
     for c in cases:
         des = predict(c.scenario, engine="des", keep_spans=False).step_time_s
         closed = predict(c.scenario, engine="analytic", keep_spans=False).step_time_s
-        assert abs(des / c.measured_step_s - 1) <= 0.25, (c.run_id, des)
-        assert des == pytest.approx(closed, rel=0.10), c.run_id
+        assert abs(des / c.measured_step_s - 1) <= 0.20, (c.run_id, des)
+        assert des == pytest.approx(closed, rel=0.05), c.run_id
 
 
 def test_deepspeed_fetch_ceiling_carries_over_to_the_zeropp_blog():

@@ -63,7 +63,7 @@ predicts +5 to +16% on those four rows where the maximum predicts -0.5 to +12%
 def busbw_cap(plan: ParallelPlan, axis: str = "dp") -> float:
     """Bus-bandwidth ceiling of the plan's collectives over ``axis`` (0 = the network's): the
     data-parallel ones of DeepSpeed ZeRO-3."""
-    if axis.startswith("dp") and plan.shards_params and plan.zero3_fetch == "module":
+    if axis.startswith("dp") and plan.shards_params and plan.zero3_fetch != "layer":
         return DEEPSPEED_ZERO3_BUSBW
     return 0.0
 

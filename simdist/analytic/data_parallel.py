@@ -29,6 +29,7 @@ from simdist.analytic.overlap import (
     prefetch_exposed,
 )
 from simdist.analytic.params import params_per_rank, stage_num_layers
+from simdist.analytic.zero3_sync import submodule_shares, synced_exposed
 from simdist.spec.frameworks import framework_of
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
@@ -134,8 +135,16 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = Non
         calls = layers * (zero3_modules_per_layer(m) if plan.zero3_fetch == "module" else 1)
         pb = param_wire_bytes(plan)
         gathers_bwd = param_gathers_per_microbatch(plan) - 1
-        fwd = (CollectiveCall("allgather params fwd", "allgather", ax, n * pb / calls, calls),)
-        bwd = (CollectiveCall("allgather params bwd", "allgather", ax, n * pb / calls, calls * gathers_bwd),)
+        if plan.zero3_fetch == "module_sync":  # each linear's own bytes (analytic.zero3_sync)
+            parts = submodule_shares(m)
+            calls = layers * len(parts)
+            fwd = tuple(CollectiveCall(f"allgather params fwd {k}", "allgather", ax, n * pb / layers * s, layers)
+                        for k, s in parts)
+            bwd = tuple(CollectiveCall(f"allgather params bwd {k}", "allgather", ax, n * pb / layers * s,
+                                       layers * gathers_bwd) for k, s in parts)
+        else:
+            fwd = (CollectiveCall("allgather params fwd", "allgather", ax, n * pb / calls, calls),)
+            bwd = (CollectiveCall("allgather params bwd", "allgather", ax, n * pb / calls, calls * gathers_bwd),)
         sync = [CollectiveCall("reducescatter grads", "reducescatter", ax, grad_bytes / calls, calls)]
         if hybrid:
             sync.append(CollectiveCall("allreduce grads across replicas", "allreduce", "dp_replica",
@@ -198,6 +207,23 @@ def _fsdp_under_pipeline(plan: ParallelPlan, n: float, layers: int) -> DataParal
     gathers = (CollectiveCall("allgather params", "allgather", ax, n * param_wire_bytes(plan) / layers, layers),)
     return DataParallelTraffic(step_grad_sync=tuple(sync), post_step_gathers=gathers, step_buckets=layers,
                                post_step_behind_forward=plan.overlap_param_gather)
+
+
+def _synced_times(tr: DataParallelTraffic, v: int, t_fwd: float, t_bwd: float) -> tuple[float, float]:
+    """Exposed (forward, backward) gathers of DeepSpeed <= 0.4.0's ZeRO-3 per micro-batch: each
+    of the ``v`` model chunks is a pass whose submodules wait one ahead
+    (:func:`simdist.analytic.zero3_sync.synced_exposed`); backward reduce-scatters each
+    submodule's gradients as it ends (its part of the layer's, pro rata)."""
+    layers = max(1, tr.gather_chunks // v)
+    total = sum(c.bytes for c in tr.fwd_gathers) or 1.0
+    shares = tuple(c.bytes / total for c in tr.fwd_gathers)
+    per = v * layers
+    fwd = tuple(c.total_seconds / per for c in tr.fwd_gathers)
+    rs = calls_seconds(tr.microbatch_grad_sync) / per
+    bwd = tuple(c.total_seconds / per for c in tr.bwd_gathers)
+    red = tuple(rs * s for s in shares)
+    return (v * synced_exposed(shares, layers, t_fwd / v, fwd),
+            v * synced_exposed(shares, layers, t_bwd / v, bwd, red, reverse=True))
 
 
 def _seconds_by_links(calls: tuple[CollectiveCall, ...]) -> dict[str, float]:
@@ -273,6 +299,8 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
     if tr.fwd_gathers:  # ZeRO-3
         if not plan.overlap_param_gather:
             fwd_exp, bwd_exp = ag_f, ag_b + rs
+        elif plan.zero3_fetch == "module_sync":  # one submodule ahead (analytic.zero3_sync)
+            fwd_exp, bwd_exp = _synced_times(tr, v, t_fwd, t_bwd)
         else:
             fwd_exp = max(min(v, chunks) * ag_f / chunks, ag_f - t_fwd) if ag_f > 0 else 0.0
             # one layer's gather and one layer's reduce-scatter per chunk cannot hide; gathers

@@ -60,6 +60,7 @@ from simdist.analytic.variants import layer_ops
 from simdist.sim import dualpipe
 from simdist.sim.expert_flows import attach_expert_flows
 from simdist.sim.schedules import Action, schedule, stage_dependencies
+from simdist.sim.synced_fetch import first_of_layers, synced_pieces, synced_segments
 from simdist.sim.work import (
     ChunkWork,
     CommSpec,
@@ -292,12 +293,21 @@ def _tasks(plan: ParallelPlan, fwd: list[Work], bwd: list[Work], wgt: list[Work]
         # without overlap_param_gather nothing is prefetched and every reduction is waited for
         # (data_parallel.dp_times charges all of it)
         lap = plan.overlap_param_gather or not traffic.fwd_gathers
+        seg_f, g_f = tuple(fwd), (calls(traffic.fwd_gathers, per=per),) * layers
+        seg_b, g_b = tuple(bwd), (calls(traffic.bwd_gathers, per=per),) * layers
+        if plan.zero3_fetch == "module_sync" and traffic.fwd_gathers:  # one submodule ahead
+            seg_f, g_f, at_f = synced_segments(fwd, tuple(calls((c,), per=per) for c in traffic.fwd_gathers), False)
+            seg_b, g_b, at_b = synced_segments(bwd, tuple(calls((c,), per=per) for c in traffic.bwd_gathers), True)
+            up_f, up_b = (first_of_layers(up_f, at_f, len(seg_f)), first_of_layers(up_b, at_b, len(seg_b)))
+            if not split and pieces:  # each submodule's gradients reduce-scattered as it ends
+                k, total = len(traffic.fwd_gathers), sum(c.bytes for c in traffic.fwd_gathers)
+                rs_parts = tuple(calls(traffic.microbatch_grad_sync, per=per * k, share=k * c.bytes / total)
+                                 for c in traffic.fwd_gathers)
+                pieces = synced_pieces(rs_parts, down, at_b)
         tasks = {
-            ("F", False): Task(tuple(fwd), (calls(traffic.fwd_gathers, per=per),) * layers, (), f_label,
-                               uploads=up_f, overlapped=lap),
-            ("B", False): Task(tuple(bwd), (calls(traffic.bwd_gathers, per=per),) * layers,
-                               () if split else pieces, b_label, drain=bool(pieces) and not split, uploads=up_b,
-                               overlapped=lap),
+            ("F", False): Task(seg_f, g_f, (), f_label, uploads=up_f, overlapped=lap),
+            ("B", False): Task(seg_b, g_b, () if split else pieces, b_label, drain=bool(pieces) and not split,
+                               uploads=up_b, overlapped=lap),
         }
         if split:
             tasks[("W", False)] = Task(tuple(wgt), (), pieces, drain=bool(pieces), overlapped=lap)

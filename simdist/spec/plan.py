@@ -23,7 +23,7 @@ Optimizer = Literal["adam", "adamw", "sgd", "lamb", "lars", "adafactor"]
 GradientSync = Literal["allreduce", "parameter-server", "async-parameter-server"]
 OffloadDevice = Literal["none", "cpu", "nvme"]
 CompressionMethod = Literal["none", "fp16", "bf16", "int8", "topk", "powersgd"]
-Zero3Fetch = Literal["layer", "module"]
+Zero3Fetch = Literal["layer", "module", "module_sync"]
 ZeroStage = Literal[0, 1, 2, 3]
 MoeDispatcher = Literal["alltoall", "allgather", "flex"]
 CpMethod = Literal["ring", "allgather", "ulysses"]
@@ -105,8 +105,10 @@ class ParallelPlan:
     tp_comm_overlap: bool = spec_field(False, doc="TP collectives overlapped with GEMMs (Megatron-Core/TE)")
     # ZeRO-3 gather unit: "layer" (FSDP wraps each block: one collective per layer and pass) or
     # "module" (DeepSpeed ZeRO-3 fetches each submodule's parameters with its own collective,
-    # at a bus-bandwidth ceiling of its own: simdist.analytic.collectives.DEEPSPEED_ZERO3_BUSBW)
-    zero3_fetch: Zero3Fetch = spec_field("layer", doc="ZeRO-3 gather unit: layer (FSDP) or module (DeepSpeed)")
+    # at a bus-bandwidth ceiling of its own: simdist.analytic.collectives.DEEPSPEED_ZERO3_BUSBW);
+    # "module_sync": DeepSpeed <= 0.4.0, one submodule ahead, device synced (analytic.zero3_sync)
+    zero3_fetch: Zero3Fetch = spec_field("layer", doc="ZeRO-3 gather unit: layer (FSDP), module (DeepSpeed) "
+                                         "or module_sync (DeepSpeed <= 0.4.0)")
     # v1.1
     dp_shard: int = spec_field(0, check="positive", since="1.1", doc="HSDP shard group size; default dp")
     zero_quantized_weights: bool = spec_field(False, since="1.1", doc="ZeRO++ qwZ: int8 parameter all-gather")

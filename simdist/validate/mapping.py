@@ -350,7 +350,10 @@ def _legacy(row: dict[str, str]) -> dict[str, Any]:
         # wraps each block in PyTorch's non-reentrant checkpoint, whose recompute stops early
         plan["recompute_early_stop"] = True
     if "DeepSpeed" in framework and zero == 3:
-        plan["zero3_fetch"] = "module"  # DeepSpeed gathers each submodule's parameters on its own
+        # DeepSpeed gathers each submodule's parameters on its own; these runs (Narayanan et al.,
+        # arXiv:2104.04473 v1, April 2021) used its 2021 ZeRO-3 (0.3.x), which synchronised the
+        # device at every fetch and kept one submodule in flight (simdist.analytic.zero3_sync)
+        plan["zero3_fetch"] = "module_sync"
     if mcore:  # --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap, distributed optimizer;
         # Megatron-Core's own DDP bucket rule (framework megatron)
         plan.update(framework="megatron", zero_stage=1, tp_comm_overlap=True, overlap_param_gather=True)
