@@ -1,6 +1,7 @@
 """Expert GEMMs as Transformer Engine runs them under Megatron-Core / NeMo: one cuBLAS GEMM per
 local expert over four streams (moe.concurrent_experts), priced in rounds of four GEMMs that
-share the SMs' waves, each with M = its expert's tokens; one grouped kernel elsewhere."""
+share the SMs' waves, each with M = its expert's tokens; one grouped kernel elsewhere. And their
+FP8 inputs quantized expert by expert (fp8.quantize_kernels), each kernel paying its launch gap."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from simdist.spec.scenario import scenario_from_dict
 TE_MULTI_STREAM_TFLOPS = {(8, 4096, 768, 2048): 627.903, (16, 2048, 768, 2048): 553.945}
 
 
-def _scenario(framework: str, **plan: object) -> object:
+def _scenario(framework: str, nodes: int = 1, **plan: object) -> object:
     base = {"tp": 1, "pp": 1, "ep": 8, "precision": "bf16", "framework": framework, "global_batch_size": 64}
     return scenario_from_dict({"name": "grouped gemm", "model": {"preset": "qwen3-30b-a3b", "num_layers": 2},
-                               "cluster": {"preset": "dgx-h100", "num_nodes": 1}, "plan": {**base, **plan}})
+                               "cluster": {"preset": "dgx-h100", "num_nodes": nodes}, "plan": {**base, **plan}})
 
 
 def _plan(framework: str) -> ParallelPlan:
@@ -80,3 +81,42 @@ def test_many_local_experts_with_few_tokens_each_cost_more_under_te() -> None:
 
     assert expert_gemm_s("nemo", 2, 1) > expert_gemm_s("torchtitan", 2, 1) * 1.03
     assert expert_gemm_s("nemo", 32, 4) == pytest.approx(expert_gemm_s("torchtitan", 32, 4), rel=1e-9)
+
+
+@pytest.mark.parametrize("recipe,framework,kernels", [("tensorwise", "nemo", 3 * 8), ("blockwise", "nemo", 8),
+                                                      ("delayed", "nemo", 1), ("tensorwise", "torchtitan", 8)])
+def test_fp8_inputs_are_quantized_expert_by_expert(recipe, framework, kernels) -> None:
+    """Transformer Engine quantizes each expert's split with its own quantizer: amax, scale and
+    cast (3 kernels) under current scaling, one block-scaled quantize under blockwise, and one
+    fused multi-tensor cast-transpose for all of them only under delayed scaling."""
+    sc = _scenario(framework, nodes=2, ep=16, precision="fp8", fp8_recipe=recipe)
+    n_local = moe.local_experts(sc.model, sc.plan)
+    assert n_local == 8
+    cm = CostModel(sc.cluster.gpu, "fp8")
+    ops = moe.routed_ops(sc.model, sc.plan, bwd=False) + moe.routed_ops(sc.model, sc.plan, bwd=True)
+    casts = [op for op in ops if isinstance(op, Compute) and op.name.startswith("fp8 cast experts")
+             and not op.name.endswith("weight")]
+    assert len(casts) == 4  # fc1 and fc2 inputs, fc2 and fc1 output gradients
+    for op in casts:
+        assert op.batch == kernels
+        streaming = op.bytes / (cm.memory_bandwidth * cm.memory_efficiency(op.bytes))
+        assert cm.time(op) == pytest.approx(streaming + kernels * cm.kernel_overhead)
+
+
+def test_current_scaling_pays_its_per_expert_kernels_in_the_step() -> None:
+    """Megatron-Bridge's Qwen3-30B-A3B FP8-CS plan (R0099: EP16, 8 local experts, 48 layers,
+    64 micro-batches): current scaling launches 4 operands x (3 x 8 - 1) more kernels per layer
+    and micro-batch than delayed scaling's fused cast; the step grows by at least their gaps
+    (plus the extra amax read of every operand)."""
+    from simdist.analytic.cost import KERNEL_OVERHEAD_S
+    from simdist.predict import predict
+    from simdist.validate import moe_cp
+    from simdist.validate.rows import data_dir, read_csv
+
+    row = next(r for r in read_csv(data_dir(None) / "training_runs.csv") if r["run_id"] == "R0099")
+    steps = {}
+    for recipe in ("tensorwise", "delayed"):
+        d = moe_cp.moe_scenario(row)
+        d["plan"]["fp8_recipe"] = recipe
+        steps[recipe] = predict(scenario_from_dict(d), engine="analytic", keep_spans=False).step_time_s
+    assert steps["tensorwise"] - steps["delayed"] >= 4 * (3 * 8 - 1) * KERNEL_OVERHEAD_S * 48 * 64

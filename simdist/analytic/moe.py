@@ -273,11 +273,15 @@ def _grouped(name: str, rows: float, n: int, k: int, experts: int, bwd: bool,
     if not fp8_on:
         return gemms
     cb = fp8.cast_bytes(plan)
-    # one cast kernel per expert (batch: the kernels, for the host's issue cost: analytic.host)
+    # batch: the kernels (each pays its launch gap, analytic.cost; and its host issue, analytic.host):
+    # the routed tokens are quantized expert by expert (fp8.quantize_kernels); Transformer Engine
+    # quantizes the weights once per step (their launches amortised over the micro-batches:
+    # counted as one kernel), torchao in every micro-batch
     weight = Compute(f"fp8 cast {name} weight", "memory",
-                     bytes=cb * k * n * experts * fp8.weight_casts_per_microbatch(plan) / 2, batch=experts)
+                     bytes=cb * k * n * experts * fp8.weight_casts_per_microbatch(plan) / 2,
+                     batch=experts if fp8.uses_torchao(plan) else 1)
     operand = Compute(f"fp8 cast {name} {'grad' if bwd else 'input'}", "memory",
-                      bytes=cb * rows * experts * (n if bwd else k), batch=experts)
+                      bytes=cb * rows * experts * (n if bwd else k), batch=fp8.quantize_kernels(plan, experts))
     # backward lists are reversed by the caller: the casts then run before their GEMMs
     return [*gemms, weight, operand] if bwd else [operand, weight, *gemms]
 
