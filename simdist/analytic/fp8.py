@@ -78,10 +78,12 @@ def quantize_kernels(plan: ParallelPlan, tensors: int) -> int:
     its own quantizer, tex.split_quantize). Transformer Engine fuses the splits into one
     nvte_multi_cast_transpose only under delayed scaling ("Currently only have fused kernel for
     FP8 delayed scaling", multi_tensor_quantize_impl in pytorch/csrc/extensions/cast.cpp); every
-    other recipe quantizes them one by one (:data:`TE_KERNELS_PER_TENSOR` each). torchao: one
-    per tensor, as before."""
+    other recipe quantizes them one by one (:data:`TE_KERNELS_PER_TENSOR` each). torchao's MoE
+    training (torchao/prototype/moe_training/scaled_grouped_mm.py, ``_scaled_grouped_mm``)
+    quantizes the whole token operand at once, row-wise, and the jagged per-expert scales of the
+    backward in one Triton launch: one."""
     if uses_torchao(plan):
-        return tensors
+        return 1
     r = recipe(plan)
     if r == "delayed":
         return 1

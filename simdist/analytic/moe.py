@@ -274,12 +274,11 @@ def _grouped(name: str, rows: float, n: int, k: int, experts: int, bwd: bool,
         return gemms
     cb = fp8.cast_bytes(plan)
     # batch: the kernels (each pays its launch gap, analytic.cost; and its host issue, analytic.host):
-    # the routed tokens are quantized expert by expert (fp8.quantize_kernels); Transformer Engine
-    # quantizes the weights once per step (their launches amortised over the micro-batches:
-    # counted as one kernel), torchao in every micro-batch
+    # the routed tokens are quantized expert by expert under Transformer Engine (fp8.quantize_kernels);
+    # the weights: Transformer Engine once per step (their launches amortised over the micro-batches:
+    # counted as one kernel), torchao every micro-batch as one 3-D tensor of all experts (one kernel)
     weight = Compute(f"fp8 cast {name} weight", "memory",
-                     bytes=cb * k * n * experts * fp8.weight_casts_per_microbatch(plan) / 2,
-                     batch=experts if fp8.uses_torchao(plan) else 1)
+                     bytes=cb * k * n * experts * fp8.weight_casts_per_microbatch(plan) / 2)
     operand = Compute(f"fp8 cast {name} {'grad' if bwd else 'input'}", "memory",
                       bytes=cb * rows * experts * (n if bwd else k), batch=fp8.quantize_kernels(plan, experts))
     # backward lists are reversed by the caller: the casts then run before their GEMMs
