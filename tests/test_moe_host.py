@@ -56,10 +56,11 @@ def test_the_sync_costs_its_round_trip_and_the_refill() -> None:
     without = timer.passes(ops[:i] + ops[i + 1:]).compute
     stall = with_sync - without
     assert stall >= host.SYNC_ROUND_TRIP_S + host.HOST_ISSUE_S  # the drain, then at least one issue
-    # per-expert kernels: 8 local experts' casts and GEMMs are issued one by one
+    # per-expert kernels: the local experts' GEMMs (fc1, fc2) are issued one by one (their FP8
+    # casts fused into one kernel per operand under the default delayed scaling)
     assert stall == pytest.approx(host.SYNC_ROUND_TRIP_S + host.DISPATCHER_GAP_S
                                   + host.refill_idle(timer._kernels(ops[i + 1:])))
-    assert len(timer._kernels(ops[i + 1:])) > 4 * moe.local_experts(sc.model, sc.plan)
+    assert len(timer._kernels(ops[i + 1:])) > 2 * moe.local_experts(sc.model, sc.plan)
 
 
 def test_the_dispatcher_gap_is_the_measured_gpu_idle_per_moe_forward() -> None:

@@ -176,7 +176,8 @@ def _op_time(cm: CostModel, op: Compute) -> float:
         # FLOPs on the full s x s square (the MFU convention of Megatron-LM and MosaicML); the
         # efficiency is on that count too: the computed fraction of peak over the causal share.
         return op.flops / (cm.attention_peak * cm.attention_efficiency(op)) + cm.kernel_overhead
-    return op.bytes / (cm.memory_bandwidth * cm.memory_efficiency(op.bytes)) + cm.kernel_overhead
+    # a memory op of ``batch`` kernels (an expert's FP8 quantization each: simdist.analytic.moe) pays each its gap
+    return op.bytes / (cm.memory_bandwidth * cm.memory_efficiency(op.bytes)) + cm.kernel_overhead * op.batch
 
 
 def optimizer_bytes_per_param(optimizer: str, precision: str, grad_bytes: float) -> float:

@@ -65,6 +65,31 @@ def weight_casts_per_microbatch(plan: ParallelPlan) -> float:
     return 1.0 / max(1, plan.num_microbatches)
 
 
+# Kernels Transformer Engine launches to quantize one tensor (transformer_engine/pytorch/csrc/
+# quantizer.cpp): Float8CurrentScalingQuantizer::quantize_impl runs nvte_compute_amax, then
+# nvte_compute_scale_from_amax, then nvte_quantize_v2, one after the other on the stream;
+# block-scaled and MXFP8 quantizers compute their scales inside one nvte_quantize_v2.
+TE_KERNELS_PER_TENSOR = {"tensorwise": 3, "blockwise": 1, "mxfp8": 1, "delayed": 1}
+
+
+def quantize_kernels(plan: ParallelPlan, tensors: int) -> int:
+    """Kernels that quantize ``tensors`` tensors of one grouped operand (one per local expert:
+    Transformer Engine's GroupedLinear splits its input by expert and quantizes each split with
+    its own quantizer, tex.split_quantize). Transformer Engine fuses the splits into one
+    nvte_multi_cast_transpose only under delayed scaling ("Currently only have fused kernel for
+    FP8 delayed scaling", multi_tensor_quantize_impl in pytorch/csrc/extensions/cast.cpp); every
+    other recipe quantizes them one by one (:data:`TE_KERNELS_PER_TENSOR` each). torchao's MoE
+    training (torchao/prototype/moe_training/scaled_grouped_mm.py, ``_scaled_grouped_mm``)
+    quantizes the whole token operand at once, row-wise, and the jagged per-expert scales of the
+    backward in one Triton launch: one."""
+    if uses_torchao(plan):
+        return 1
+    r = recipe(plan)
+    if r == "delayed":
+        return 1
+    return TE_KERNELS_PER_TENSOR.get(r, 1) * tensors
+
+
 def description(plan: ParallelPlan, gpu_name: str = "") -> str:
     r = recipe(plan, gpu_name)
     lib = "torchao float8" if uses_torchao(plan) else "Transformer Engine"

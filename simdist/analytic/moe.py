@@ -218,29 +218,69 @@ def node_missed(m: ModelSpec, nodes: int) -> float:
     return (1.0 - chosen) + chosen * _none_of(pool, per_node, k)
 
 
+# Transformer Engine's GroupedLinear (Megatron-Core's TEGroupedMLP) runs a grouped GEMM as one
+# cuBLAS GEMM per expert, issued round-robin over a pool of compute streams (NVIDIA/
+# TransformerEngine#853, "Grouped GEMM via multi-stream cuBLAS"; nvte_multi_stream_cublas_gemm in
+# common/gemm/cublaslt_gemm.cu); the pool holds get_num_compute_streams() = 4 streams
+# (common/util/multi_stream.cpp). The CUTLASS grouped kernel (NVTE_USE_CUTLASS_GROUPED_GEMM) is
+# opt-in, BF16 only, and not what the published recipes set.
+TE_GEMM_STREAMS = 4
+MULTI_STREAM_FRAMEWORKS = ("megatron", "nemo")  # the TEGroupedMLP users among simdist's frameworks
+
+
+def concurrent_experts(experts: int, plan: ParallelPlan | None) -> int:
+    """Expert GEMMs that run side by side and share the SMs' waves: Transformer Engine's
+    :data:`TE_GEMM_STREAMS` for Megatron-Core / NeMo, so the local experts run in rounds of that
+    many GEMMs, each with its own M = the expert's tokens; a single grouped kernel over all of
+    them otherwise (torch's grouped_mm under torchtitan, and simdist's default).
+
+    Measured by Transformer Engine on H100 (NVIDIA/TransformerEngine#2045, BF16,
+    general_grouped_gemm of TE 2.7, multi-stream cuBLAS): 8 experts x 4096 tokens (n 768, k 2048)
+    628 TFLOP/s, 16 experts x 2048 tokens 554 TFLOP/s, the same FLOPs 12% slower when split over
+    twice the experts. The shape model priced as rounds of four gives 0.92 (as one grouped kernel,
+    1.0); the CUTLASS grouped kernel in the same PR loses 2%."""
+    if plan is None or plan.framework not in MULTI_STREAM_FRAMEWORKS:
+        return experts
+    return min(experts, TE_GEMM_STREAMS)
+
+
+def _rounds(experts: int, plan: ParallelPlan | None) -> list[int]:
+    """The expert GEMMs of each round (:func:`concurrent_experts`): e.g. 16 -> [4, 4, 4, 4]."""
+    per = max(1, concurrent_experts(experts, plan))
+    full, rest = divmod(experts, per)
+    return [per] * full + ([rest] if rest else [])
+
+
 def _grouped(name: str, rows: float, n: int, k: int, experts: int, bwd: bool,
-             plan: ParallelPlan | None = None) -> list[Op]:
-    """A grouped GEMM: ``experts`` GEMMs of ``rows`` x k by k x n (fractional rows: a mean).
+             plan: ParallelPlan | None = None, fp8_plan: bool = True) -> list[Op]:
+    """A grouped GEMM: ``experts`` GEMMs of ``rows`` x k by k x n (fractional rows: a mean), in
+    rounds of GEMMs that run at once (:func:`_rounds`; one op per round, ``batch`` = its GEMMs).
     With ``plan`` in FP8 the experts run in FP8 like every other transformer linear (Transformer
     Engine's GroupedLinear takes the FP8 recipe of the layer, Megatron-Core's TEGroupedMLP), with
     the recipe's casts of the routed tokens (or their gradients) and of the weights
-    (:mod:`simdist.analytic.fp8`); the router stays in BF16 (``plan`` None)."""
+    (:mod:`simdist.analytic.fp8`); the router stays in BF16 (``fp8_plan`` False)."""
     r = max(1, round(rows))
-    flops = 2.0 * rows * n * k * experts
-    fp8_on = plan is not None and plan.precision == "fp8"
+    fp8_on = fp8_plan and plan is not None and plan.precision == "fp8"
+    rounds = _rounds(experts, plan)
     if not bwd:
-        gemms: list[Op] = [Compute(name, "gemm", flops, m=r, n=n, k=k, batch=experts, fp8=fp8_on)]
+        gemms: list[Op] = [Compute(name, "gemm", 2.0 * rows * n * k * b, m=r, n=n, k=k, batch=b, fp8=fp8_on)
+                           for b in rounds]
     else:
-        gemms = [Compute(f"{name} wgrad", "gemm", flops, m=k, n=n, k=r, batch=experts, fp8=fp8_on),
-                 Compute(f"{name} dgrad", "gemm", flops, m=r, n=k, k=n, batch=experts, fp8=fp8_on)]
+        gemms = [Compute(f"{name} wgrad", "gemm", 2.0 * rows * n * k * b, m=k, n=n, k=r, batch=b, fp8=fp8_on)
+                 for b in rounds]
+        gemms += [Compute(f"{name} dgrad", "gemm", 2.0 * rows * n * k * b, m=r, n=k, k=n, batch=b, fp8=fp8_on)
+                  for b in rounds]
     if not fp8_on:
         return gemms
     cb = fp8.cast_bytes(plan)
-    # one cast kernel per expert (batch: the kernels, for the host's issue cost: analytic.host)
+    # batch: the kernels (each pays its launch gap, analytic.cost; and its host issue, analytic.host):
+    # the routed tokens are quantized expert by expert under Transformer Engine (fp8.quantize_kernels);
+    # the weights: Transformer Engine once per step (their launches amortised over the micro-batches:
+    # counted as one kernel), torchao every micro-batch as one 3-D tensor of all experts (one kernel)
     weight = Compute(f"fp8 cast {name} weight", "memory",
-                     bytes=cb * k * n * experts * fp8.weight_casts_per_microbatch(plan) / 2, batch=experts)
+                     bytes=cb * k * n * experts * fp8.weight_casts_per_microbatch(plan) / 2)
     operand = Compute(f"fp8 cast {name} {'grad' if bwd else 'input'}", "memory",
-                      bytes=cb * rows * experts * (n if bwd else k), batch=experts)
+                      bytes=cb * rows * experts * (n if bwd else k), batch=fp8.quantize_kernels(plan, experts))
     # backward lists are reversed by the caller: the casts then run before their GEMMs
     return [*gemms, weight, operand] if bwd else [operand, weight, *gemms]
 
@@ -263,7 +303,7 @@ def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
     f = m.moe_ffn_hidden_size // etp
     n_in = 2 if m.mlp == "swiglu" else 1
     ops: list[Op] = []
-    ops += _grouped("router", t, m.num_experts, h, 1, bwd)
+    ops += _grouped("router", t, m.num_experts, h, 1, bwd, plan, fp8_plan=False)
     ops.append(_mem("router top-k" + suffix, scale * 3 * t * m.num_experts * 4))
     if not bwd:  # dropless: the tokens per expert read on the host (simdist.analytic.host)
         ops += [Compute("dispatcher host sync", "sync")] * host.syncs_per_forward(m, plan)
