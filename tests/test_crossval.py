@@ -112,3 +112,20 @@ def test_the_objective_weights_each_source_group_once(cases):
     assert objective(a + b * 10, eff) == pytest.approx(objective(a + b, eff))
     per = [objective(a, eff), objective(b, eff)]
     assert objective(a + b, eff) == pytest.approx(sum(per) / 2)
+
+
+def test_the_dense_overall_leaves_out_exactly_the_moe_rows(cases):
+    """"overall, MoE rows excepted" pools every row but the mixture-of-experts group's, and its
+    error is the mean over exactly those rows (weighted by rows, as "overall")."""
+    from simdist.validate.crossval import OVERALL_DENSE
+    from simdist.validate.moe_cp import GROUP_MOE
+
+    moe = [c for c in cases if c.group == GROUP_MOE][:2]
+    dense = [c for c in cases if c.group.startswith("Megatron-Core H100")][:3]
+    assert len(moe) == 2 and len(dense) == 3
+    cv = cross_validate(moe + dense, NO_MEMORY)
+    by = {s.group: s for s in cv.groups}
+    assert by["overall"].rows == 5 and by[OVERALL_DENSE].rows == 3
+    expected = sum(abs(cv.errors[c.run_id][2]) for c in dense) / 3
+    assert by[OVERALL_DENSE].cross_validated == pytest.approx(expected)
+    assert OVERALL_DENSE not in {s.group for s in cross_validate(dense, NO_MEMORY).groups}

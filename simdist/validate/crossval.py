@@ -14,6 +14,10 @@ the report shows, side by side:
 Peak memory is scored the same way on the rows that publish it, through :data:`MEMORY_MODEL`
 (a memory model with fitted constants replaces it, and its constants are refitted per group
 like the efficiencies).
+
+Below "overall", :data:`OVERALL_DENSE` pools every row but the mixture-of-experts ones: their
+steps hold host work the model prices only in part, so they are scored but neither fitted on
+(:func:`simdist.validate.moe_cp.fitted`) nor counted in the dense-model figure.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simdist.validate.fit import FitResult, case_time, fit
+from simdist.validate.moe_cp import GROUP_MOE
 from simdist.validate.rows import error_summary
 from simdist.validate.training import Case
 
@@ -50,6 +55,7 @@ def predicted_peak_gib(case: Case, fitted: Any = None) -> float:
     return float(reserved) if reserved is not None else p.peak_gib
 
 
+OVERALL_DENSE = "overall, MoE rows excepted"
 MEMORY_MODEL = MemoryModel(fit=lambda cases: None, peak_gib=predicted_peak_gib)
 
 
@@ -107,8 +113,11 @@ def _scores(cases: Sequence[Case], errors: dict[str, tuple[float, float, float]]
             mem: dict[str, tuple[float, float, float]]) -> list[GroupScore]:
     out = []
     order = sorted({c.group for c in cases}, key=lambda g: min(c.run_id for c in cases if c.group == g))
-    for g in [*order, "overall"]:
-        rows = [c for c in cases if g in ("overall", c.group)]
+    pooled = {"overall": lambda c: True}
+    if any(c.group == GROUP_MOE for c in cases):  # the dense-model figure (module docstring)
+        pooled[OVERALL_DENSE] = lambda c: c.group != GROUP_MOE
+    for g in [*order, *pooled]:
+        rows = [c for c in cases if (pooled[g](c) if g in pooled else c.group == g)]
         per = [error_summary(((g, errors[c.run_id][i]) for c in rows), overall=False)[g] for i in range(3)]
         mrows = [c for c in rows if c.run_id in mem]
         m_in = m_cv = None
