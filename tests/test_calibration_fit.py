@@ -162,7 +162,7 @@ def test_ranks_beyond_the_cores_time_share_them():
                                                                              engine="analytic")
     from simdist.analytic.timeshare import latency_part, time_shared
 
-    lat = latency_part(eight, prof, alone.step_time_s)  # the links' latency: the rank sleeps, its core is free
+    lat = latency_part(eight, prof, alone.step_time_s, alone.breakdown_s.get("bubble", 0.0))  # the links' latency: the rank sleeps, its core is free
     assert 0 < lat < alone.step_time_s / 4
     factor = time_shared(eight, prof)[1]
     assert factor == pytest.approx(4 * (alone.step_time_s - lat) / alone.step_time_s)
@@ -182,7 +182,8 @@ def test_idle_time_of_time_shared_ranks_fills_with_other_ranks_work():
                                "cluster": {"preset": "local", "num_nodes": 1, "gpus_per_node": 8}})
     full = predict(pipe, profile=replace(prof, cores=0), engine="analytic")
     _, factor = time_shared(pipe, prof)
-    busy = full.step_time_s - full.breakdown_s["bubble"] - latency_part(pipe, prof, full.step_time_s)
+    busy = full.step_time_s - full.breakdown_s["bubble"] - latency_part(pipe, prof, full.step_time_s,
+                                                                        full.breakdown_s["bubble"])
     assert full.breakdown_s["bubble"] > 0 and factor == pytest.approx(4 * busy / full.step_time_s)
     assert predict(pipe, profile=prof, engine="analytic").step_time_s == pytest.approx(4 * busy, rel=1e-6)
     waits = replace(prof, sync_wait_fractions={"pipeline": 0.5})  # waits at sync points are idle too

@@ -95,8 +95,10 @@ def test_qwen3_30b_bf16_hybridep_step_within_ten_percent_of_the_bridge_benchmark
     """Megatron-Bridge skills/nemo-mbridge-perf-expert-parallel-overlap/SKILL.md (2026-07-25):
     Qwen3-30B-A3B pre-training on 16 H100, BF16, TP1 PP1 EP16, micro-batch 1, global batch
     1024, sequence 4096, flex dispatcher with HybridEP, force-balanced routing, overlap off:
-    24.714 s per step. A published figure to stay near, tolerance 10%; without the measured
-    drain gap the prediction was 11% fast."""
+    24.714 s per step. In-sample, not evidence of accuracy: host.DISPATCHER_GAP_S was measured on
+    this very run's profile, so this checks that the rest of the model keeps the step within 10%
+    once that gap is priced (it was 11% fast without it). The independent checks of the two MoE
+    terms are test_moe_overlap.py's Megatron-MoE-ModelZoo steps."""
     p = predict(_qwen30b_bridge_bf16(ep_comm_overlap=False), engine="analytic", keep_spans=False)
     assert p.step_time_s == pytest.approx(24.7138, rel=0.10)
 
@@ -158,9 +160,9 @@ def test_assumptions_name_the_host_read_the_dispatcher_sms_and_the_routing_group
 
 
 def test_qwen3_30b_bf16_hybridep_overlapped_step_within_ten_percent_of_the_bridge_benchmark() -> None:
-    """The same benchmark with the all-to-all overlap on: 20.992 s per step (independent
-    validation run). The SM share alone (c / (sms - c)) predicted it 13% fast; the measured
-    stretch of the compute beside the overlapped dispatch (moe.overlap_stretch) within 5%."""
+    """The same benchmark with the all-to-all overlap on: 20.992 s per step. In-sample too:
+    moe.OVERLAP_STRETCH comes from this run and the one above (asserted below from the profile's
+    figures); the SM share alone (c / (sms - c)) predicted it 13% fast."""
     p = predict(_qwen30b_bridge_bf16(ep_comm_overlap=True), engine="analytic", keep_spans=False)
     assert p.step_time_s == pytest.approx(20.992, rel=0.10)
     assert pytest.approx(1 - (22.821 - 21.221) / 3.959) == moe.OVERLAP_STRETCH

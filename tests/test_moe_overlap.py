@@ -72,33 +72,21 @@ def test_both_engines_expose_the_unpaired_all_to_all() -> None:
     assert des.breakdown_s["ep_comm"] == pytest.approx(closed.breakdown_s["ep_comm"], rel=0.15)
 
 
-def test_qwen3_235b_bf16_deepep_step_within_ten_percent_of_the_modelzoo_table() -> None:
+@pytest.mark.parametrize(("overlap", "published_s"), [(False, 19.7), (True, 17.6)], ids=["no-overlap", "overlap"])
+def test_qwen3_235b_bf16_deepep_step_within_ten_percent_of_the_modelzoo_table(overlap: bool, published_s: float) -> None:
     """Megatron-MoE-ModelZoo (yanring/Megatron-MoE-ModelZoo @e865051, best_practice/qwen3/readme.md,
     H100 table): Qwen3-235B-A22B in BF16 on 256 H100, TP2 PP8 VPP4 EP32, DeepEP, micro-batch 1,
-    global batch 2048, sequence 4096, recompute of norm and activation, no all-to-all overlap:
-    19.7 s per step. The Megatron-Bridge recipe's row for the same plan (R0129) with the flex
-    dispatcher in BF16; the published figure is a fact to stay near, tolerance 10%."""
+    global batch 2048, sequence 4096, recompute of norm and activation: 19.7 s per step without the
+    1F1B all-to-all overlap, 17.6 s with it. The Megatron-Bridge recipe's row for the same plan
+    (R0129) with the flex dispatcher in BF16. Independent of the runs the MoE host gap and overlap
+    stretch were measured on (a Qwen3-30B profile); with only the dispatcher's SMs taken from the
+    compute beside the overlap, the second was 17% fast. Published figures, tolerance 10%."""
     from simdist.validate import moe_cp
     from simdist.validate.rows import data_dir, read_csv
 
     row = next(r for r in read_csv(data_dir(None) / "training_runs.csv") if r["run_id"] == "R0129")
     d = moe_cp.moe_scenario(row)
-    d["plan"].update(precision="bf16", moe_dispatcher="flex", ep_comm_overlap=False, fp32_grad_accumulation=True)
+    d["plan"].update(precision="bf16", moe_dispatcher="flex", ep_comm_overlap=overlap, fp32_grad_accumulation=True)
     d["plan"].pop("fp8_recipe", None)
     p = predict(scenario_from_dict(d), engine="analytic", keep_spans=False)
-    assert p.step_time_s == pytest.approx(19.7, rel=0.10)
-
-
-def test_qwen3_235b_bf16_deepep_overlapped_step_within_ten_percent_of_the_modelzoo_table() -> None:
-    """The same ModelZoo table's next row: the plan above with the 1F1B all-to-all overlap,
-    17.6 s per step. With only the dispatcher's SMs taken from the compute beside it the
-    prediction was 17% fast; with the measured stretch (moe.overlap_stretch) within 5%."""
-    from simdist.validate import moe_cp
-    from simdist.validate.rows import data_dir, read_csv
-
-    row = next(r for r in read_csv(data_dir(None) / "training_runs.csv") if r["run_id"] == "R0129")
-    d = moe_cp.moe_scenario(row)
-    d["plan"].update(precision="bf16", moe_dispatcher="flex", ep_comm_overlap=True, fp32_grad_accumulation=True)
-    d["plan"].pop("fp8_recipe", None)
-    p = predict(scenario_from_dict(d), engine="analytic", keep_spans=False)
-    assert p.step_time_s == pytest.approx(17.6, rel=0.10)
+    assert p.step_time_s == pytest.approx(published_s, rel=0.10)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from simdist.analytic.cpu_optimizer import stage_tensors
 from simdist.analytic.params import head_params, params_per_rank, stage_num_layers
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
@@ -160,8 +161,6 @@ def hook_ops(m: ModelSpec, plan: ParallelPlan, stage: int, buckets: int) -> floa
         return TOPK_HOOK_OPS * buckets
     if method != "powersgd":
         return None
-    from simdist.analytic.cpu_optimizer import stage_tensors
-
     matrices = powersgd_elements(m, plan, stage).count
     vectors = max(0.0, stage_tensors(m, plan, stage) - matrices)
     per_matrix = POWERSGD_PRODUCTS + 2 * orthogonalize_ops(plan.grad_compression.rank)

@@ -65,7 +65,7 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     return profile.slowed(factor), factor
 
 
-def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float, bubble: float | None = None) -> float:
+def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float, bubble: float) -> float:
     """The part of the full-speed step that is the links' latency and the profile's fixed wait
     per collective call (the step less the same step on links without latency, without those
     waits), outside the pipeline bubble (``bubble``: the full step's; the caller counts it
@@ -85,7 +85,4 @@ def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float, b
     no_latency = reduce_step(describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, quick),
                                       Network.of(cluster, quick)))
     # outside the bubble, which the caller counts whole (a shorter stage also shortens the bubble)
-    if bubble is None:
-        bubble = reduce_step(describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, profile),
-                                      Network.of(cluster, profile))).breakdown.get("bubble", 0.0)
     return max(0.0, (step_time - bubble) - (no_latency.step_time - no_latency.breakdown.get("bubble", 0.0)))
