@@ -87,11 +87,11 @@ def test_simulate_refuses_past_the_limits_before_building_anything(monkeypatch):
 
 def test_a_run_that_outgrows_its_estimate_is_stopped(monkeypatch):
     sc = load_scenario(REPO / "scenarios" / "gpt3-175b-1024xa100.yaml")
-    monkeypatch.setattr(budget, "MAX_EVENTS", 1_000)  # the estimate (62,000 events) is over it ...
+    monkeypatch.setattr(budget, "MAX_EVENTS", 300)  # the estimate (62,000 events) is over it ...
     real = budget.estimate_work
     monkeypatch.setattr(budget, "check_work", lambda *a, **k: real(*a, **k))  # ... but let it run
     monkeypatch.setattr("simdist.sim.engine.simulation.check_work", lambda *a, **k: real(*a, **k))
-    with pytest.raises(ScenarioError, match=r"stopped after [\d,]+ events \(its limit is 10,000\)"):
+    with pytest.raises(ScenarioError, match=r"stopped after [\d,]+ events \(its limit is 3,000\)"):
         simulate(_described(sc), keep_spans=False)
 
 

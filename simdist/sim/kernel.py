@@ -8,7 +8,12 @@ answer is SimPy's. The additions:
   whose callback would trigger it (the fluid network's transfer ends: one queued event
   instead of two);
 - :meth:`Environment.steps`: process the next ``n`` events in one call (the bounded run's
-  loop, :mod:`simdist.sim.engine.budget`, checks its limits once per batch).
+  loop, :mod:`simdist.sim.engine.budget`, checks its limits once per batch);
+- :meth:`Environment.schedule_at` and :meth:`Environment.unschedule`: trigger an event at an
+  absolute instant computed ahead (the arithmetic of the events it stands for, so the instant
+  is theirs to the bit), and take such an event back before it is processed (the fluid
+  network's reserved transfers, :meth:`simdist.sim.network.fluid.FluidNetwork.reserve`, whose
+  links another flow reached first).
 
 :meth:`Environment.event` makes such events, and the engine makes them through it or
 ``Event(env)``.
@@ -24,6 +29,7 @@ and the package is the same as if imported directly.
 
 from __future__ import annotations
 
+import heapq
 import importlib.util
 import sys
 from typing import Any
@@ -77,6 +83,31 @@ class Environment(simpy.core.Environment):
 
     def event(self) -> Event:
         return Event(self)
+
+    def schedule_at(self, event: simpy.events.Event, at: float, value: Any = None) -> None:
+        """Trigger ``event`` (pending) to be processed at the instant ``at`` (not before now),
+        in SimPy's order: after what is queued for ``at`` already, as :meth:`schedule` would."""
+        if event._value is not PENDING:
+            raise RuntimeError(f"{event!r} has already been triggered")
+        if at < self._now:
+            raise ValueError(f"cannot schedule at {at}, before now ({self._now})")
+        event._ok = True
+        event._value = value
+        heapq.heappush(self._queue, (at, NORMAL, next(self._eid), event))
+
+    def unschedule(self, event: simpy.events.Event) -> None:
+        """Take back a triggered ``event`` not processed yet: it leaves the queue and is pending
+        again (its callbacks kept), to be triggered anew."""
+        queue = self._queue
+        for i, entry in enumerate(queue):
+            if entry[3] is event:
+                last = queue.pop()
+                if i < len(queue):
+                    queue[i] = last
+                    heapq.heapify(queue)
+                event._value = PENDING
+                return
+        raise RuntimeError(f"{event!r} is not queued")
 
     def steps(self, n: int) -> None:
         """Process the next ``n`` events (raises EmptySchedule when none is left)."""

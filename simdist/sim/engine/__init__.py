@@ -12,7 +12,8 @@ The parts, each in its own module:
 
 - :mod:`.simulation`: ``simulate()``, fidelity and stragglers, the parts wired together;
 - :mod:`.state`: the shared state (environment, network backend, slices, spans);
-- :mod:`.step`: the step driver (the schedule's actions, waits, sends, what follows the flush);
+- :mod:`.step`: the step driver (the schedule's actions, waits, sends); :mod:`.flush`, what
+  follows the flush;
 - :mod:`.streams`: the FIFO streams beside compute, and the meeting points of collectives;
 - :mod:`.servers`: parameter servers, synchronous and asynchronous;
 - :mod:`.accounting`: the breakdown, whose parts sum to the step time;

@@ -227,7 +227,10 @@ def _slice_items(d: StepDescription, k: StageDescription, f: Factors, split: boo
     # a pull) about XFER events: its stream item, the meeting of its group, the flow's end
     segment = 1 + XFER * ((f.gather_calls + 1) if per_layer else 0)  # with its gathers and upload
     pieces = f.layers * XFER * (len(tr.microbatch_grad_sync) + (k.offload.pcie_down_per_microbatch > 0))
-    chunk = segments * segment * (3 if split else 2) + pieces + 2 * XFER  # + the two sends
+    # + the two sends: a plain task's blocking send is reserved with its compute (one event for
+    # both, step.StepDriver._step), counted one event here; else XFER
+    merged = not per_layer and not pieces and not f.span_ranks and not d.plan.dualpipe
+    chunk = segments * segment * (3 if split else 2) + pieces + 2 * (1 if merged else XFER)
     per_bucket = len(tr.step_grad_sync) + (3 if k.ps is not None else 0) + (1 if k.offload.used else 0)
     post = sum(max(1, e.calls) for e in tr.post_step_gathers)
     per_step = XFER * (f.buckets * max(1, per_bucket) + post) + 8

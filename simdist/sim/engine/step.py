@@ -11,24 +11,34 @@ with Megatron's ``--overlap-param-gather`` the ZeRO-1 parameter all-gather only 
 step's first forward as far as it must. Offload: after the last gradient copy the node's CPU runs
 the optimizer step while the updated parameters go up and the states swap with NVMe (pipelined
 tile by tile, so they run together). Pipeline sends block the sender (Megatron's batched
-isend/irecv is waited for before the next action).
+isend/irecv is waited for before the next action). The steps after the flush are in
+:mod:`.flush`.
+
+Where a backend offers ``p2p_at`` (the fluid one: FluidNetwork.reserve), a plain action's
+blocking send is asked for when its compute starts, to start when the compute ends: where its
+links are free of other flows from then to its end, the send's completion is the action's one
+kernel event (no timeout for the compute, no start, no wake-up of the network), the same
+instants as the compute's timeout followed by the send; a flow that reaches its links first
+turns it back into that. The receiver then never sees the send under way, only its arrival,
+which gives the same wait (from its send's start, or from when it began waiting if later).
 """
 
 from __future__ import annotations
 
 from simdist.analytic.passes import sync_wait_part
 from simdist.sim import dualpipe, kernel
+from simdist.sim.engine.flush import AfterFlush
 from simdist.sim.engine.servers import Servers
 from simdist.sim.engine.state import Proc, Run, Slice, Tally
 from simdist.sim.engine.streams import Streams
 from simdist.sim.schedules import Action
-from simdist.sim.work import ChunkWork, CommSpec, GradPiece, HostXfer, StageWork, Task, Work
+from simdist.sim.work import ChunkWork, CommSpec, GradPiece, StageWork, Task, Work
 
 CATEGORY = {"F": "forward", "B": "backward", "W": "backward"}
 TALLIED = ("compute", "recompute", "compression", "tp", "cp", "ep", "pp", "dp", "offload")  # summed per action
 
 
-class StepDriver:
+class StepDriver(AfterFlush):
     def __init__(self, run: Run, streams: Streams, servers: Servers):
         self.run, self.streams, self.servers = run, streams, servers
         self.env, self.plan, self.net = run.env, run.plan, run.network
@@ -56,12 +66,14 @@ class StepDriver:
         env, m, t, record = self.env, self.run.microbatches, sl.tally, sl.record
         # the hot loop (every action of the step): the common cases inline, with their state in locals
         keep, timeout, arrived, p2p = self.keep_spans, env.timeout, self.arrived, self.net.p2p
+        reserve = getattr(self.net, "p2p_at", None)  # a send timed with its compute (backend's choice)
         cycle, replica, stage, factor = sl.cycle, sl.replica, sl.stage, sl.factor
         fwd, bwd = (stage + 1) % self.plan.pp, (stage - 1) % self.plan.pp
         blocking = not self.plan.dualpipe  # a blocking send to the next or previous stage
         sync_on_tp, arrivals, sending = self.sync_on_tp, self.arrivals, self.sending
-        # (chunk, kind, last micro-batch?) -> the chunk, the task, the plain task's length, the send
-        looked_up: dict[tuple[int, str, bool], tuple[ChunkWork, Task, float | None, CommSpec | None]] = {}
+        # (chunk, kind, last micro-batch?) -> the chunk, the task, the plain task's length, the send,
+        # whether the send may be reserved with the compute before it
+        looked_up: dict[tuple[int, str, bool], tuple[ChunkWork, Task, float | None, CommSpec | None, bool]] = {}
         for action, deps in zip(work.actions, work.deps, strict=True):
             if record is not None:  # the clock and the tally's running sums (what periodic.extend compares)
                 record.append((env.now, t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp,
@@ -94,11 +106,21 @@ class StepDriver:
                 task = chunk.task(kind, mb == m - 1)
                 length = task.segments[0].total(factor) if task.plain and not keep else None
                 spec = chunk.send_fwd if kind == "F" else chunk.send_bwd if kind == "B" else None
-                found = looked_up[what] = (chunk, task, length, spec)
-            chunk, task, length, spec = found
+                ahead = (spec is not None and length is not None and blocking and not chunk.send_async
+                         and reserve is not None)
+                found = looked_up[what] = (chunk, task, length, spec, ahead)
+            chunk, task, length, spec, ahead = found
             if length is not None:  # one stretch of compute: _task's steps, inline
                 seg = task.segments[0]
-                yield timeout(length)
+                done = None
+                if ahead:  # its send reserved now, to start when the compute ends: one event for both
+                    start = env.now + length  # (the instant timeout(length) would resume at)
+                    done = reserve(start, spec.nbytes, stage, fwd if kind == "F" else bwd, replica, spec.extra_s)
+                if done is None:
+                    yield timeout(length)
+                else:
+                    running = done.callbacks  # as for the blocking send below
+                    yield done
                 t.compute += seg.compute * factor  # self._tally(t, seg, factor)
                 t.recompute += seg.recompute * factor
                 t.compression += seg.compression * factor
@@ -108,6 +130,15 @@ class StepDriver:
                     t.tp += seg.sync
                 else:
                     t.dp += seg.sync
+                if done is not None:  # the send's end: as below, the receiver never saw it under way
+                    t.pp += env.now - start
+                    key = (cycle, replica, stage, action)
+                    ev = arrivals.pop(key, None)
+                    if ev is None:
+                        arrived[key] = start
+                    else:
+                        kernel.resume_with(ev, start, running)
+                    continue
             else:
                 yield from self._task(sl, action, task)
             if spec is None:
@@ -159,64 +190,6 @@ class StepDriver:
             yield self.streams.submit(sl, "dp", env.now, work.post_optimizer)
             self._post(sl, start, "dp_comm")
         t.end = env.now
-
-    def _post(self, sl: Slice, start: float, category: str, name: str = "", stream: str = "",
-              end: float | None = None) -> None:
-        """Record what the slice did or waited for after the flush, from ``start`` to now."""
-        now = self.env.now if end is None else end
-        if now > start:
-            sl.tally.post.append((start, now, category))
-            if name:
-                self.run.span(sl, stream, name, start, now, category)
-
-    def _gradients_done(self, sl: Slice) -> Proc:
-        """Wait for the step's gradient sync: reductions or pushes (dp), the servers' updates
-        (optimizer), the pulls (dp) and the copies to the host (offload)."""
-        for stream, category in (("dp", "dp_comm"), ("update", "optimizer"), ("pull", "dp_comm"),
-                                 ("d2h", "offload")):
-            ev = sl.tails.get(stream)
-            if ev is not None and not ev.processed:
-                start = self.env.now
-                yield ev
-                if stream == "update":  # waiting for the other replicas' pushes is not the update
-                    began = max(start, self.servers.update_began.get(ev, start))
-                    self._post(sl, start, "dp_comm", end=began)
-                    start = began
-                self._post(sl, start, category)
-            if stream == "update" and self.servers.async_mode and sl.stage == 0:
-                self.servers.applied(sl)
-
-    def _host_step(self, sl: Slice, xfer: HostXfer) -> Proc:
-        """ZeRO-Offload's step: the node's CPU updates the states while the updated parameters go
-        up and the states swap with NVMe (DeepSpeed pipelines them tile by tile): the CPU part
-        is optimizer time, what outlasts it offload."""
-        env = self.env
-        start = env.now
-        events = {r: self.streams.flow(sl, r, s) for r, s in xfer.parts}
-        cpu = events.pop("cpu", None)
-        if cpu is not None:
-            yield cpu
-            self._post(sl, start, "optimizer", xfer.name, "host")
-        rest = env.now
-        for ev in events.values():
-            if not ev.processed:
-                yield ev
-        self._post(sl, rest, "offload", "parameter upload / NVMe swap", "host")
-
-    def _gather_behind_forward(self, sl: Slice, work: StageWork) -> Proc:
-        """Megatron's distributed optimizer with --overlap-param-gather: bucket k's all-gather
-        is waited for only before the next step's forward reaches its layers, so what counts in
-        this step is how far the gathers push that forward (each bucket's share of it waits
-        for its gather)."""
-        start, n = self.env.now, len(work.post_optimizer)
-        done = [self.streams.submit(sl, "dp", start, (spec,)) for spec in work.post_optimizer]
-        clock = start  # where the next step's forward would be
-        for ev in done:
-            if not ev.processed:
-                yield ev
-            clock = max(clock, self.env.now) + (work.first_forward * sl.factor + work.forward_stretch) / n
-        sl.tally.end = max(start, clock - work.first_forward * sl.factor)
-        self.run.span(sl, "compute", "next forward waits for parameters", start, sl.tally.end, "dp_comm")
 
     def _wait(self, sl: Slice, deps: tuple[tuple[int, Action], ...]) -> Proc:
         """Wait for the inputs another stage sends; the part of the wait after the send

@@ -35,6 +35,10 @@ class NetworkBackend(Protocol):
         """A pipeline send between two stages of one replica, then ``extra_s`` more."""
         ...
 
+    # optional: ``p2p_at(at, nbytes, src_stage, dst_stage, replica, extra_s)``, the send p2p would
+    # start at the instant ``at`` (now or later), or None where the backend cannot tell its end
+    # now (FluidBackend.p2p_at); the engine then calls p2p at ``at``
+
     def host(self, resource: str, seconds: float, stage: int, replica: int) -> kernel.Event:
         """One GPU's transfer of ``seconds`` alone on a host resource (work.HOST_RESOURCES)."""
         ...
@@ -73,12 +77,22 @@ class FluidBackend:
         return self.fluid.transfer(t.work, t.loads, t.latency + extra_s)
 
     def p2p(self, nbytes: float, src_stage: int, dst_stage: int, replica: int, extra_s: float = 0.0) -> kernel.Event:
+        return self.fluid.start(self._route(nbytes, src_stage, dst_stage, replica, extra_s))
+
+    def p2p_at(self, at: float, nbytes: float, src_stage: int, dst_stage: int, replica: int,
+               extra_s: float = 0.0) -> kernel.Event | None:
+        """The pipeline send :meth:`p2p` would start at the instant ``at`` (now or later), its
+        completion known now where nothing else uses its links (FluidNetwork.reserve); None
+        where that is not sure now (the caller then calls :meth:`p2p` at ``at``)."""
+        return self.fluid.reserve(self._route(nbytes, src_stage, dst_stage, replica, extra_s), at)
+
+    def _route(self, nbytes: float, src_stage: int, dst_stage: int, replica: int, extra_s: float) -> Route:
         key = (nbytes, src_stage, dst_stage, replica, extra_s)
         route = self._sends.get(key)
         if route is None:
             t = self.links.p2p(nbytes, src_stage, dst_stage, replica)
             route = self._sends[key] = self.fluid.route(t.work, t.loads, t.latency + extra_s)
-        return self.fluid.start(route)
+        return route
 
     def host(self, resource: str, seconds: float, stage: int, replica: int) -> kernel.Event:
         t = self.links.host(resource, seconds, stage, replica)

@@ -17,7 +17,7 @@ from simdist.sim.network.links import LinkKey, Loads
 
 
 class _Flow:
-    __slots__ = ("arg", "done", "loads", "over", "rate", "remaining", "stamp", "tail", "token")
+    __slots__ = ("arg", "done", "end", "loads", "over", "rate", "remaining", "route", "stamp", "tail", "token")
 
     def __init__(self, work: float, loads: Loads, done: kernel.Event, now: float, tail: float):
         self.remaining, self.loads, self.done, self.tail = work, loads, done, tail
@@ -44,7 +44,9 @@ class FluidNetwork:
     Each flow keeps the total load of its most loaded link, so a change on one link re-rates
     only the flows it concerns; finish times wait in one heap, woken by one timeout at
     a time (a rate change leaves a stale entry that its token voids), so a busy network costs
-    one kernel event per flow, not one per rate change.
+    one kernel event per flow, not one per rate change. A transfer known ahead whose links stay
+    free of other flows (a pipeline send, asked for when the compute before it starts) can be
+    reserved (:meth:`reserve`): its completion queued at once, no wake-up.
 
     With ``track`` it also adds up what each link carries, in seconds of full use (a flow's
     load times its solo seconds: its bytes over the link's bandwidth), into ``busy``, from which
@@ -60,6 +62,8 @@ class FluidNetwork:
         self._heap: list[tuple[float, int, _Flow, int]] = []  # (finish time, order, flow, token)
         self._order = 0
         self._armed: set[float] = set()  # times of pending wake-ups
+        self._reserved: dict[LinkKey, list[_Flow]] = {}  # link -> the reserved transfers on it (:meth:`reserve`)
+        self._starting: dict[LinkKey, int] = {}  # link -> reserved transfers put back to start later
 
     def busiest(self, prefix: str = "") -> tuple[LinkKey, float] | None:
         """The link (whose id starts with ``prefix``) that carried the most, in seconds of full
@@ -70,11 +74,15 @@ class FluidNetwork:
         v, k = min(cands)
         return k, -v
 
-    def transfer(self, work: float, loads: Loads, tail: float = 0.0) -> kernel.Event:
-        """Start a flow of ``work`` solo seconds; the event fires ``tail`` seconds (latency,
-        fixed extra time) after it has finished."""
+    def transfer(self, work: float, loads: Loads, tail: float = 0.0, done: kernel.Event | None = None,
+                 ) -> kernel.Event:
+        """Start a flow of ``work`` solo seconds; the event (``done``, or a new one) fires
+        ``tail`` seconds (latency, fixed extra time) after it has finished."""
         env = self.env
-        done = kernel.Event(env)  # the flow's completion, fired its tail after the transfer ends
+        if done is None:
+            done = kernel.Event(env)  # the flow's completion, fired its tail after the transfer ends
+        if self._reserved:
+            self._settle(loads)
         if work <= 0.0:
             done.succeed_in(tail)
             return done
@@ -134,18 +142,21 @@ class FluidNetwork:
         solo = work > 0.0 and len(set(keys)) == len(keys) and not self.track
         return Route(work, loads, tail, over, arg, rate, solo)
 
-    def start(self, r: Route) -> kernel.Event:
+    def start(self, r: Route, done: kernel.Event | None = None) -> kernel.Event:
         """Start the transfer of route ``r``: what :meth:`transfer` does, the same state and the
         same order of events, in fewer steps when every link of it is idle (a pipeline send
         mostly is)."""
         on = self._on
         if not r.solo:
-            return self.transfer(r.work, r.loads, r.tail)
+            return self.transfer(r.work, r.loads, r.tail, done)
+        if self._reserved:
+            self._settle(r.loads)
         for key, _ in r.loads:
             if on.get(key):  # another flow on it
-                return self.transfer(r.work, r.loads, r.tail)
+                return self.transfer(r.work, r.loads, r.tail, done)
         env = self.env
-        done = kernel.Event(env)
+        if done is None:
+            done = kernel.Event(env)
         now = env.now
         flow = _Flow(r.work, r.loads, done, now, r.tail)
         total = self._total
@@ -163,6 +174,102 @@ class FluidNetwork:
         heapq.heappush(self._heap, (now + r.work / r.rate, self._order, flow, 1))
         self._arm()
         return done
+
+    def reserve(self, r: Route, at: float) -> kernel.Event | None:
+        """The transfer of route ``r`` starting at the instant ``at`` (now or later), its end
+        fixed now: what :meth:`start` at ``at`` does when its links are idle from then until it
+        ends, with its completion queued at once (one kernel event for the transfer, no
+        wake-up; the caller need not resume at ``at`` to start it). Its links hold it as a
+        reservation, a time interval beside the other reservations that do not overlap it; a
+        flow that is not reserved reaching one of them before it ends (:meth:`_settle`) turns
+        it back into what :meth:`start` would have made by then: a flow running since ``at``,
+        or a start at ``at``. None where that is not sure now (it is not ``solo``, a link
+        carries a flow, or a reservation overlaps it): the caller starts it at ``at`` itself."""
+        if not r.solo:
+            return None
+        on, reserved, env = self._on, self._reserved, self.env
+        now = env.now
+        end = at + r.work / r.rate  # as start() at ``at`` queues it
+        for key, _ in r.loads:
+            if on.get(key) or self._starting.get(key):
+                return None
+            held = reserved.get(key)
+            if held:
+                for f in [f for f in held if f.end <= now]:  # ended: off the link
+                    held.remove(f)
+                for f in held:
+                    if at < f.end and f.stamp < end:
+                        return None
+        done = kernel.Event(env)
+        flow = _Flow(r.work, r.loads, done, at, r.tail)
+        flow.over, flow.arg, flow.rate, flow.route, flow.end = r.over, r.arg, r.rate, r, end
+        wake = at + (end - at)  # _arm's timeout (now + its delay), then _finish's succeed_in(tail)
+        if r.rate < 1.0 and r.over > self.peak_overload:
+            self.peak_overload = r.over
+        for key, _ in r.loads:
+            held = reserved.get(key)
+            if held is None:
+                reserved[key] = [flow]
+            else:
+                held.append(flow)
+        env.schedule_at(done, wake + r.tail)
+        return done
+
+    def _settle(self, loads: Loads) -> None:
+        """Before a flow that is not reserved uses ``loads``' links: each reservation on them
+        that has not ended becomes what :meth:`start` would have made by now (:meth:`reserve`)."""
+        reserved, now = self._reserved, self.env.now
+        for key, _ in loads:
+            held = reserved.get(key)
+            while held:
+                f = held[0]
+                if f.end <= now:
+                    held.remove(f)  # ended, as it would have alone
+                else:
+                    self._unreserve(f)
+
+    def _unreserve(self, f: _Flow) -> None:
+        """Reservation ``f`` becomes the flow :meth:`start` would have made by now, and so does
+        every other reservation on its links (their intervals counted on its end)."""
+        env, reserved = self.env, self._reserved
+        now = env.now
+        for key, _ in f.loads:
+            reserved[key].remove(f)
+        env.unschedule(f.done)
+        if now < f.stamp:  # not started: start it at its instant, as its sender would have
+            starting = self._starting
+            for k, _ in f.loads:
+                starting[k] = starting.get(k, 0) + 1
+            begin = kernel.Event(env)
+            begin.callbacks.append(partial(self._begin, f))
+            env.schedule_at(begin, f.stamp)
+        else:  # running since f.stamp alone on its links: start()'s state
+            on, total = self._on, self._total
+            for k, load in f.loads:
+                flows = on.get(k)
+                if flows is None:
+                    on[k] = {f: load}
+                else:
+                    flows[f] = load
+                total[k] = load
+            f.token = 1
+            self._order += 1
+            heapq.heappush(self._heap, (f.end, self._order, f, 1))
+            self._arm()
+        for key, _ in f.loads:  # the others on its links
+            held = reserved[key]
+            while held:
+                g = held[0]
+                if g.end <= now:
+                    held.remove(g)
+                else:
+                    self._unreserve(g)
+
+    def _begin(self, f: _Flow, _event: kernel.Event) -> None:
+        starting = self._starting
+        for k, _ in f.loads:
+            starting[k] -= 1
+        self.start(f.route, f.done)
 
     def _rescan(self, f: _Flow) -> None:
         total = self._total
