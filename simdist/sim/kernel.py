@@ -9,7 +9,8 @@ answer is SimPy's. The additions:
   instead of two);
 - :meth:`Environment.steps`: process the next ``n`` events in one call (the bounded run's
   loop, :mod:`simdist.sim.engine.budget`, checks its limits once per batch);
-- :meth:`Environment.schedule_at` and :meth:`Environment.unschedule`: trigger an event at an
+- :meth:`Environment.schedule_at` (:meth:`Environment.event_at`, for a new event) and
+  :meth:`Environment.unschedule`: trigger an event at an
   absolute instant computed ahead (the arithmetic of the events it stands for, so the instant
   is theirs to the bit), and take such an event back before it is processed (the fluid
   network's reserved transfers, :meth:`simdist.sim.network.fluid.FluidNetwork.reserve`, whose
@@ -94,6 +95,17 @@ class Environment(simpy.core.Environment):
         event._ok = True
         event._value = value
         heapq.heappush(self._queue, (at, NORMAL, next(self._eid), event))
+
+    def event_at(self, at: float) -> Event:
+        """A new event, triggered to be processed at the instant ``at``: :meth:`schedule_at` of
+        a new :class:`Event`, in one call."""
+        if at < self._now:
+            raise ValueError(f"cannot schedule at {at}, before now ({self._now})")
+        event = Event(self)
+        event._ok = True
+        event._value = None
+        heapq.heappush(self._queue, (at, NORMAL, next(self._eid), event))
+        return event
 
     def unschedule(self, event: simpy.events.Event) -> None:
         """Take back a triggered ``event`` not processed yet: it leaves the queue and is pending

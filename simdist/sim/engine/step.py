@@ -25,6 +25,8 @@ which gives the same wait (from its send's start, or from when it began waiting 
 
 from __future__ import annotations
 
+from typing import Any
+
 from simdist.analytic.passes import sync_wait_part
 from simdist.sim import dualpipe, kernel
 from simdist.sim.engine.flush import AfterFlush
@@ -66,25 +68,25 @@ class StepDriver(AfterFlush):
         env, m, t, record = self.env, self.run.microbatches, sl.tally, sl.record
         # the hot loop (every action of the step): the common cases inline, with their state in locals
         keep, timeout, arrived, p2p = self.keep_spans, env.timeout, self.arrived, self.net.p2p
-        reserve = getattr(self.net, "p2p_at", None)  # a send timed with its compute (backend's choice)
+        ahead_of = getattr(self.net, "p2p_at", None)  # a send timed with its compute (backend's choice)
         cycle, replica, stage, factor = sl.cycle, sl.replica, sl.stage, sl.factor
         fwd, bwd = (stage + 1) % self.plan.pp, (stage - 1) % self.plan.pp
         blocking = not self.plan.dualpipe  # a blocking send to the next or previous stage
         sync_on_tp, arrivals, sending = self.sync_on_tp, self.arrivals, self.sending
         # (chunk, kind, last micro-batch?) -> the chunk, the task, the plain task's length, the send,
-        # whether the send may be reserved with the compute before it
-        looked_up: dict[tuple[int, str, bool], tuple[ChunkWork, Task, float | None, CommSpec | None, bool]] = {}
+        # the send asked for ahead, with the compute before it (None: not so)
+        looked_up: dict[tuple[int, str, bool], tuple[ChunkWork, Task, float | None, CommSpec | None, Any]] = {}
         for action, deps in zip(work.actions, work.deps, strict=True):
             if record is not None:  # the clock and the tally's running sums (what periodic.extend compares)
                 record.append((env.now, t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp,
                                t.offload))
-            for i, (dep_stage, dep) in enumerate(deps):  # the inputs: _wait's steps, inline
+            if keep:  # the inputs
+                yield from self._wait(sl, deps)
+                deps = ()
+            for dep_stage, dep in deps:  # (_wait's steps, inline)
                 key = (cycle, replica, dep_stage, dep)
                 if arrived.pop(key, None) is not None:
                     continue  # sent before: no wait
-                if keep:
-                    yield from self._wait(sl, deps[i:])
-                    break
                 ev = sending.pop(key, None)
                 if ev is not None:  # its send under way (the whole wait exposed): resume with the sender
                     t0 = env.now
@@ -106,16 +108,17 @@ class StepDriver(AfterFlush):
                 task = chunk.task(kind, mb == m - 1)
                 length = task.segments[0].total(factor) if task.plain and not keep else None
                 spec = chunk.send_fwd if kind == "F" else chunk.send_bwd if kind == "B" else None
-                ahead = (spec is not None and length is not None and blocking and not chunk.send_async
-                         and reserve is not None)
+                ahead = None
+                if spec is not None and length is not None and blocking and not chunk.send_async and ahead_of:
+                    ahead = ahead_of(spec.nbytes, stage, fwd if kind == "F" else bwd, replica, spec.extra_s)
                 found = looked_up[what] = (chunk, task, length, spec, ahead)
             chunk, task, length, spec, ahead = found
             if length is not None:  # one stretch of compute: _task's steps, inline
                 seg = task.segments[0]
                 done = None
-                if ahead:  # its send reserved now, to start when the compute ends: one event for both
+                if ahead is not None:  # its send asked for now, to start when the compute ends
                     start = env.now + length  # (the instant timeout(length) would resume at)
-                    done = reserve(start, spec.nbytes, stage, fwd if kind == "F" else bwd, replica, spec.extra_s)
+                    done = ahead(start)  # its end: one event for compute and send, where sure now
                 if done is None:
                     yield timeout(length)
                 else:

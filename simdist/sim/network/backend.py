@@ -11,6 +11,8 @@ transfer its solo time) fits the same interface.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 from simdist.analytic.collectives import Network
@@ -35,9 +37,10 @@ class NetworkBackend(Protocol):
         """A pipeline send between two stages of one replica, then ``extra_s`` more."""
         ...
 
-    # optional: ``p2p_at(at, nbytes, src_stage, dst_stage, replica, extra_s)``, the send p2p would
-    # start at the instant ``at`` (now or later), or None where the backend cannot tell its end
-    # now (FluidBackend.p2p_at); the engine then calls p2p at ``at``
+    # optional: ``p2p_at(nbytes, src_stage, dst_stage, replica, extra_s)``, a function of an
+    # instant ``at`` (now or later) giving the completion of the send p2p would start at ``at``,
+    # or None where the backend cannot tell it now (FluidBackend.p2p_at); the engine then calls
+    # p2p at ``at``
 
     def host(self, resource: str, seconds: float, stage: int, replica: int) -> kernel.Event:
         """One GPU's transfer of ``seconds`` alone on a host resource (work.HOST_RESOURCES)."""
@@ -79,12 +82,13 @@ class FluidBackend:
     def p2p(self, nbytes: float, src_stage: int, dst_stage: int, replica: int, extra_s: float = 0.0) -> kernel.Event:
         return self.fluid.start(self._route(nbytes, src_stage, dst_stage, replica, extra_s))
 
-    def p2p_at(self, at: float, nbytes: float, src_stage: int, dst_stage: int, replica: int,
-               extra_s: float = 0.0) -> kernel.Event | None:
-        """The pipeline send :meth:`p2p` would start at the instant ``at`` (now or later), its
-        completion known now where nothing else uses its links (FluidNetwork.reserve); None
+    def p2p_at(self, nbytes: float, src_stage: int, dst_stage: int, replica: int, extra_s: float = 0.0,
+               ) -> Callable[[float], kernel.Event | None]:
+        """The pipeline send :meth:`p2p` makes, to be asked for ahead: called with an instant
+        ``at`` (now or later), it gives the send's completion as if :meth:`p2p` were called at
+        ``at``, known now where nothing else uses its links (FluidNetwork.reserve), or None
         where that is not sure now (the caller then calls :meth:`p2p` at ``at``)."""
-        return self.fluid.reserve(self._route(nbytes, src_stage, dst_stage, replica, extra_s), at)
+        return partial(self.fluid.reserve, self._route(nbytes, src_stage, dst_stage, replica, extra_s))
 
     def _route(self, nbytes: float, src_stage: int, dst_stage: int, replica: int, extra_s: float) -> Route:
         key = (nbytes, src_stage, dst_stage, replica, extra_s)

@@ -17,12 +17,22 @@ from simdist.sim.network.links import LinkKey, Loads
 
 
 class _Flow:
-    __slots__ = ("arg", "done", "end", "loads", "over", "rate", "remaining", "route", "stamp", "tail", "token")
+    __slots__ = ("arg", "done", "loads", "over", "rate", "remaining", "stamp", "tail", "token")
 
     def __init__(self, work: float, loads: Loads, done: kernel.Event, now: float, tail: float):
         self.remaining, self.loads, self.done, self.tail = work, loads, done, tail
         self.rate, self.stamp, self.token = 0.0, now, 0
         self.over, self.arg = 0.0, loads[0][0]  # total load of its most loaded link, and which
+
+
+class _Held:
+    """A reserved transfer (:meth:`FluidNetwork.reserve`): its route, from when to when it runs
+    alone, and its completion, queued."""
+
+    __slots__ = ("done", "end", "route", "stamp")
+
+    def __init__(self, route: Route, stamp: float, end: float, done: kernel.Event):
+        self.route, self.stamp, self.end, self.done = route, stamp, end, done
 
 
 class Route(NamedTuple):
@@ -35,6 +45,8 @@ class Route(NamedTuple):
     arg: LinkKey
     rate: float
     solo: bool  # its links distinct and no use totalled: :meth:`FluidNetwork.start`'s short way applies
+    keys: tuple[LinkKey, ...]  # its links
+    cells: tuple[tuple[dict, list], ...]  # per link: its flows and its reservations (the network's own)
 
 
 class FluidNetwork:
@@ -62,7 +74,7 @@ class FluidNetwork:
         self._heap: list[tuple[float, int, _Flow, int]] = []  # (finish time, order, flow, token)
         self._order = 0
         self._armed: set[float] = set()  # times of pending wake-ups
-        self._reserved: dict[LinkKey, list[_Flow]] = {}  # link -> the reserved transfers on it (:meth:`reserve`)
+        self._reserved: dict[LinkKey, list[_Held]] = {}  # link -> the reserved transfers on it (:meth:`reserve`)
         self._starting: dict[LinkKey, int] = {}  # link -> reserved transfers put back to start later
 
     def busiest(self, prefix: str = "") -> tuple[LinkKey, float] | None:
@@ -140,7 +152,9 @@ class FluidNetwork:
                 over, arg = load, key
         rate = 1.0 / over if over > 1.0 + 1e-9 else 1.0
         solo = work > 0.0 and len(set(keys)) == len(keys) and not self.track
-        return Route(work, loads, tail, over, arg, rate, solo)
+        on, reserved = self._on, self._reserved
+        cells = tuple((on.setdefault(key, {}), reserved.setdefault(key, [])) for key in keys)
+        return Route(work, loads, tail, over, arg, rate, solo, tuple(keys), cells)
 
     def start(self, r: Route, done: kernel.Event | None = None) -> kernel.Event:
         """Start the transfer of route ``r``: what :meth:`transfer` does, the same state and the
@@ -187,32 +201,32 @@ class FluidNetwork:
         carries a flow, or a reservation overlaps it): the caller starts it at ``at`` itself."""
         if not r.solo:
             return None
-        on, reserved, env = self._on, self._reserved, self.env
-        now = env.now
+        starting = self._starting
+        if starting and any(starting.get(key) for key in r.keys):
+            return None
         end = at + r.work / r.rate  # as start() at ``at`` queues it
-        for key, _ in r.loads:
-            if on.get(key) or self._starting.get(key):
+        cells = r.cells
+        for flows, held in cells:
+            if flows:
                 return None
-            held = reserved.get(key)
-            if held:
-                for f in [f for f in held if f.end <= now]:  # ended: off the link
-                    held.remove(f)
-                for f in held:
-                    if at < f.end and f.stamp < end:
-                        return None
-        done = kernel.Event(env)
-        flow = _Flow(r.work, r.loads, done, at, r.tail)
-        flow.over, flow.arg, flow.rate, flow.route, flow.end = r.over, r.arg, r.rate, r, end
-        wake = at + (end - at)  # _arm's timeout (now + its delay), then _finish's succeed_in(tail)
+            for f in held:  # (one that ended before now ended before ``at``)
+                if at < f.end and f.stamp < end:
+                    return None
         if r.rate < 1.0 and r.over > self.peak_overload:
             self.peak_overload = r.over
-        for key, _ in r.loads:
-            held = reserved.get(key)
-            if held is None:
-                reserved[key] = [flow]
+        env = self.env
+        # when _arm's timeout (now + its delay) would wake, then _finish's succeed_in(tail)
+        done = env.event_at(at + (end - at) + r.tail)
+        h = _Held(r, at, end, done)
+        now = env.now
+        for _, held in cells:
+            if not held:
+                held.append(h)
+            elif len(held) == 1 and held[0].end <= now:  # the one before it ended: off the link
+                held[0] = h
             else:
-                held.append(flow)
-        env.schedule_at(done, wake + r.tail)
+                held[:] = [f for f in held if f.end > now]
+                held.append(h)
         return done
 
     def _settle(self, loads: Loads) -> None:
@@ -228,35 +242,36 @@ class FluidNetwork:
                 else:
                     self._unreserve(f)
 
-    def _unreserve(self, f: _Flow) -> None:
-        """Reservation ``f`` becomes the flow :meth:`start` would have made by now, and so does
+    def _unreserve(self, h: _Held) -> None:
+        """Reservation ``h`` becomes the flow :meth:`start` would have made by now, and so does
         every other reservation on its links (their intervals counted on its end)."""
         env, reserved = self.env, self._reserved
-        now = env.now
-        for key, _ in f.loads:
-            reserved[key].remove(f)
-        env.unschedule(f.done)
-        if now < f.stamp:  # not started: start it at its instant, as its sender would have
+        now, r = env.now, h.route
+        for key in r.keys:
+            reserved[key].remove(h)
+        env.unschedule(h.done)
+        if now < h.stamp:  # not started: start it at its instant, as its sender would have
             starting = self._starting
-            for k, _ in f.loads:
+            for k in r.keys:
                 starting[k] = starting.get(k, 0) + 1
             begin = kernel.Event(env)
-            begin.callbacks.append(partial(self._begin, f))
-            env.schedule_at(begin, f.stamp)
-        else:  # running since f.stamp alone on its links: start()'s state
+            begin.callbacks.append(partial(self._begin, h))
+            env.schedule_at(begin, h.stamp)
+        else:  # running since h.stamp alone on its links: start()'s state
+            f = _Flow(r.work, r.loads, h.done, h.stamp, r.tail)
+            f.over, f.arg, f.rate, f.token = r.over, r.arg, r.rate, 1
             on, total = self._on, self._total
-            for k, load in f.loads:
+            for k, load in r.loads:
                 flows = on.get(k)
                 if flows is None:
                     on[k] = {f: load}
                 else:
                     flows[f] = load
                 total[k] = load
-            f.token = 1
             self._order += 1
-            heapq.heappush(self._heap, (f.end, self._order, f, 1))
+            heapq.heappush(self._heap, (h.end, self._order, f, 1))
             self._arm()
-        for key, _ in f.loads:  # the others on its links
+        for key in r.keys:  # the others on its links
             held = reserved[key]
             while held:
                 g = held[0]
@@ -265,11 +280,11 @@ class FluidNetwork:
                 else:
                     self._unreserve(g)
 
-    def _begin(self, f: _Flow, _event: kernel.Event) -> None:
+    def _begin(self, h: _Held, _event: kernel.Event) -> None:
         starting = self._starting
-        for k, _ in f.loads:
+        for k in h.route.keys:
             starting[k] -= 1
-        self.start(f.route, f.done)
+        self.start(h.route, h.done)
 
     def _rescan(self, f: _Flow) -> None:
         total = self._total
