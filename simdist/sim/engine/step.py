@@ -75,10 +75,11 @@ class StepDriver(AfterFlush):
         sync_on_tp, arrivals, sending = self.sync_on_tp, self.arrivals, self.sending
         # (chunk, kind, last micro-batch?) -> the chunk, the task, the plain task's length, the send,
         # the send asked for ahead, with the compute before it (None: not so)
-        looked_up: dict[tuple[int, str, bool], tuple[ChunkWork, Task, float | None, CommSpec | None, Any]] = {}
+        looked_up: dict[tuple[int, str, bool], tuple[ChunkWork, Task, float | None, CommSpec | None, Any, tuple]] = {}
+        # (the clock read as SimPy's step keeps it, env._now: the ``now`` property is a call per read)
         for action, deps in zip(work.actions, work.deps, strict=True):
             if record is not None:  # the clock and the tally's running sums (what periodic.extend compares)
-                record.append((env.now, t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp,
+                record.append((env._now, t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp,
                                t.offload))
             if keep:  # the inputs
                 yield from self._wait(sl, deps)
@@ -97,9 +98,9 @@ class StepDriver(AfterFlush):
                 if ev is None:
                     ev = arrivals[key] = kernel.Event(env)
                 if ev.callbacks is not None:  # not processed yet
-                    t0 = env.now
+                    t0 = env._now
                     yield ev
-                    t.pp += env.now - max(t0, ev._value)
+                    t.pp += env._now - max(t0, ev._value)
             kind, mb, c = action
             what = (c, kind, mb == m - 1)
             found = looked_up.get(what)
@@ -111,30 +112,33 @@ class StepDriver(AfterFlush):
                 ahead = None
                 if spec is not None and length is not None and blocking and not chunk.send_async and ahead_of:
                     ahead = ahead_of(spec.nbytes, stage, fwd if kind == "F" else bwd, replica, spec.extra_s)
-                found = looked_up[what] = (chunk, task, length, spec, ahead)
-            chunk, task, length, spec, ahead = found
+                seg = task.segments[0]  # (what _tally adds, for the plain task)
+                counts = (seg.compute * factor, seg.recompute * factor, seg.compression * factor, seg.tp, seg.cp,
+                          seg.sync)
+                found = looked_up[what] = (chunk, task, length, spec, ahead, counts)
+            chunk, task, length, spec, ahead, counts = found
             if length is not None:  # one stretch of compute: _task's steps, inline
-                seg = task.segments[0]
                 done = None
                 if ahead is not None:  # its send asked for now, to start when the compute ends
-                    start = env.now + length  # (the instant timeout(length) would resume at)
+                    start = env._now + length  # (the instant timeout(length) would resume at)
                     done = ahead(start)  # its end: one event for compute and send, where sure now
                 if done is None:
                     yield timeout(length)
                 else:
                     running = done.callbacks  # as for the blocking send below
                     yield done
-                t.compute += seg.compute * factor  # self._tally(t, seg, factor)
-                t.recompute += seg.recompute * factor
-                t.compression += seg.compression * factor
-                t.tp += seg.tp
-                t.cp += seg.cp
+                compute, recompute, compression, tp, cp, sync = counts  # self._tally(t, seg, factor)
+                t.compute += compute
+                t.recompute += recompute
+                t.compression += compression
+                t.tp += tp
+                t.cp += cp
                 if sync_on_tp:
-                    t.tp += seg.sync
+                    t.tp += sync
                 else:
-                    t.dp += seg.sync
+                    t.dp += sync
                 if done is not None:  # the send's end: as below, the receiver never saw it under way
-                    t.pp += env.now - start
+                    t.pp += env._now - start
                     key = (cycle, replica, stage, action)
                     ev = arrivals.pop(key, None)
                     if ev is None:

@@ -25,14 +25,10 @@ class _Flow:
         self.over, self.arg = 0.0, loads[0][0]  # total load of its most loaded link, and which
 
 
-class _Held:
-    """A reserved transfer (:meth:`FluidNetwork.reserve`): its route, from when to when it runs
-    alone, and its completion, queued."""
-
-    __slots__ = ("done", "end", "route", "stamp")
-
-    def __init__(self, route: Route, stamp: float, end: float, done: kernel.Event):
-        self.route, self.stamp, self.end, self.done = route, stamp, end, done
+# A reserved transfer (:meth:`FluidNetwork.reserve`): (when it starts, when it ends alone, its
+# route, its completion, queued). Two on one link never share both instants (they would overlap),
+# so list.remove finds the one meant by its first two fields.
+_Held = tuple[float, float, "Route", kernel.Event]
 
 
 class Route(NamedTuple):
@@ -210,22 +206,22 @@ class FluidNetwork:
             if flows:
                 return None
             for f in held:  # (one that ended before now ended before ``at``)
-                if at < f.end and f.stamp < end:
+                if at < f[1] and f[0] < end:
                     return None
         if r.rate < 1.0 and r.over > self.peak_overload:
             self.peak_overload = r.over
         env = self.env
         # when _arm's timeout (now + its delay) would wake, then _finish's succeed_in(tail)
         done = env.event_at(at + (end - at) + r.tail)
-        h = _Held(r, at, end, done)
+        h = (at, end, r, done)
         now = env.now
         for _, held in cells:
             if not held:
                 held.append(h)
-            elif len(held) == 1 and held[0].end <= now:  # the one before it ended: off the link
+            elif len(held) == 1 and held[0][1] <= now:  # the one before it ended: off the link
                 held[0] = h
             else:
-                held[:] = [f for f in held if f.end > now]
+                held[:] = [f for f in held if f[1] > now]
                 held.append(h)
         return done
 
@@ -237,7 +233,7 @@ class FluidNetwork:
             held = reserved.get(key)
             while held:
                 f = held[0]
-                if f.end <= now:
+                if f[1] <= now:
                     held.remove(f)  # ended, as it would have alone
                 else:
                     self._unreserve(f)
@@ -246,19 +242,20 @@ class FluidNetwork:
         """Reservation ``h`` becomes the flow :meth:`start` would have made by now, and so does
         every other reservation on its links (their intervals counted on its end)."""
         env, reserved = self.env, self._reserved
-        now, r = env.now, h.route
+        stamp, end, r, done = h
+        now = env.now
         for key in r.keys:
             reserved[key].remove(h)
-        env.unschedule(h.done)
-        if now < h.stamp:  # not started: start it at its instant, as its sender would have
+        env.unschedule(done)
+        if now < stamp:  # not started: start it at its instant, as its sender would have
             starting = self._starting
             for k in r.keys:
                 starting[k] = starting.get(k, 0) + 1
             begin = kernel.Event(env)
             begin.callbacks.append(partial(self._begin, h))
-            env.schedule_at(begin, h.stamp)
-        else:  # running since h.stamp alone on its links: start()'s state
-            f = _Flow(r.work, r.loads, h.done, h.stamp, r.tail)
+            env.schedule_at(begin, stamp)
+        else:  # running since its stamp alone on its links: start()'s state
+            f = _Flow(r.work, r.loads, done, stamp, r.tail)
             f.over, f.arg, f.rate, f.token = r.over, r.arg, r.rate, 1
             on, total = self._on, self._total
             for k, load in r.loads:
@@ -269,22 +266,22 @@ class FluidNetwork:
                     flows[f] = load
                 total[k] = load
             self._order += 1
-            heapq.heappush(self._heap, (h.end, self._order, f, 1))
+            heapq.heappush(self._heap, (end, self._order, f, 1))
             self._arm()
         for key in r.keys:  # the others on its links
             held = reserved[key]
             while held:
                 g = held[0]
-                if g.end <= now:
+                if g[1] <= now:
                     held.remove(g)
                 else:
                     self._unreserve(g)
 
     def _begin(self, h: _Held, _event: kernel.Event) -> None:
         starting = self._starting
-        for k in h.route.keys:
+        for k in h[2].keys:
             starting[k] -= 1
-        self.start(h.route, h.done)
+        self.start(h[2], h[3])
 
     def _rescan(self, f: _Flow) -> None:
         total = self._total
