@@ -126,12 +126,27 @@ class Simulation:
         for sl in state.slices:
             env.process(self.driver.process(sl, state.lowered.stages[sl.stage]))
         until = self.servers.stop if self.servers.async_mode else None
-        if work is None:
-            env.run(until=until)
-        else:
-            run_bounded(env, work, until)
-        if self.servers.async_mode:
-            return async_result(state, self.servers)
-        if state.microbatches != state.plan.num_microbatches and not periodic.extend(state, state.plan.num_microbatches):
-            return None
-        return step_result(state)
+        try:
+            if work is None:
+                env.run(until=until)
+            else:
+                run_bounded(env, work, until)
+            if self.servers.async_mode:
+                return async_result(state, self.servers)
+            if state.microbatches != state.plan.num_microbatches and not periodic.extend(state, state.plan.num_microbatches):
+                return None
+            return step_result(state)
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Break the reference cycles of the run (the streams and the servers point at each
+        other; each route of the network at its links' reservations, which point back at it),
+        so that the run's objects go when the last reference to them does, not at the next
+        collection of the cyclic garbage collector, which would walk every one of them: ~10^4
+        to 10^5 records, events and tallies, about a third of a prediction's time otherwise.
+        The state (``self.state``) stays readable."""
+        self.streams.pushed = Streams.no_push
+        release = getattr(self.state.network, "release", None)  # (a backend's own cycles, if any)
+        if release is not None:
+            release()

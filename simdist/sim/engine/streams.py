@@ -20,7 +20,11 @@ class Streams:
         self.meetings: dict[tuple, list] = {}  # collective -> [members arrived, done event]
         # what follows a parameter-server push (the servers' update, then the pull): set by the
         # simulation to its servers' handler
-        self.pushed: Callable[[Slice, PsSpec], None] = lambda sl, spec: None
+        self.pushed: Callable[[Slice, PsSpec], None] = Streams.no_push
+
+    @staticmethod
+    def no_push(sl: Slice, spec: PsSpec) -> None:
+        """What follows a push where no servers are wired in: nothing."""
 
     def submit(self, sl: Slice, stream: str, ready: float, items: tuple, after: kernel.Event | None = None,
                ) -> kernel.Event:

@@ -110,6 +110,10 @@ class FluidBackend:
         t = self.links.ps_update(seconds)
         return self.fluid.transfer(t.work, t.loads)
 
+    def release(self) -> None:
+        """The run is over: drop what holds reference cycles (FluidNetwork.release)."""
+        self.fluid.release()
+
     def assumptions(self) -> list[str]:
         plan = self.sc.plan
         out = ["event engine: links shared as a fluid (NIC, NVSwitch port, leaf uplink"

@@ -225,6 +225,12 @@ class FluidNetwork:
                 held.append(h)
         return done
 
+    def release(self) -> None:
+        """Forget the reservations (each holds its route, whose links hold it: a reference
+        cycle); for after the run, when none can be settled any more."""
+        for held in self._reserved.values():
+            held.clear()
+
     def _settle(self, loads: Loads) -> None:
         """Before a flow that is not reserved uses ``loads``' links: each reservation on them
         that has not ended becomes what :meth:`start` would have made by now (:meth:`reserve`)."""
