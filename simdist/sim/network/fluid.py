@@ -215,14 +215,17 @@ class FluidNetwork:
         done = env.event_at(at + (end - at) + r.tail)
         h = (at, end, r, done)
         now = env.now
-        for _, held in cells:
-            if not held:
-                held.append(h)
-            elif len(held) == 1 and held[0][1] <= now:  # the one before it ended: off the link
-                held[0] = h
-            else:
-                held[:] = [f for f in held if f[1] > now]
-                held.append(h)
+        for _, held in cells:  # those that have ended: off the link
+            if len(held) == 1:
+                if held[0][1] <= now:
+                    held[0] = h
+                    continue
+            elif held:
+                for f in held:
+                    if f[1] <= now:
+                        held[:] = [f for f in held if f[1] > now]
+                        break
+            held.append(h)
         return done
 
     def release(self) -> None:
@@ -287,6 +290,8 @@ class FluidNetwork:
         starting = self._starting
         for k in h[2].keys:
             starting[k] -= 1
+            if not starting[k]:
+                del starting[k]  # (reserve looks at the links only while any is starting)
         self.start(h[2], h[3])
 
     def _rescan(self, f: _Flow) -> None:
