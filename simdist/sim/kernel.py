@@ -67,6 +67,9 @@ __all__ = ["NORMAL", "URGENT", "AllOf", "EmptySchedule", "Environment", "Event",
            "StopSimulation", "Timeout"]
 
 
+_new = object.__new__
+
+
 class Event(simpy.events.Event):
     """A SimPy event that can also be triggered at a later instant."""
 
@@ -101,7 +104,9 @@ class Environment(simpy.core.Environment):
         a new :class:`Event`, in one call."""
         if at < self._now:
             raise ValueError(f"cannot schedule at {at}, before now ({self._now})")
-        event = Event(self)
+        event = _new(Event)  # Event(self), without the call of its __init__ (a hot path)
+        event.env = self
+        event.callbacks = []
         event._ok = True
         event._value = None
         heapq.heappush(self._queue, (at, NORMAL, next(self._eid), event))
