@@ -177,25 +177,33 @@ def stage_dependencies(actions: list[Action], stage: int, p: int, v: int,
     """Per action of ``stage``: its :func:`dependencies` on other stages (those on the stage
     itself are met by the order of its own actions), worked out in one loop (the lowering's
     hot spot: every action of every stage)."""
+    # per kind and chunk of this stage: None (no dependency on another stage), or the stage
+    # depended on and the chunk there (None: the same chunk, so the action itself is the key)
     last, none, new = p * v - 1, (), tuple.__new__
+    table: dict[str, list[tuple[int, int | None] | None]] = {}
+    for kind in ("F", "B"):
+        row: list[tuple[int, int | None] | None] = []
+        for chunk in range(v):
+            k = chunk * p + stage
+            j = (k - 1 if k > 0 else -1) if kind == "F" else (k + 1 if k < last else -1)
+            # (the last virtual stage's backward needs its own forward: on this stage)
+            row.append(None if j < 0 or j % p == stage else (j % p, None if j // p == chunk else j // p))
+        table[kind] = row
+    if split_backward:
+        table["W"] = [None] * v  # its own backward
     out: list[tuple[tuple[int, Action], ...]] = []
     for a in actions:
         kind, mb, chunk = a
-        k = chunk * p + stage
-        if kind == "F":
-            j = k - 1 if k > 0 else -1
-        elif kind == "B":
-            j = k + 1 if k < last else -1  # the last virtual stage needs its own forward
-        elif not split_backward:
+        row = table.get(kind)
+        if row is None:
             raise ValueError(f"{a} is a weight-grad pass but split_backward is False")
-        else:
-            j = -1  # its own backward
-        if j < 0 or j % p == stage:
+        e = row[chunk]
+        if e is None:
             out.append(none)
-        elif j // p == chunk:  # the same chunk on the next or previous stage: the action itself
-            out.append(((j % p, a),))
+        elif e[1] is None:  # the same chunk on the next or previous stage: the action itself
+            out.append(((e[0], a),))
         else:
-            out.append(((j % p, new(Action, (kind, mb, j // p))),))
+            out.append(((e[0], new(Action, (kind, mb, e[1]))),))
     return tuple(out)
 
 
