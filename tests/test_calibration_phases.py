@@ -64,6 +64,28 @@ def test_the_phases_give_back_the_rate_the_overheads_and_the_waits():
     assert all(abs(c.error) < 0.01 for c in fit_checks(fitted, runs))
 
 
+def test_the_plain_runs_tell_the_fixed_wait_at_the_gradient_sync_from_the_share_of_compute():
+    """Profile v5: a tiny DDP plan and a large one pay the same fixed wait once a step at the
+    gradient sync beside a share of their compute; the two plain runs give both back, and the
+    wait is on the step's last gradient-sync calls in both engines."""
+    from simdist.predict import predict
+
+    t = replace(truth(), dp_step_wait_s=2e-3)
+    runs = [phased(t, "small")[1], phased(t, "large", micro_batch_size=8, global_batch_size=16)[1]]
+    fitted, bounds, _ = fit_terms(microbenchmark_part(t), runs)
+    assert not [b for b in bounds if b.hit]
+    assert fitted.dp_step_wait_s == pytest.approx(2e-3, rel=0.05)
+    assert fitted.sync_wait_fractions[BASE_TERMS] == pytest.approx(0.05, rel=0.05, abs=1e-3)
+    sc = scenario_from_dict(local_scenario())
+    without = replace(t, dp_step_wait_s=0.0)
+    for engine in ("analytic", "des"):
+        added = predict(sc, profile=t, engine=engine).step_time_s - predict(sc, profile=without, engine=engine).step_time_s
+        assert added == pytest.approx(2e-3, rel=0.01)
+    pipe = scenario_from_dict(local_scenario(pp=2))  # no data parallelism: no gradient sync to wait at
+    assert predict(pipe, profile=t, engine="analytic").step_time_s == predict(pipe, profile=without,
+                                                                              engine="analytic").step_time_s
+
+
 def test_least_squares_on_relative_error():
     assert one_term([(3.0, 1.0, 2.0), (5.0, 1.0, 4.0)]) == pytest.approx(1.0)
     assert one_term([(1.0, 2.0, 1.0)]) == 0.0  # never below zero: the model already overprices

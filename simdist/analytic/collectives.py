@@ -321,6 +321,7 @@ class CollectiveCall:
     calls: int = 1
     seconds: float = 0.0
     links: str = ""  # "intra" (inside a node) or "inter" (across nodes), once timed
+    wait_s: float = 0.0  # a fixed wait after each call, in ``seconds`` (a share of a profile's dp_step_wait_s)
 
     @property
     def total_bytes(self) -> float:

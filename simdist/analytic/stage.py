@@ -20,7 +20,7 @@ middle stage when the layers do not divide evenly).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 
 from simdist.analytic import fabric
@@ -341,6 +341,11 @@ def stage_sync(sc: Scenario, ctx: CommContext, cost: CostModel, stage: int) -> t
     """A stage's data-parallel traffic, each call timed alone, and its GPU optimizer step: they
     read the stage's parameters, the rank grid and the ZeRO stage, not the micro-batch's shape."""
     traffic = data_parallel_traffic(sc.model, sc.plan, stage).timed(ctx, compute_slowdown(cost.profile))
+    wait = cost.profile.dp_step_wait_s if cost.profile else 0.0
+    if wait and traffic.step_grad_sync:  # the fixed wait once per step at the gradient sync (profile v5)
+        *rest, last = traffic.step_grad_sync  # on its last calls: the training thread blocks on them
+        each = wait / last.calls
+        traffic = replace(traffic, step_grad_sync=(*rest, replace(last, seconds=last.seconds + each, wait_s=each)))
     return traffic, gpu_optimizer_time(sc, cost, stage)
 
 

@@ -80,7 +80,8 @@ def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float, b
     from simdist.spec.profile import LinkFit
 
     quick = replace(profile, links={k: LinkFit(latency_s=0.0, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s)
-                                    for k, v in profile.links.items()}, sync_point_waits_s={})
+                                    for k, v in profile.links.items()}, sync_point_waits_s={},
+                    dp_step_wait_s=0.0)
     cluster = scenario.cluster
     no_latency = reduce_step(describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, quick),
                                       Network.of(cluster, quick)))

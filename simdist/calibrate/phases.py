@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from simdist.spec.profile import CalibrationProfile
+from simdist.spec.profile import BASE_TERMS, CalibrationProfile
 
 PROBE_S = 1e-4  # the probe value of a per-op or per-tensor term (s)
 SCALE_RANGE = (0.2, 5.0)  # executor rate / microbenchmark rate a fit may find
@@ -166,12 +166,16 @@ def fit_waits(profile: CalibrationProfile, key: str, runs: Sequence[Any]) -> Cal
     """The waits at the sync points of ``key``'s plans beyond what the model already prices
     (collectives, bubbles, the waits fitted before), from the wall time the runs did not
     compute: a share of the compute since the previous sync point (``sync_wait_fractions[key]``)
-    and a fixed wait per collective call of the layer's op lists (``sync_point_waits_s[key]``).
+    and a fixed wait per collective call of the layer's op lists (``sync_point_waits_s[key]``;
+    for the plain plans' key, :data:`BASE_TERMS`, once a step at the gradient sync:
+    ``dp_step_wait_s``).
     Runs of few large collectives and of many small ones tell the two apart; runs that cannot
     (one run, or a layer without collectives in its op lists) fit the share alone."""
     def setting(fraction: float, per_call: float) -> CalibrationProfile:
-        return replace(profile, sync_wait_fractions={**profile.sync_wait_fractions, key: fraction},
-                       sync_point_waits_s={**profile.sync_point_waits_s, key: per_call})
+        p = replace(profile, sync_wait_fractions={**profile.sync_wait_fractions, key: fraction})
+        if key == BASE_TERMS:  # the plain plans' collectives are the gradient sync's (profile v5)
+            return replace(p, dp_step_wait_s=per_call)
+        return replace(p, sync_point_waits_s={**profile.sync_point_waits_s, key: per_call})
 
     rows = []
     for r in runs:
@@ -184,7 +188,7 @@ def fit_waits(profile: CalibrationProfile, key: str, runs: Sequence[Any]) -> Cal
         return profile
     fraction, per_call = two_slopes(rows)
     profile = setting(fraction, per_call)
-    if not per_call:  # keep the profile's dict to the layers that have a per-call wait
+    if not per_call and key != BASE_TERMS:  # keep the profile's dict to the layers that have a per-call wait
         profile = replace(profile, sync_point_waits_s={k: v for k, v in profile.sync_point_waits_s.items() if k != key})
     return profile
 

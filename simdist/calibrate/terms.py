@@ -115,9 +115,8 @@ def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[Calibrat
                             *OVERHEAD_RANGE))
         bounds.append(Bound("the plain plans' sync-point waits (share of compute)",
                             profile.sync_wait_fractions.get(BASE_TERMS, 0.0), 0.0, SYNC_WAIT_MAX))
-        if BASE_TERMS in profile.sync_point_waits_s:
-            bounds.append(Bound("the plain plans' wait per collective call (s)",
-                                profile.sync_point_waits_s[BASE_TERMS], 0.0, COSCHEDULE_MAX))
+        bounds.append(Bound("the plain plans' wait per step at the gradient sync (s)", profile.dp_step_wait_s, 0.0,
+                            COSCHEDULE_MAX))
         terms_from["per-op"] = ", ".join(r.name for r in plain)
     elif plain:
         profile = fit_overhead(profile, _mean_log_error(plain))
