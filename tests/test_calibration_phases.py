@@ -86,6 +86,20 @@ def test_the_plain_runs_tell_the_fixed_wait_at_the_gradient_sync_from_the_share_
                                                                               engine="analytic").step_time_s
 
 
+def test_a_fit_reads_each_phase_as_its_median_over_the_repeated_runs():
+    """The run whose step is the median need not have median phases: the fit takes each phase's
+    median over the runs (one run's comm far off moves nothing), and the median step."""
+    d = {**local_scenario(), "name": "rep"}
+    def run(step: float, comm: float, forward: float) -> Measurement:
+        phases = {"forward": forward, "backward": 0.02, "optimizer": 0.003, "comm": comm, "core_wait": 0.0,
+                  "other": 0.001}
+        return Measurement.from_dict(measurement(name="rep", step_time_s=step, phases_s=phases))
+    runs = (run(0.030, 0.004, 0.010), run(0.031, 0.020, 0.011), run(0.040, 0.005, 0.009))
+    got = FitRun("rep", yaml.safe_dump(d), ".", Repeated("rep", runs, True, "stable")).measured()
+    assert got["step_time_s"] == 0.031  # the median step; its run's comm (0.020) is the outlier
+    assert got["comm_s"] == 0.005 and got["forward_s"] == 0.010 and got["other_s"] == 0.001
+
+
 def test_least_squares_on_relative_error():
     assert one_term([(3.0, 1.0, 2.0), (5.0, 1.0, 4.0)]) == pytest.approx(1.0)
     assert one_term([(1.0, 2.0, 1.0)]) == 0.0  # never below zero: the model already overprices

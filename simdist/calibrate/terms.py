@@ -77,11 +77,20 @@ class FitRun:
         return all(m.get(k) is not None for k in ("forward_s", "backward_s", "optimizer_s", "comm_s"))
 
     def measured(self) -> dict[str, float]:
+        """The representative run's quantities, each phase the median over the repeated runs
+        (one run's phases jitter as much as its step: a phase of the run whose step is the
+        median need not be a median phase), and the median step."""
+        import statistics
+
         from simdist.calibrate.compare import measured_quantities
 
         rep = self.repeated.representative
-        extra = {f"{k}_s": rep.phase(k) for k in ("other", "core_wait") if rep.phase(k) is not None}
-        return {**measured_quantities(rep), **extra, "step_time_s": self.repeated.median}
+        out = {**measured_quantities(rep), "step_time_s": self.repeated.median}
+        for k in ("forward", "backward", "optimizer", "comm", "other", "core_wait"):
+            values = [m.phase(k) for m in self.repeated.runs if m.phase(k) is not None]
+            if values:
+                out[f"{k}_s"] = statistics.median(values)
+        return out
 
 
 def _mean_log_error(runs: list[FitRun]):
