@@ -173,6 +173,32 @@ def test_time_shared_ranks_wait_at_sync_points_and_the_fit_finds_it():
     assert fitted.coschedule_wait_s == pytest.approx(1.5e-3, rel=0.05) and fitted.terms_from["coschedule"] == "four"
 
 
+def test_a_lighter_pipeline_stage_competes_for_the_cores_for_its_share_of_the_step():
+    """With more ranks than cores, a peer at a sync point is descheduled with probability
+    1 - cores / competing ranks: all ranks without a pipeline; with one, a stage that computes
+    less than the busiest waits for its neighbours off the cores the rest of its step."""
+    from simdist.analytic.collectives import Network
+    from simdist.analytic.cost import CostModel
+    from simdist.analytic.stage import describe
+    from simdist.analytic.steptime import stage_time
+    from simdist.analytic.timeshare import competing_ranks, time_shared
+    from simdist.spec.scenario import load_scenario
+
+    t = replace(truth(), coschedule_wait_s=1.5e-3)
+    for name, pipelined in (("tiny-moe-ep-dp", False), ("tiny-moe-ep-pp", True)):
+        sc = load_scenario(f"scenarios/{name}.yaml")
+        d = describe(sc, CostModel(sc.cluster.gpu, sc.plan.precision, t), Network.of(sc.cluster, t))
+        totals = [stage_time(d, s).total for s in d.stages]
+        ranks = competing_ranks(d)
+        if not pipelined:
+            assert ranks == sc.plan.world_size
+            continue
+        assert totals[0] < 0.9 * totals[1]  # the MoE layers and the head sit on the last stage
+        assert ranks == pytest.approx(2 + 2 * totals[0] / totals[1]) and ranks < sc.plan.world_size
+        lighter = time_shared(sc, t)[1]
+        assert lighter > time_shared(sc, replace(t, coschedule_wait_s=0.0))[1]  # still waits, less
+
+
 def test_ops_below_the_smallest_benchmark_keep_their_fixed_cost():
     """t = fixed + size/rate through the two smallest points: 10 and 20 time units at sizes 1e3
     and 1e4 (efficiency 100 and 500 per unit) -> fixed 8.89, so a 1e2 op takes about 9, not 1."""
