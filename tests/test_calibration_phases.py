@@ -100,6 +100,19 @@ def test_a_fit_reads_each_phase_as_its_median_over_the_repeated_runs():
     assert got["comm_s"] == 0.005 and got["forward_s"] == 0.010 and got["other_s"] == 0.001
 
 
+def test_the_slowest_ranks_step_counts_as_waits_where_the_ranks_are_alike():
+    """The executor's step is its slowest rank's, its phases the ranks' means: without a
+    pipeline the step left beyond the computing phases is waiting (for the others' jitter); a
+    pipeline's stages differ by design, so there only the measured waits count."""
+    from simdist.calibrate.phases import measured_waits
+
+    m = {"forward_s": 0.004, "backward_s": 0.007, "other_s": 0.001, "optimizer_s": 0.003, "comm_s": 0.003,
+         "core_wait_s": 0.001, "step_time_s": 0.021}
+    assert measured_waits(m, symmetric=True) == pytest.approx(0.006)
+    assert measured_waits(m, symmetric=False) == pytest.approx(0.004)
+    assert measured_waits({**m, "step_time_s": 0.018}, symmetric=True) == pytest.approx(0.004)  # never below
+
+
 def test_least_squares_on_relative_error():
     assert one_term([(3.0, 1.0, 2.0), (5.0, 1.0, 4.0)]) == pytest.approx(1.0)
     assert one_term([(1.0, 2.0, 1.0)]) == 0.0  # never below zero: the model already overprices

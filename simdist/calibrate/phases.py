@@ -51,12 +51,20 @@ def measured_compute(m: dict[str, float]) -> float:
     return m.get("forward_s", 0.0) + m.get("backward_s", 0.0) + m.get("other_s", 0.0)
 
 
-def measured_waits(m: dict[str, float]) -> float | None:
+def measured_waits(m: dict[str, float], symmetric: bool = False) -> float | None:
     """The step's wall time the training thread did not compute: waiting for peers (``comm``)
-    and for a core (``core_wait``: on gloo, the collectives' own threads take the cores)."""
+    and for a core (``core_wait``: on gloo, the collectives' own threads take the cores). The
+    executor's step is its slowest rank's while the phases are the ranks' means, so where the
+    ranks do the same work (``symmetric``: no pipeline) the waits are what the step leaves beyond
+    the computing phases, when that is more: the slowest rank waited for the others' jitter too.
+    (A pipeline's ranks differ by design, and the model prices its busiest stage and the bubble
+    itself: its step less the stages' mean phases is not a wait.)"""
     if m.get("comm_s") is None:
         return None
-    return m["comm_s"] + m.get("core_wait_s", 0.0)
+    waited = m["comm_s"] + m.get("core_wait_s", 0.0)
+    if m.get("step_time_s") is None or not symmetric:
+        return waited
+    return max(waited, m["step_time_s"] - measured_compute(m) - m.get("optimizer_s", 0.0))
 
 
 def optimizer_s(predicted: dict[str, float]) -> float:
@@ -179,7 +187,7 @@ def fit_waits(profile: CalibrationProfile, key: str, runs: Sequence[Any]) -> Cal
 
     rows = []
     for r in runs:
-        m = measured_waits(r.measured())
+        m = measured_waits(r.measured(), symmetric=r.scenario.plan.pp == 1)
         if m is not None:
             at0 = comm_s(r.predicted(setting(0.0, 0.0)))
             rows.append((m, at0, (comm_s(r.predicted(setting(PROBE_S, 0.0))) - at0) / PROBE_S,
