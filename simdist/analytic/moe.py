@@ -292,8 +292,9 @@ def _mem(name: str, nbytes: float) -> Compute:
 
 # Megatron-Core's TEGroupedMLP (core/transformer/moe/experts.py) builds the experts' fc2 with
 # skip_bias_add and adds its bias in ``_apply_bias`` (since "Enable bias in expert mlp [gpt-oss
-# 5/5]", NVIDIA/Megatron-LM a329dd6, September 2025; core_v0.15 and core_v0.16, what the NeMo
-# 25.11 .. 26.04 containers ship), in eager PyTorch, one local expert at a time:
+# 5/5]", NVIDIA/Megatron-LM a329dd6, September 2025; in every release core_v0.15 .. core_v0.19,
+# December 2025 to August 2026, so in the NeMo 25.11 .. 26.04 containers), in eager PyTorch, one
+# local expert at a time:
 # ``torch.cat([t + b * p for t, b, p in zip(split(out), biases, split(probs))])``. Forward: per
 # expert a multiply (b * p, written) and an add (t and b*p read, written), then the concatenation
 # (read, written): 2n + 1 kernels and 6 passes of the routed tokens x hidden. Backward (autograd of
