@@ -30,6 +30,7 @@ CpMethod = Literal["ring", "allgather", "ulysses"]
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"]
 Framework = Literal["megatron", "pytorch", "deepspeed", "torchtitan", "nemo"]
 AttentionKernel = Literal["flash2", "cudnn", "triton"]
+ExpertBias = Literal["per_expert", "fused"]
 Axis = Literal["tp", "cp", "pp", "dp", "dp_shard", "dp_replica"]
 
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
@@ -145,6 +146,8 @@ class ParallelPlan:
         None, since="1.2", doc="full recompute stops once the tensors backward needs are recomputed (PyTorch's "
                                "non-reentrant checkpoint): a 16-bit down-projection is not run again; default "
                                "the framework's")
+    moe_expert_bias: ExpertBias | None = spec_field(None, since="1.2", doc="the experts' output bias (models with bias): per_expert "
+                                                    "(a multiply and an add per local expert) or fused; default the framework's")
     zero_hpz_partition_size: int = spec_field(0, check="positive", since="1.2",
                                               doc="ZeRO++ hpZ: secondary weight copy sharded in groups of this size")
     pipeline_layout: str | None = spec_field(None, since="1.2", doc="Megatron-Core pipeline layout, e.g. "

@@ -47,8 +47,10 @@ MOE_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "deepseekv3": ("deepseek-v3", {"moe_dispatcher": "flex", "recompute": "selective",
                                    "overlap_grad_reduce": False, "fp32_grad_accumulation": False}),
     # GPT_OSS_120B_PRETRAIN_CONFIG_H100_*: the alltoall dispatcher, recompute_modules
-    # [layernorm, moe_act]
-    "gpt oss 120b": ("gpt-oss-120b", {"moe_dispatcher": "alltoall", "recompute": "selective"}),
+    # [layernorm, moe_act]; set_gpt_oss_common_configs (scripts/performance/configs/gpt_oss/
+    # gpt_oss_llm_pretrain.py): grad_reduce_in_fp32 = False (bf16 gradient reduction)
+    "gpt oss 120b": ("gpt-oss-120b", {"moe_dispatcher": "alltoall", "recompute": "selective",
+                                      "fp32_grad_accumulation": False}),
 }
 # model -> {(pp, vpp): the recipe's pipeline_model_parallel_layout} (plan.pipeline_layout):
 # DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1's pp_layout (Megatron-Bridge
