@@ -10,7 +10,8 @@ under ``framework: nemo`` (Transformer Engine's fused attention, its FP8 recipe,
 rule; the NeMo long-sequence rows too; the torchtitan rows under ``framework: torchtitan`` on
 the benchmark's 96 GiB H100s, as the dense torchtitan rows): distributed optimizer, sequence
 parallelism with tp > 1, expert tensor parallelism 1, and per model the token dispatcher and
-all-to-all overlap (:data:`MOE_MODELS`). The benchmarks route
+all-to-all overlap (:data:`MOE_MODELS`; a row of an older release with what its own release's
+recipe set instead, :mod:`simdist.validate.moe_releases`). The benchmarks route
 tokens force-balanced (the summary's note), so ``moe_load_imbalance`` stays 1.0.
 
 Step times: ``derived_step_s`` where the row has it (global batch x sequence / tokens per second
