@@ -13,6 +13,11 @@ container is published with the Megatron-Bridge release whose scripts/performanc
   ``overlap_moe_expert_parallel_comm`` (its ``A2A_1F1B`` on H100), so the Qwen3 runs have no
   all-to-all overlap; no flex backend is applied, so the dispatcher is Qwen3MoEModelProvider's
   default ``alltoall`` (src/megatron/bridge/models/qwen/qwen_provider.py @v0.1.0rc4).
+  The same script runs DeepSeek-V3 on H100 with DeepEP and ``A2A_1F1B``:
+  ``overlap_moe_expert_parallel_comm`` and ``delay_wgrad_compute`` on, the shared-expert overlap
+  off (its later H100 recipe, DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1, runs HybridEP without it); the
+  recompute of [mla_up_proj, mlp], overlap_grad_reduce off and the "Et|(tt|)*30mL" layout are
+  the same in both.
 - 25.11 (scripts/performance/configs/qwen3/workload_base_configs.py @v0.2.0 and @v0.2.2):
   QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG sets ``moe_a2a_overlap=True`` and no flex backend
   (WorkloadBaseConfig's default None: the ``alltoall`` dispatcher).
@@ -37,6 +42,7 @@ _CONTAINER = re.compile(r"(\d\d\.\d\d(?:\.\d+)?) NeMo Container")
 RELEASE_RECIPES: dict[tuple[str, str], dict[str, Any]] = {
     ("qwen3_30b_a3b", "25.09"): {"moe_dispatcher": "alltoall", "ep_comm_overlap": False},
     ("qwen3_235b_a22b", "25.09"): {"moe_dispatcher": "alltoall", "ep_comm_overlap": False, "tp_comm_overlap": True},
+    ("deepseekv3", "25.09"): {"moe_dispatcher": "flex", "ep_comm_overlap": True},
     ("qwen3_30b_a3b", "25.11"): {"moe_dispatcher": "alltoall", "ep_comm_overlap": True},
     ("qwen3_30b_a3b", "26.02"): {"moe_dispatcher": "flex", "ep_comm_overlap": True},
     ("qwen3_30b_a3b", "26.02.01"): {"moe_dispatcher": "flex", "ep_comm_overlap": True},
