@@ -13,12 +13,11 @@ liveness of every key it freed or asked about before allocating it (``repeat``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from simdist.analytic.allocator import MIN_BLOCK, SMALL_SIZE, replay
+from simdist.frozen import frozen
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Segment:
     """Recorded calls: ``ops[start:end]``, and the liveness at its start of each key it
     depended on (freed or asked about before it allocated it there)."""

@@ -20,12 +20,12 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from simdist.errors import Problem, ScenarioError
+from simdist.frozen import frozen
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -67,7 +67,7 @@ def default_db_path() -> Path:
     return Path(user_data_dir("simdist")) / "runs.db"
 
 
-@dataclass(frozen=True)
+@frozen
 class StoredRun:
     id: int
     kind: str
