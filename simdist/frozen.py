@@ -62,8 +62,8 @@ def frozen(cls: type[T] | None = None, /, *, slots: bool = False, kw_only: bool 
             if slots and "__getstate__" not in own:
                 _method(made, "__getstate__", _getstate)
                 _method(made, "__setstate__", _setstate)
-            if not own.get("__doc__"):
-                made.__doc__ = _signature_doc(made)
+            if not own.get("__doc__"):  # worked out when read (inspect.signature is slow)
+                made.__doc__ = _SignatureDoc()
         params = made.__dataclass_params__  # type: ignore[attr-defined]
         params.init = params.repr = params.frozen = True
         fs = fields(made)
@@ -125,14 +125,17 @@ def _init_of(cls: type, fs: tuple[Any, ...]) -> Callable[..., None]:
     return init
 
 
-def _signature_doc(cls: type) -> str:
-    """The docstring dataclasses gives a class without one: its name and signature."""
-    import inspect
+class _SignatureDoc:
+    """The docstring dataclasses gives a class without one, its name and signature, made when
+    read (a class's ``__doc__`` is looked up as a descriptor)."""
 
-    try:
-        return cls.__name__ + str(inspect.signature(cls)).replace(" -> None", "")
-    except (TypeError, ValueError):
-        return cls.__name__
+    def __get__(self, obj: Any, cls: type) -> str:
+        import inspect
+
+        try:
+            return cls.__name__ + str(inspect.signature(cls)).replace(" -> None", "")
+        except (TypeError, ValueError):
+            return cls.__name__
 
 
 def _setattr_of(cls: type, names: frozenset[str]) -> Callable[[Any, str, Any], None]:

@@ -120,5 +120,7 @@ def test_own_methods_kept_and_subclass() -> None:
     assert (s.a, s.b) == (1, 2) and s == sub(1) and s != sub(1, 3) and repr(s) == "Sub(a=1, b=2)"
     with pytest.raises(FrozenInstanceError):
         s.a = 3
+    undocumented = frozen(type("Bare", (), {"__annotations__": {"a": "int", "b": "str"}, "b": "x"}))
+    assert undocumented.__doc__ == "Bare(a: 'int', b: 'str' = 'x')" == undocumented(1).__doc__
     identity = frozen(eq=False)(type("Id", (), {"__annotations__": {"a": "int"}}))
     assert identity(1) != identity(1)
