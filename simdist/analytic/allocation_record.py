@@ -50,6 +50,23 @@ class Trace:
         self._live[key] = slot
         self.ops.append((slot, *sized))
 
+    def sized(self, nbytes: float, stream: str = "compute") -> tuple[int, int]:
+        """(rounded size, pool) of a request, for :meth:`put` (the pool is numbered on first use,
+        as by :meth:`malloc`)."""
+        sized = self._sizes.get((nbytes, stream))
+        if sized is None:
+            sized = self._sizes[(nbytes, stream)] = self._size(nbytes, stream)
+        return sized
+
+    def put(self, key: object, sized: tuple[int, int]) -> None:
+        """:meth:`malloc` of a request already :meth:`sized` (the replay's many repeated tensors)."""
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = len(self._keys)
+            self._keys.append(key)
+        self._live[key] = slot
+        self.ops.append((slot, *sized))
+
     def _size(self, nbytes: float, stream: str) -> tuple[int, int]:
         n = int(nbytes)  # the allocator's round_size
         size = -(-n // MIN_BLOCK) * MIN_BLOCK if n > MIN_BLOCK else MIN_BLOCK
