@@ -124,3 +124,15 @@ def test_own_methods_kept_and_subclass() -> None:
     assert undocumented.__doc__ == "Bare(a: 'int', b: 'str' = 'x')" == undocumented(1).__doc__
     identity = frozen(eq=False)(type("Id", (), {"__annotations__": {"a": "int"}}))
     assert identity(1) != identity(1)
+
+
+def test_frozen_classes_outside_the_engine_use_frozen() -> None:
+    """Every frozen dataclass of simdist is made with ``@frozen`` (cheaper at import), except in
+    simdist/sim, whose classes are kept by its own work."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "simdist"
+    offenders = [str(p.relative_to(root.parent)) for p in sorted(root.rglob("*.py"))
+                 if p.relative_to(root).parts[0] != "sim" and p.name != "frozen.py"
+                 and "dataclass(frozen=True" in p.read_text(encoding="utf-8")]
+    assert not offenders, offenders
