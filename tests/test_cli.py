@@ -115,7 +115,7 @@ def test_the_program_ends_at_once_after_predict_with_its_output_and_exit_handler
     import sys
 
     code = ("import atexit, sys; atexit.register(lambda: print('handler ran', flush=True)); "
-            "from simdist.cli import run; sys.argv = ['simdist', 'predict', *sys.argv[1:]]; run()")
+            "from simdist.cli import program; sys.argv = ['simdist', 'predict', *sys.argv[1:]]; program()")
     env = {**os.environ, "SIMDIST_DB": str(tmp_path / "runs.db")}
     cwd = SCENARIOS[0].parent.parent
     done = subprocess.run([sys.executable, "-c", code, "scenarios/gpt3-175b-1024xa100.yaml", "--json"], cwd=cwd,

@@ -40,7 +40,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def run() -> None:
+def program() -> None:
     """The program (the ``simdist`` script, ``python -m simdist.cli``): :func:`main`, and for a
     command that allows it, the process ended as soon as its output is written."""
     sys.exit(main(exit_when_done=True))

@@ -1,5 +1,5 @@
 """``python -m simdist.cli ARGS``: the same as ``simdist ARGS``."""
 
-from simdist.cli import run
+from simdist.cli import program
 
-run()
+program()
