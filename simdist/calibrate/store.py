@@ -17,7 +17,6 @@ import json
 import os
 import sqlite3
 import stat
-import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
@@ -205,6 +204,8 @@ def _create(path: Path) -> None:
     shown = _show(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        import tempfile  # here: only a new store needs it
+
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)
     except (OSError, ValueError) as exc:
         raise StoreError(f"{shown} cannot be created ({getattr(exc, 'strerror', None) or exc})") from None
