@@ -136,3 +136,9 @@ def test_frozen_classes_outside_the_engine_use_frozen() -> None:
                  if p.relative_to(root).parts[0] != "sim" and p.name != "frozen.py"
                  and "dataclass(frozen=True" in p.read_text(encoding="utf-8")]
     assert not offenders, offenders
+
+
+def test_fields_named_like_the_methods_arguments_or_builtins() -> None:
+    rec = frozen(type("Rec", (), {"__annotations__": {"other": "int", "hash": "int", "object": "int"}}))
+    assert rec(1, 2, 3) == rec(1, 2, 3) != rec(1, 2, 4)
+    assert hash(rec(1, 2, 3)) == hash((1, 2, 3)) and repr(rec(1, 2, 3)) == "Rec(other=1, hash=2, object=3)"
