@@ -29,7 +29,7 @@ repeated runs' medians (:mod:`simdist.calibrate.repeat`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import yaml
 
@@ -37,6 +37,7 @@ from simdist.calibrate.fit import OVERHEAD_RANGE, SYNC_WAIT_MAX, fit_overhead
 from simdist.calibrate.honesty import Bound, FitCheck
 from simdist.calibrate.phases import SCALE_RANGE, fit_coschedule, fit_layer, fit_plain, fit_waits
 from simdist.calibrate.repeat import Repeated
+from simdist.frozen import frozen
 from simdist.spec.profile import (
     BASE_TERMS,
     CalibrationProfile,
@@ -46,7 +47,7 @@ from simdist.spec.profile import (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class FitRun:
     """A scenario measured for fitting: its YAML text, where relative paths start, its runs."""
 

@@ -56,8 +56,9 @@ NeMo and DeepSpeed run their own checkpoint function, which re-runs the whole la
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from simdist.frozen import frozen
 
 MEGATRON_BUCKET_MIN_PARAMS = 40_000_000  # Megatron-Core: max(40M, 1M x dp) parameters per bucket
 MEGATRON_BUCKET_PARAMS_PER_DP = 1_000_000
@@ -65,7 +66,7 @@ DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel bucket_cap_mb=25
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed zero_optimization.reduce_bucket_size
 
 
-@dataclass(frozen=True)
+@frozen
 class Framework:
     """One framework's rules beyond plan fields."""
 

@@ -8,10 +8,10 @@ expert parallelism the pipeline stages are outermost (``ParallelPlan.pipeline_ou
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, get_args
 
 from simdist.errors import Problem
+from simdist.frozen import frozen
 from simdist.spec.fields import hash_once, spec_field, validate
 from simdist.spec.stages import layout_problems
 
@@ -54,7 +54,7 @@ def _compression_shorthand(v: object) -> object:
     return {"method": v} if isinstance(v, str) else v
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Offload:
     optimizer: OffloadDevice = spec_field("none", doc="where the optimizer states and step live")
     params: OffloadDevice = spec_field("none", doc="where the parameters live between uses (ZeRO-3)")
@@ -67,7 +67,7 @@ class Offload:
         return self.optimizer != "none" or self.params != "none"
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class GradCompression:
     method: CompressionMethod = spec_field("none", yaml_required=True, doc="gradient compression")
     ratio: float = spec_field(0.01, check="fraction", doc="top-k: fraction of gradient entries sent")
@@ -83,7 +83,7 @@ class GradCompression:
 
 
 @hash_once
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class ParallelPlan:
     tp: int = spec_field(1, check="positive", doc="tensor-parallel degree")
     pp: int = spec_field(1, check="positive", doc="pipeline stages")

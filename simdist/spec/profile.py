@@ -48,24 +48,25 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, field, replace
 from pathlib import Path
 from typing import Any
 
 from simdist.errors import Problem, ScenarioError
+from simdist.frozen import frozen
 from simdist.spec.files import read_json_object, write_json_atomic
 
 PROFILE_VERSION = 5
 READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class LinkFit:
     latency_s: float
     bandwidth_bytes_per_s: float  # achieved bus bandwidth (nccl-tests' busbw sense)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class CalibrationProfile:
     version: int = PROFILE_VERSION
     device: str  # e.g. "cpu (2 cores)", "NVIDIA H100 80GB HBM3"
