@@ -68,6 +68,8 @@ SIMULATOR_ONLY: dict[str, str] = {
     "plan.fp8_recipe": "only with precision fp8, which the executor refuses",
     "plan.framework": "fills unset fields with a framework's defaults when the scenario is read; nothing left to run",
     "plan.attention_kernel": "names a GPU attention kernel class; on CPU SDPA has one fused kernel (flash_attention)",
+    "plan.moe_expert_bias": "how a GPU framework adds the experts' output bias (kernels and HBM passes, not "
+                            "values); the executor adds its stacked expert biases with one op either way",
 }
 ATTRIBUTES = {"plan.ddp_bucket_size": "ddp_bucket_size_bytes"}  # YAML key -> attribute, where they differ
 

@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from simdist.errors import Problem, ScenarioError
+from simdist.frozen import frozen
 
 BUSY_KEYS = ("compute", "recompute", "optimizer", "compression")
 _SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
-@dataclass(frozen=True)
+@frozen
 class RunCost:
     """Cost and energy of one step and, when a token count is given, of training to it."""
 

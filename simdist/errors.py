@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from simdist.frozen import frozen
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Problem:
     field: str  # dotted path in the scenario file, e.g. "plan.tp"
     message: str

@@ -238,6 +238,9 @@ def _assumptions(sc: Scenario, profile: CalibrationProfile | None) -> list[str]:
     if profile:
         out.append(f"efficiencies from calibration profile ({profile.device}, fitted from "
                    f"{len(profile.fitted_from)} measurements)")
+        if profile.dp_step_wait_s and plan.dp > 1 and plan.zero_stage < 2 and not plan.uses_parameter_servers:
+            out.append(f"a fixed {profile.dp_step_wait_s * 1e3:.2g} ms wait once a step at the gradient sync "
+                       "(calibration profile: the ranks' per-step jitter)")
     else:
         eff = gpu.efficiency
         out.append(f"efficiency table: catalog defaults for {gpu.name} (large-GEMM {eff['gemm']:.0%}"

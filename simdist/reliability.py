@@ -29,11 +29,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from simdist.analytic.memory import memory_per_stage, state_bytes
 from simdist.analytic.offload import PCIE_EFFICIENCY
 from simdist.analytic.params import total_params
+from simdist.frozen import frozen
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Reliability, Scenario
@@ -85,7 +86,7 @@ def expected_goodput(tau: float, c: float, mtbf: float, restart: float) -> float
     return min(1.0, math.exp(math.log(tau) - log_wall))
 
 
-@dataclass(frozen=True)
+@frozen
 class CheckpointCost:
     nbytes: float
     write_s: float  # the write to checkpoint storage
@@ -106,7 +107,7 @@ def checkpoint_cost(sc: Scenario, rel: Reliability) -> CheckpointCost:
     return CheckpointCost(nbytes, write, per_gpu / pcie, write, write)
 
 
-@dataclass(frozen=True)
+@frozen
 class Goodput:
     """The contract's ``goodput`` object plus the figures behind it."""
 

@@ -4,16 +4,17 @@ data; an engine's own result is :class:`simdist.analytic.result.StepResult`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from simdist.analytic.result import BREAKDOWN_KEYS, Span
+from simdist.frozen import frozen
 from simdist.units import GiB
 
 __all__ = ["BREAKDOWN_KEYS", "Prediction", "Span", "StageMemoryReport", "to_gib"]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class StageMemoryReport:
     """One stage's memory per GPU at its peak. ``peak_gib`` is what the job holds (PyTorch's
     allocated tensors plus the runtime's context and NCCL buffers); ``reserved_gib`` adds what
@@ -52,7 +53,7 @@ class StageMemoryReport:
         return out
 
 
-@dataclass(frozen=True)
+@frozen
 class Prediction:
     name: str
     world_size: int

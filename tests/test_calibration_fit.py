@@ -198,6 +198,9 @@ def test_version_1_profiles_still_load_and_version_2_round_trips(tmp_path):
     (tmp_path / "v1.json").write_text(json.dumps(old))
     v1 = load_profile(tmp_path / "v1.json")
     assert v1.version == PROFILE_VERSION and v1.cores == 0 and v1.error_band == 0.0 and v1.sync_point_waits_s == {}
+    v4 = {**old, "version": 4, "sync_point_waits_s": {"tp": 3e-4}}  # before the gradient-sync wait (v5)
+    (tmp_path / "v4.json").write_text(json.dumps(v4))
+    assert load_profile(tmp_path / "v4.json").dp_step_wait_s == 0.0
     v2 = replace(fit_profile({**synthetic_bench(), "cores": 2}), spreads={"dp": 0.05}, error_band=0.08)
     v2.save(tmp_path / "v2.json")
     assert load_profile(tmp_path / "v2.json") == v2 and v2.cores == 2 and v2.ranks == 2

@@ -64,6 +64,55 @@ def test_the_phases_give_back_the_rate_the_overheads_and_the_waits():
     assert all(abs(c.error) < 0.01 for c in fit_checks(fitted, runs))
 
 
+def test_the_plain_runs_tell_the_fixed_wait_at_the_gradient_sync_from_the_share_of_compute():
+    """Profile v5: a tiny DDP plan and a large one pay the same fixed wait once a step at the
+    gradient sync beside a share of their compute; the two plain runs give both back, and the
+    wait is on the step's last gradient-sync calls in both engines."""
+    from simdist.predict import predict
+
+    t = replace(truth(), dp_step_wait_s=2e-3)
+    runs = [phased(t, "small")[1], phased(t, "large", micro_batch_size=8, global_batch_size=16)[1]]
+    fitted, bounds, _ = fit_terms(microbenchmark_part(t), runs)
+    assert not [b for b in bounds if b.hit]
+    assert fitted.dp_step_wait_s == pytest.approx(2e-3, rel=0.05)
+    assert fitted.sync_wait_fractions[BASE_TERMS] == pytest.approx(0.05, rel=0.05, abs=1e-3)
+    sc = scenario_from_dict(local_scenario())
+    without = replace(t, dp_step_wait_s=0.0)
+    for engine in ("analytic", "des"):
+        added = predict(sc, profile=t, engine=engine).step_time_s - predict(sc, profile=without, engine=engine).step_time_s
+        assert added == pytest.approx(2e-3, rel=0.01)
+    pipe = scenario_from_dict(local_scenario(pp=2))  # no data parallelism: no gradient sync to wait at
+    assert predict(pipe, profile=t, engine="analytic").step_time_s == predict(pipe, profile=without,
+                                                                              engine="analytic").step_time_s
+
+
+def test_a_fit_reads_each_phase_as_its_median_over_the_repeated_runs():
+    """The run whose step is the median need not have median phases: the fit takes each phase's
+    median over the runs (one run's comm far off moves nothing), and the median step."""
+    d = {**local_scenario(), "name": "rep"}
+    def run(step: float, comm: float, forward: float) -> Measurement:
+        phases = {"forward": forward, "backward": 0.02, "optimizer": 0.003, "comm": comm, "core_wait": 0.0,
+                  "other": 0.001}
+        return Measurement.from_dict(measurement(name="rep", step_time_s=step, phases_s=phases))
+    runs = (run(0.030, 0.004, 0.010), run(0.031, 0.020, 0.011), run(0.040, 0.005, 0.009))
+    got = FitRun("rep", yaml.safe_dump(d), ".", Repeated("rep", runs, True, "stable")).measured()
+    assert got["step_time_s"] == 0.031  # the median step; its run's comm (0.020) is the outlier
+    assert got["comm_s"] == 0.005 and got["forward_s"] == 0.010 and got["other_s"] == 0.001
+
+
+def test_the_slowest_ranks_step_counts_as_waits_where_the_ranks_are_alike():
+    """The executor's step is its slowest rank's, its phases the ranks' means: without a
+    pipeline the step left beyond the computing phases is waiting (for the others' jitter); a
+    pipeline's stages differ by design, so there only the measured waits count."""
+    from simdist.calibrate.phases import measured_waits
+
+    m = {"forward_s": 0.004, "backward_s": 0.007, "other_s": 0.001, "optimizer_s": 0.003, "comm_s": 0.003,
+         "core_wait_s": 0.001, "step_time_s": 0.021}
+    assert measured_waits(m, symmetric=True) == pytest.approx(0.006)
+    assert measured_waits(m, symmetric=False) == pytest.approx(0.004)
+    assert measured_waits({**m, "step_time_s": 0.018}, symmetric=True) == pytest.approx(0.004)  # never below
+
+
 def test_least_squares_on_relative_error():
     assert one_term([(3.0, 1.0, 2.0), (5.0, 1.0, 4.0)]) == pytest.approx(1.0)
     assert one_term([(1.0, 2.0, 1.0)]) == 0.0  # never below zero: the model already overprices
@@ -135,6 +184,32 @@ def test_time_shared_ranks_wait_at_sync_points_and_the_fit_finds_it():
     fitted, bounds, _ = fit_terms(microbenchmark_part(t), runs)
     assert not [b for b in bounds if b.hit]
     assert fitted.coschedule_wait_s == pytest.approx(1.5e-3, rel=0.05) and fitted.terms_from["coschedule"] == "four"
+
+
+def test_a_lighter_pipeline_stage_competes_for_the_cores_for_its_share_of_the_step():
+    """With more ranks than cores, a peer at a sync point is descheduled with probability
+    1 - cores / competing ranks: all ranks without a pipeline; with one, a stage that computes
+    less than the busiest waits for its neighbours off the cores the rest of its step."""
+    from simdist.analytic.collectives import Network
+    from simdist.analytic.cost import CostModel
+    from simdist.analytic.stage import describe
+    from simdist.analytic.steptime import stage_time
+    from simdist.analytic.timeshare import competing_ranks, time_shared
+    from simdist.spec.scenario import load_scenario
+
+    t = replace(truth(), coschedule_wait_s=1.5e-3)
+    for name, pipelined in (("tiny-moe-ep-dp", False), ("tiny-moe-ep-pp", True)):
+        sc = load_scenario(f"scenarios/{name}.yaml")
+        d = describe(sc, CostModel(sc.cluster.gpu, sc.plan.precision, t), Network.of(sc.cluster, t))
+        totals = [stage_time(d, s).total for s in d.stages]
+        ranks = competing_ranks(d)
+        if not pipelined:
+            assert ranks == sc.plan.world_size
+            continue
+        assert totals[0] < 0.9 * totals[1]  # the MoE layers and the head sit on the last stage
+        assert ranks == pytest.approx(2 + 2 * totals[0] / totals[1]) and ranks < sc.plan.world_size
+        lighter = time_shared(sc, t)[1]
+        assert lighter > time_shared(sc, replace(t, coschedule_wait_s=0.0))[1]  # still waits, less
 
 
 def test_ops_below_the_smallest_benchmark_keep_their_fixed_cost():

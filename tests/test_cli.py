@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 from conftest import SCENARIOS, run_cli
@@ -84,3 +85,44 @@ def test_a_command_imports_only_its_own_module():
     done = subprocess.run([sys.executable, "-c", code], cwd=SCENARIOS[0].parent.parent, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_predict_with_its_table_imports_no_other_command_and_no_heavy_library(tmp_path):
+    """The whole default `simdist predict FILE` (event engine, table, reserved memory, run store)
+    imports none of the other commands' packages nor pandas, numpy, networkx, plotly, rich, torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, io, contextlib; from simdist.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            "    assert main(['predict', 'scenarios/gpt3-175b-1024xa100.yaml']) == 0\n"
+            "assert 'reserved (GiB)' in out.getvalue()\n"
+            "avoid = ('simdist.search', 'simdist.sweep', 'simdist.validate', 'simdist.dashboard', 'simdist.trace', "
+            "'simdist.viz', 'simdist.calibrate.fit', 'simdist.cli.search', 'executor', 'pandas', 'numpy', "
+            "'networkx', 'plotly', 'rich', 'torch', 'streamlit', 'ray')\n"
+            "heavy = sorted(m for m in sys.modules if any(m == a or m.startswith(a + '.') for a in avoid))\n"
+            "assert not heavy, heavy")
+    env = {**os.environ, "SIMDIST_DB": str(tmp_path / "runs.db")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=SCENARIOS[0].parent.parent, capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_program_ends_at_once_after_predict_with_its_output_and_exit_handlers(tmp_path):
+    """`simdist predict` run as the program skips the interpreter's teardown (simdist.cli.exit_now):
+    its whole output still arrives, exit handlers still run, the exit code is kept."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, sys; atexit.register(lambda: print('handler ran', flush=True)); "
+            "from simdist.cli import program; sys.argv = ['simdist', 'predict', *sys.argv[1:]]; program()")
+    env = {**os.environ, "SIMDIST_DB": str(tmp_path / "runs.db")}
+    cwd = SCENARIOS[0].parent.parent
+    done = subprocess.run([sys.executable, "-c", code, "scenarios/gpt3-175b-1024xa100.yaml", "--json"], cwd=cwd,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    body, _, tail = done.stdout.rpartition("}")
+    assert json.loads(body + "}")["step_time_s"] > 0 and tail.strip() == "handler ran"
+    bad = subprocess.run([sys.executable, "-c", code, "no-such-file.yaml"], cwd=cwd, capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert bad.returncode == 2 and "no-such-file.yaml" in bad.stderr and bad.stdout.strip() == "handler ran"

@@ -44,6 +44,16 @@ def test_a_merge_key_may_be_overridden():
     assert parse_yaml("x: &x {k: 1, j: 2}\ny: {<<: *x, k: 3}\n", "s.yaml")["y"] == {"k": 3, "j": 2}
 
 
+def test_the_catalogs_unbounded_reading_still_refuses_duplicates_and_is_the_same_data():
+    from simdist.catalog import CATALOG_DIR
+
+    with pytest.raises(ScenarioError, match="duplicate key 'name'"):
+        parse_yaml("name: a\nname: b\n", "c.yaml", bounded=False)
+    for path in sorted(CATALOG_DIR.glob("*.yaml")):
+        text = path.read_text(encoding="utf-8")
+        assert parse_yaml(text, path.name, bounded=False) == parse_yaml(text, path.name)
+
+
 def test_alias_bomb_is_refused_before_it_expands():
     assert len(BOMB.encode()) < 700
     msg = one_problem(BOMB)

@@ -4,7 +4,7 @@ lines.
 
 Layers, lowest first (a module may import its own layer and the ones below):
 
-  0  simdist.units, simdist.errors, simdist.io, simdist.catalog   parsing, errors, data files
+  0  simdist.units, simdist.errors, simdist.frozen, simdist.io, simdist.catalog   parsing, errors, data files, records
   1  simdist.spec        frozen, validated inputs (model, cluster, plan, scenario, profile)
   2  simdist.analytic    what runs (ops), what it costs, closed forms, the per-stage description
   3  simdist.sim         lowering, schedules, network backends, the event engine
@@ -27,7 +27,7 @@ PACKAGES = ("simdist", "executor")
 MAX_LINES = 400
 
 LAYERS: tuple[tuple[int, tuple[str, ...]], ...] = (
-    (0, ("simdist", "simdist.units", "simdist.errors", "simdist.io", "simdist.catalog")),
+    (0, ("simdist", "simdist.units", "simdist.errors", "simdist.frozen", "simdist.io", "simdist.catalog")),
     (1, ("simdist.spec",)),
     (2, ("simdist.analytic",)),
     (3, ("simdist.sim",)),

@@ -13,12 +13,11 @@ liveness of every key it freed or asked about before allocating it (``repeat``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from simdist.analytic.allocator import MIN_BLOCK, SMALL_SIZE, replay
+from simdist.frozen import frozen
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Segment:
     """Recorded calls: ``ops[start:end]``, and the liveness at its start of each key it
     depended on (freed or asked about before it allocated it there)."""
@@ -44,6 +43,23 @@ class Trace:
         sized = self._sizes.get((nbytes, stream))
         if sized is None:
             sized = self._sizes[(nbytes, stream)] = self._size(nbytes, stream)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = len(self._keys)
+            self._keys.append(key)
+        self._live[key] = slot
+        self.ops.append((slot, *sized))
+
+    def sized(self, nbytes: float, stream: str = "compute") -> tuple[int, int]:
+        """(rounded size, pool) of a request, for :meth:`put` (the pool is numbered on first use,
+        as by :meth:`malloc`)."""
+        sized = self._sizes.get((nbytes, stream))
+        if sized is None:
+            sized = self._sizes[(nbytes, stream)] = self._size(nbytes, stream)
+        return sized
+
+    def put(self, key: object, sized: tuple[int, int]) -> None:
+        """:meth:`malloc` of a request already :meth:`sized` (the replay's many repeated tensors)."""
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = len(self._keys)

@@ -82,6 +82,12 @@ class _Replay:
         self.pp_fsdp = plan.shards_params and self.conv.fsdp2_fp32_shards and plan.pp > 1
         self.torch_grads = plan.shards_params and self.conv.fsdp2_fp32_shards
         self.states = model_state_bytes(m, plan, stage)
+        self._kept = [i for i in range(len(self.order)) if i not in self.transient]  # saved for backward
+        # (tag, index, sized) of the layer's tensors, sized by the trace on first use
+        self._forward: list[tuple[str, int, tuple[int, int]]] | None = None
+        self._extra: list[tuple[int, int]] | None = None
+        self._recomputed: list[tuple[int, int]] | None = None
+        self._backward: list[tuple[int, tuple[int, int]]] | None = None
 
     # --- pieces -----------------------------------------------------------------------------
 
@@ -107,18 +113,23 @@ class _Replay:
             self._gather(layer)
         elif self.pp_fsdp and not a.live(("ag", layer)):
             a.malloc(("ag", layer), self.layer_params * gathered_weight_bytes(self.plan), "ag")
+        put, free, window = a.put, a.free, self.forward_window
+        if self._forward is None:  # sized on first use, in the order malloc would number the pools
+            self._forward = [("t" if i in self.transient else "s", i, a.sized(b)) for i, (_, b) in enumerate(self.order)]
         live: list[tuple] = []
-        for i, (_, nbytes) in enumerate(self.order):
-            key = ("t" if i in self.transient else "s", mb, layer, i)
-            a.malloc(key, nbytes)
-            if key[0] == "t":
+        for tag, i, sized in self._forward:
+            key = (tag, mb, layer, i)
+            put(key, sized)
+            if tag == "t":
                 live.append(key)
-                if len(live) > self.forward_window:  # an op's inputs die once its consumers ran
-                    a.free(live.pop(0))
-        for j, (_, nbytes) in enumerate(self.extra_saved):
-            a.malloc(("x", mb, layer, j), nbytes)
+                if len(live) > window:  # an op's inputs die once its consumers ran
+                    free(live.pop(0))
+        if self._extra is None:
+            self._extra = [a.sized(b) for _, b in self.extra_saved]
+        for j, sized in enumerate(self._extra):
+            put(("x", mb, layer, j), sized)
         for key in live:
-            a.free(key)
+            free(key)
         if self.zero3:
             a.free(("ag", layer))
         if last:
@@ -130,25 +141,29 @@ class _Replay:
             self._loss_backward(mb)
         if self.zero3:
             self._gather(layer)
-        for i, (_, nbytes) in enumerate(self.recompute):
-            a.malloc(("r", mb, layer, i), nbytes)
+        put, free, window = a.put, a.free, self.grad_window
+        if self._recomputed is None:  # sized on first use, in the order malloc would number the pools
+            self._recomputed = [a.sized(b) for _, b in self.recompute]
+        for i, sized in enumerate(self._recomputed):
+            put(("r", mb, layer, i), sized)
+        if self._backward is None:
+            self._backward = [(i, a.sized(b)) for i, (_, b) in reversed(list(enumerate(self.order)))]
         grads: list[tuple] = []
-        for i, (_, nbytes) in reversed(list(enumerate(self.order))):
+        for i, sized in self._backward:
             key = ("g", mb, layer, i)
-            a.malloc(key, nbytes)
+            put(key, sized)
             grads.append(key)
-            if len(grads) > self.grad_window:
-                a.free(grads.pop(0))
+            if len(grads) > window:
+                free(grads.pop(0))
         self._weight_grads(mb, layer)
         for key in grads:
-            a.free(key)
+            free(key)
         for i in range(len(self.recompute)):
-            a.free(("r", mb, layer, i))
-        for i in range(len(self.order)):
-            if i not in self.transient:
-                a.free(("s", mb, layer, i))
+            free(("r", mb, layer, i))
+        for i in self._kept:
+            free(("s", mb, layer, i))
         for j in range(len(self.extra_saved)):
-            a.free(("x", mb, layer, j))
+            free(("x", mb, layer, j))
         a.malloc(("gx", mb, layer), self.grad_input)
         if a.live(("gx", mb, layer + 1)):
             a.free(("gx", mb, layer + 1))

@@ -173,6 +173,7 @@ def replay(ops: list[tuple[int, int, int]], slots: int, pools: int,
     """:class:`CachingAllocator`'s rules over a recorded trace (simdist.analytic.allocation_record) in one loop (its methods inlined,
     blocks as ids into parallel lists, keys as slots): (peak allocated, peak reserved)."""
     insort, bisect_left = bisect.insort, bisect.bisect_left
+    id_bits, id_mask, min_block, small = _ID_BITS, _ID_MASK, MIN_BLOCK, SMALL_SIZE  # locals: faster
     sizes, prev, nxt, isfree, pool_of = [0], [0], [0], [False], [0]
     frees: list[list[int]] = [[] for _ in range(pools)]
     block_of = [0] * slots
@@ -180,9 +181,9 @@ def replay(ops: list[tuple[int, int, int]], slots: int, pools: int,
     for slot, size, pool in ops:
         if size:  # malloc
             free = frees[pool]
-            i = bisect_left(free, size << _ID_BITS)
+            i = bisect_left(free, size << id_bits)
             if i < len(free):
-                bid = free.pop(i) & _ID_MASK
+                bid = free.pop(i) & id_mask
             else:  # a new segment
                 seg = segment_size(size)
                 if reserved + seg > limit:
@@ -197,7 +198,7 @@ def replay(ops: list[tuple[int, int, int]], slots: int, pools: int,
                 if reserved > peak_reserved:
                     peak_reserved = reserved
             rest = sizes[bid] - size
-            if (rest >= MIN_BLOCK) if size <= SMALL_SIZE else (rest > SMALL_SIZE):
+            if (rest >= min_block) if size <= small else (rest > small):
                 nid = len(sizes)
                 after = nxt[bid]
                 sizes.append(rest)
@@ -209,7 +210,7 @@ def replay(ops: list[tuple[int, int, int]], slots: int, pools: int,
                     prev[after] = nid
                 nxt[bid] = nid
                 sizes[bid] = size
-                insort(free, rest << _ID_BITS | nid)
+                insort(free, rest << id_bits | nid)
             isfree[bid] = False
             allocated += sizes[bid]
             if allocated > peak_allocated:
@@ -222,7 +223,7 @@ def replay(ops: list[tuple[int, int, int]], slots: int, pools: int,
             free = frees[pool_of[bid]]
             before = prev[bid]
             if before and isfree[before]:
-                del free[bisect_left(free, sizes[before] << _ID_BITS | before)]
+                del free[bisect_left(free, sizes[before] << id_bits | before)]
                 gone = bid
                 sizes[before] += sizes[gone]
                 isfree[gone] = False
@@ -232,13 +233,13 @@ def replay(ops: list[tuple[int, int, int]], slots: int, pools: int,
                 bid = before
             after = nxt[bid]
             if after and isfree[after]:
-                del free[bisect_left(free, sizes[after] << _ID_BITS | after)]
+                del free[bisect_left(free, sizes[after] << id_bits | after)]
                 sizes[bid] += sizes[after]
                 isfree[after] = False
                 beyond = nxt[bid] = nxt[after]
                 if beyond:
                     prev[beyond] = bid
-            insort(free, sizes[bid] << _ID_BITS | bid)
+            insort(free, sizes[bid] << id_bits | bid)
     return peak_allocated, peak_reserved
 
 

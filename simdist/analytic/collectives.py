@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import lru_cache
 
 from simdist.analytic import nccl as tuning
+from simdist.frozen import frozen
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.fields import hash_once
 from simdist.spec.groups import GROUP_AXES, group_ranks
@@ -68,7 +69,7 @@ def busbw_cap(plan: ParallelPlan, axis: str = "dp") -> float:
     return 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class GroupLayout:
     """Where the ranks of one communication group sit."""
 
@@ -135,7 +136,7 @@ INTRA_CLASS = {"nvswitch": "nvlink", "nvlink": "nvlink", "pcie": "pci", "loopbac
 
 
 @hash_once
-@dataclass(frozen=True)
+@frozen
 class Network:
     """Achieved bandwidth and latency of the two link levels, from the catalog or a profile, and
     what NCCL's tuning model needs (``nccl``: collectives priced by :mod:`simdist.analytic.nccl`;
@@ -308,7 +309,7 @@ def hierarchical_allreduce_parts(nbytes: float, g: GroupLayout, net: Network) ->
 # --- calls of the plan's collectives, timed ---------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class CollectiveCall:
     """``calls`` back-to-back collectives of one kind, each of buffer size ``bytes`` (the S of
     nccl-tests), over the ranks of one plan axis (dp, dp_shard, dp_replica); ``seconds`` is one
@@ -321,6 +322,7 @@ class CollectiveCall:
     calls: int = 1
     seconds: float = 0.0
     links: str = ""  # "intra" (inside a node) or "inter" (across nodes), once timed
+    wait_s: float = 0.0  # a fixed wait after each call, in ``seconds`` (a share of a profile's dp_step_wait_s)
 
     @property
     def total_bytes(self) -> float:

@@ -11,10 +11,9 @@ work by the cost model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from simdist.analytic.cpu_optimizer import stage_tensors
 from simdist.analytic.params import head_params, params_per_rank, stage_num_layers
+from simdist.frozen import frozen
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
@@ -76,7 +75,7 @@ def topk_wire_bytes(plan: ParallelPlan) -> float:
     return uncompressed_grad_bytes(plan, sharded=False) + INDEX_BYTES
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class PowerSgdElements:
     """Elements one GPU all-reduces per step under PowerSGD (Vogels et al. NeurIPS 2019, Alg. 1):
     for every weight matrix M (rows x cols) the factors P = M Q (rows x r) and Q = M^T P

@@ -9,7 +9,7 @@ same calls on its network, and :func:`dp_times` is the closed form's overlap of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from simdist.analytic.collectives import CollectiveCall, CommContext, calls_seconds
 from simdist.analytic.compression import (
@@ -30,6 +30,7 @@ from simdist.analytic.overlap import (
 )
 from simdist.analytic.params import params_per_rank, stage_num_layers
 from simdist.analytic.zero3_sync import submodule_shares, synced_exposed
+from simdist.frozen import frozen
 from simdist.spec.frameworks import framework_of
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
@@ -47,7 +48,7 @@ def param_gathers_per_microbatch(plan: ParallelPlan) -> int:
     return 3 if plan.recompute == "full" else 2
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class DataParallelTraffic:
     """Every data-parallel collective of one GPU of one stage in one step, grouped by when it
     runs. Bytes are per call, after quantization / compression.
@@ -234,7 +235,7 @@ def _seconds_by_links(calls: tuple[CollectiveCall, ...]) -> dict[str, float]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class DataParallelTimes:
     """Exposed DP time of one GPU: per micro-batch (ZeRO-2/3) and once per step."""
 

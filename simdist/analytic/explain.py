@@ -117,6 +117,10 @@ def moe_lines(d: StepDescription) -> list[str]:
         parts.append(f"compute beside the overlapped dispatch loses {stretch:.2f} s per second hidden (the "
                      f"{moe.dispatcher_sms(plan, d.scenario.cluster)} SMs of the dispatcher's kernels and their "
                      f"HBM traffic, measured end to end)")
+    if moe.expert_bias_ops(m, plan, 1, 1, False):
+        n = moe.local_experts(m, plan)
+        parts.append(f"the experts' output bias added expert by expert in eager PyTorch (Megatron-Core's TEGroupedMLP): "
+                     f"{2 * n + 1} kernels forward, {5 * n + 2} backward per MoE layer")
     if m.moe_router_group_topk < m.moe_router_groups:
         parts.append(f"group-limited routing: experts from {m.moe_router_group_topk} of {m.moe_router_groups} groups")
     return ["mixture of experts: " + "; ".join(parts)]

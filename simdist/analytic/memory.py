@@ -19,7 +19,7 @@ Sources
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from simdist.analytic.activations import (  # noqa: F401 (re-exported: the memory API in one place)
     activation_bytes,
@@ -43,13 +43,14 @@ from simdist.analytic.params import matrix_shapes, params_per_rank, stage_num_la
 from simdist.analytic.runtime_memory import RuntimeMemory, runtime_memory
 from simdist.analytic.transients import transient_bytes, transient_parts  # noqa: F401
 from simdist.analytic.variant_memory import state_params  # contract v1.2: experts, cp
+from simdist.frozen import frozen
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.frameworks import framework_of
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class StateBytes:
     """Bytes per parameter for each model state (before any ZeRO sharding)."""
 
@@ -204,7 +205,7 @@ def _framework_copies(m: ModelSpec, plan: ParallelPlan, stage: int, n: int, out:
         out["grads"] = n * plan.element_bytes + 4.0 * n / shard_group(plan)  # full 16-bit + fp32 partition
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class StageMemory:
     """One GPU of one pipeline stage at its peak. ``other`` holds the working buffers
     (``other_parts``: gathered weights, logit buffers, buckets, ...) and the runtime's context,

@@ -36,15 +36,15 @@ gradients plus an fp32 gradient partition (4 B + 16 B / N per parameter); ZeRO-3
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 
+from simdist.frozen import frozen
 from simdist.spec.plan import ParallelPlan
 
 TORCH_FRAMEWORKS = ("pytorch", "torchtitan")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class MemoryConventions:
     family: str  # "simdist" | "megatron" | "torch" | "deepspeed"
     fsdp2_fp32_shards: bool  # ZeRO-3: fp32 sharded params and gradients (FSDP2 mixed precision)

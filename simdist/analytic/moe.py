@@ -42,6 +42,7 @@ from simdist.analytic.collectives import GroupLayout
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.analytic.runtime_memory import nccl_channels
 from simdist.spec.cluster import ClusterSpec
+from simdist.spec.frameworks import expert_bias
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.profile import CalibrationProfile
@@ -289,6 +290,34 @@ def _mem(name: str, nbytes: float) -> Compute:
     return Compute(name, "memory", bytes=nbytes)
 
 
+# Megatron-Core's TEGroupedMLP (core/transformer/moe/experts.py) builds the experts' fc2 with
+# skip_bias_add and adds its bias in ``_apply_bias`` (since "Enable bias in expert mlp [gpt-oss
+# 5/5]", NVIDIA/Megatron-LM a329dd6, September 2025; in every release core_v0.15 .. core_v0.19,
+# December 2025 to August 2026, so in the NeMo 25.11 .. 26.04 containers), in eager PyTorch, one
+# local expert at a time:
+# ``torch.cat([t + b * p for t, b, p in zip(split(out), biases, split(probs))])``. Forward: per
+# expert a multiply (b * p, written) and an add (t and b*p read, written), then the concatenation
+# (read, written): 2n + 1 kernels and 6 passes of the routed tokens x hidden. Backward (autograd of
+# the same graph): per expert grad*p and its sum over the tokens (the bias gradient), grad*b and
+# its sum over hidden (the gate gradient), and the bias gradient added into Megatron's main_grad;
+# then the split's backward, a concatenation of the tokens' gradients: 5n + 2 kernels, 8 passes.
+# The gates are in the activations' dtype (the router's softmax ``type_as(logits)``, moe_utils.py).
+# fc1's bias rides in the grouped GEMM's epilogue (skip_bias_add False); so do both under "fused"
+# (one packed kernel: Megatron-Core's _apply_packed_bias, NVIDIA/Megatron-LM#6000, August 2026).
+BIAS_PASSES = {False: (6, 2, 1), True: (8, 5, 2)}  # backward?: (passes, kernels per expert, more kernels)
+
+
+def expert_bias_ops(m: ModelSpec, plan: ParallelPlan, rows: float, experts: int, bwd: bool) -> list[Op]:
+    """The experts' output bias added expert by expert (:data:`BIAS_PASSES`), over ``rows`` routed
+    token copies on ``experts`` local experts; nothing for models without biases or when fused.
+    Named "experts ..." so the host issues its kernels one by one (passes.OpTimer._kernels)."""
+    if not m.bias or expert_bias(plan) != "per_expert":
+        return []
+    passes, per_expert, more = BIAS_PASSES[bwd]
+    return [Compute("experts fc2 bias" + (" bwd" if bwd else ""), "memory",
+                    bytes=passes * rows * m.hidden_size * plan.element_bytes, batch=per_expert * experts + more)]
+
+
 def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
     """Router, permute, dispatch, local experts, combine, unpermute (items 1-5 of the module
     docstring), in forward order; backward runs the same steps with gradients, GEMMs twice."""
@@ -321,6 +350,7 @@ def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
     ops += _grouped("experts fc1", per_expert, n_in * f, h, n_local, bwd, plan)
     ops.append(_mem("expert activation" + suffix, scale * (n_in + 1) * rows * f * e))
     ops += _grouped("experts fc2", per_expert, h, f, n_local, bwd, plan)
+    ops += expert_bias_ops(m, plan, rows, n_local, bwd)
     if n_local > 1:
         ops.append(_mem("unsort" + suffix, scale * 2 * rows * h * e))
     if etp > 1:

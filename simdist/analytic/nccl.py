@@ -41,9 +41,9 @@ NCCL's table relative to it, so a cluster with slower links slows them all alike
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 
+from simdist.frozen import frozen
 from simdist.spec.cluster import NCCL_ALGORITHMS as ALGORITHMS
 from simdist.spec.cluster import NCCL_PROTOCOLS as PROTOCOLS
 
@@ -76,7 +76,7 @@ RING_PLATEAU = 1.4  # multi-node Simple ring all-reduce latency factor (compute 
 PAT_PER_RANK_US = 2.8
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Links:
     """What NCCL's model needs to know about a group's links."""
 
@@ -98,7 +98,7 @@ class Links:
         return max(1, self.ranks // self.nodes)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Choice:
     """The (algorithm, protocol) NCCL's model picks for one call, and its time in two parts."""
 

@@ -6,14 +6,13 @@ alone on its resource (:func:`offload_times`). The closed form overlaps them wit
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from simdist.analytic.collectives import LINK_EFFICIENCY, node_gpus
 from simdist.analytic.cost import cpu_optimizer_time
 from simdist.analytic.data_parallel import param_gathers_per_microbatch
 from simdist.analytic.memory import optimizer_shard_params, state_bytes
 from simdist.analytic.overlap import grad_buckets
 from simdist.analytic.params import params_per_rank, stage_num_layers
+from simdist.frozen import frozen
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
@@ -21,7 +20,7 @@ from simdist.spec.plan import ParallelPlan
 PCIE_EFFICIENCY = LINK_EFFICIENCY["pcie"]  # achieved fraction of the PCIe line rate
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class OffloadTraffic:
     """Host traffic of one GPU of one stage in one step (bytes), and the node's CPU work.
 
@@ -90,7 +89,7 @@ def offload_traffic(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, stag
                           grad_buckets(down_step, plan))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class OffloadTimes:
     """Seconds of each kind of offload traffic alone on its resource: the GPU's PCIe link per
     direction, the node's NVMe and the node's CPU (for the node's GPUs together)."""

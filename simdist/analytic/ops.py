@@ -18,11 +18,11 @@ policy (:func:`recompute_ops`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 from typing import Literal
 
 from simdist.analytic import eager, fp8
+from simdist.frozen import frozen
 from simdist.spec.frameworks import attention_kernel, framework_of, recompute_early_stop
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
@@ -33,7 +33,7 @@ Axis = Literal["tp", "cp", "pp", "dp", "dp_shard", "dp_replica", "ps"]
 Pass = Literal["fwd", "bwd"]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Compute:
     name: str
     kind: ComputeKind
@@ -47,7 +47,7 @@ class Compute:
     kernel: str = "flash2"  # attention: the fused kernel class (simdist.spec.frameworks.attention_kernel)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Comm:
     name: str
     collective: Collective

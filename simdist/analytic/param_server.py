@@ -6,18 +6,18 @@ server (:func:`ps_traffic`), their seconds on the busiest NIC and the servers' C
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from simdist.analytic.collectives import Network, node_gpus
 from simdist.analytic.compression import compression_ratio, uncompressed_grad_bytes
 from simdist.analytic.cost import cpu_optimizer_time
 from simdist.analytic.params import params_per_rank
+from simdist.frozen import frozen
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class PSTraffic:
     """Push/pull traffic of the parameter-server modes in one step (bytes).
 
@@ -68,7 +68,7 @@ def ps_traffic(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, stage: in
                      servers_per_node=spn_max, node_phase_bytes=phase)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class PSTimes:
     nic: float  # the busiest NIC's push/pull time (full duplex: push in, pull out)
     server_cpu: float  # the servers' optimizer step per step (sync) or per worker cycle (async)

@@ -8,16 +8,16 @@ Megatron-LM layout (Shoeybi et al. 2019, sec 3) that the executor's DTensor plan
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache, lru_cache
 
+from simdist.frozen import frozen
 from simdist.spec.layers import moe_count
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.stages import stage_chunks, stage_layer_ranges, virtual_stages  # noqa: F401 (re-exported)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class ParamCount:
     sharded: int  # split across the TP group
     replicated: int  # held whole by every TP rank

@@ -10,8 +10,6 @@ add framework seconds per op and waits at the per-layer sync points (DTensor TP,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from simdist.analytic import fabric, host, overlap
 from simdist.analytic.collectives import (
     GroupLayout,
@@ -23,12 +21,13 @@ from simdist.analytic.collectives import (
 from simdist.analytic.cost import CostModel
 from simdist.analytic.moe import dispatch_overlapped, overlap_stretch, paired_hidden, wire_factor
 from simdist.analytic.ops import Comm, Compute, Op
+from simdist.frozen import frozen
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.profile import profile_layers, wait_keys
 from simdist.spec.scenario import Scenario
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class PassTime:
     """One pass (forward, backward or recompute) of some layers for one micro-batch on one GPU.
 

@@ -4,13 +4,15 @@ Prediction users see. Plain data."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from simdist.frozen import frozen
 
 BREAKDOWN_KEYS = ("compute", "recompute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Span:
     """One interval of a rank's timeline (the event engine's output, drawn by the trace viewer)."""
 
@@ -22,7 +24,7 @@ class Span:
     category: str = ""  # forward | backward | recompute | tp_comm | pp_comm | dp_comm | optimizer | idle
 
 
-@dataclass(frozen=True)
+@frozen
 class StepResult:
     """One step as an engine saw it. The breakdown's parts sum to the step time; ``offload``
     and ``compression`` appear only when the plan uses them."""

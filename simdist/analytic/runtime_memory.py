@@ -29,8 +29,7 @@ Sources
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from simdist.frozen import frozen
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.plan import ParallelPlan
 from simdist.units import GiB
@@ -45,7 +44,7 @@ CUBLAS_WORKSPACE_HOPPER = 32 * MiB
 CUBLASLT_WORKSPACE = {"hopper": 32 * MiB, "ampere": 4 * MiB, "volta": 1 * MiB}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class RuntimeMemory:
     """Bytes per GPU that are not tensors of the model: ``outside`` the caching allocator
     (CUDA context, NCCL) and ``inside`` it (cuBLAS workspaces)."""

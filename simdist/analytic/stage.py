@@ -20,7 +20,7 @@ middle stage when the layers do not divide evenly).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import replace
 from functools import cached_property, lru_cache
 
 from simdist.analytic import fabric
@@ -56,6 +56,7 @@ from simdist.analytic.params import (
 )
 from simdist.analytic.passes import OpTimer, PassTime
 from simdist.analytic.variants import layer_ops, mtp_ops, recompute_ops
+from simdist.frozen import frozen
 from simdist.spec.frameworks import framework_of
 from simdist.spec.layers import DENSE, LayerKind, kinds_of, model_kind_counts
 from simdist.spec.model import ModelSpec
@@ -65,7 +66,7 @@ from simdist.spec.stages import stage_chunks as spec_stage_chunks
 from simdist.spec.stages import virtual_stages
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class Chunk:
     """One model chunk (virtual pipeline stage) held by a stage."""
 
@@ -76,7 +77,7 @@ class Chunk:
     layout: tuple[LayerKind, ...] = ()  # each layer's kind, in order (simdist.spec.layers)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class LayerPasses:
     """One transformer layer, one micro-batch, on one GPU."""
 
@@ -85,7 +86,7 @@ class LayerPasses:
     recompute: PassTime  # the forward that backward runs again (full, or the selective core)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class PipelineSend:
     """One activation (or its gradient) to the neighbouring virtual stage: Megatron's scatter/
     gather p2p, each TP rank sends 1/t of it and the receiver all-gathers it over TP (Narayanan
@@ -97,7 +98,7 @@ class PipelineSend:
     overlapped: bool = False  # the sender does not wait for its sends (Megatron's interleaved overlap_p2p_comm)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class ServerTraffic:
     """One worker's parameter-server traffic in one step."""
 
@@ -108,7 +109,7 @@ class ServerTraffic:
     rtt: float  # a push and a pull: two inter-node latencies
 
 
-@dataclass(frozen=True)
+@frozen
 class StageDescription:
     """One GPU of one pipeline stage: its passes for one micro-batch through every chunk, its
     data-parallel, host and parameter-server traffic in one step (each piece timed alone), its
@@ -135,7 +136,7 @@ class StageDescription:
         return sum(c.params for c in self.chunks)
 
 
-@dataclass(frozen=True, eq=False)
+@frozen(eq=False)
 class StepDescription:
     """Every stage of one scenario, and the per-layer passes they share. ``stages[s]`` is stage
     s's description; stages of one kind share one object (``kinds``, ``kind_of``)."""
@@ -173,7 +174,7 @@ class StepDescription:
         return tuple(stage_memory(sc.model, sc.plan, s, sc.cluster) for s in range(sc.plan.pp))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class ModelPasses:
     """The passes of one micro-batch through each layer kind, the embedding and the LM head:
     what :func:`describe` times first. They read the plan's layer shapes and TP/CP/EP groups,
@@ -341,6 +342,11 @@ def stage_sync(sc: Scenario, ctx: CommContext, cost: CostModel, stage: int) -> t
     """A stage's data-parallel traffic, each call timed alone, and its GPU optimizer step: they
     read the stage's parameters, the rank grid and the ZeRO stage, not the micro-batch's shape."""
     traffic = data_parallel_traffic(sc.model, sc.plan, stage).timed(ctx, compute_slowdown(cost.profile))
+    wait = cost.profile.dp_step_wait_s if cost.profile else 0.0
+    if wait and traffic.step_grad_sync:  # the fixed wait once per step at the gradient sync (profile v5)
+        *rest, last = traffic.step_grad_sync  # on its last calls: the training thread blocks on them
+        each = wait / last.calls
+        traffic = replace(traffic, step_grad_sync=(*rest, replace(last, seconds=last.seconds + each, wait_s=each)))
     return traffic, gpu_optimizer_time(sc, cost, stage)
 
 

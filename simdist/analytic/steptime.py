@@ -17,7 +17,7 @@ only when the plan uses them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from simdist.analytic.collectives import Network
 from simdist.analytic.cost import CostModel
@@ -28,11 +28,12 @@ from simdist.analytic.param_server import async_staleness_steps
 from simdist.analytic.passes import PassTime, sync_wait_part
 from simdist.analytic.result import StepResult
 from simdist.analytic.stage import StageDescription, StepDescription, describe
+from simdist.frozen import frozen
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class StageTime:
     """One micro-batch through every chunk of one stage, with what it could not hide."""
 
@@ -103,7 +104,7 @@ def offload_per_microbatch(s: StageDescription, plan: ParallelPlan, t_fwd: float
     return max(0.0, extra)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class EndOfStep:
     """What one stage does after its last backward, exposed (seconds)."""
 

@@ -15,7 +15,9 @@ fills with other ranks' work. So the step takes the larger of
 (The processor-sharing view of a CPU-bound parallel program: the step is bounded below by its
 total CPU demand over the cores and by its critical path.) To that come the waits at the sync
 points whose peers the scheduler has not running (simdist.analytic.cpu_syncs), when the
-profile fitted them. The factor that maps the full-speed
+profile fitted them, counting the ranks that compete for the cores (:func:`competing_ranks`: a
+pipeline stage lighter than the busiest waits for its neighbours, off the cores, the rest of its
+step). The factor that maps the full-speed
 step to that time is applied to the whole profile (:meth:`CalibrationProfile.slowed`), so the
 breakdown and the timeline stay consistent with the step time.
 
@@ -45,8 +47,8 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     from simdist.analytic.steptime import reduce_step
 
     cluster = scenario.cluster
-    full = reduce_step(describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, profile),
-                                Network.of(cluster, profile)))
+    described = describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, profile), Network.of(cluster, profile))
+    full = reduce_step(described)
     b = full.breakdown
     waits = sum(profile.sync_wait_fractions.get(k, 0.0) for k in wait_keys(scenario.plan))
     idle = b.get("bubble", 0.0) + waits * (b.get("compute", 0.0) + b.get("recompute", 0.0))
@@ -54,15 +56,31 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     busy = max(0.0, full.step_time - idle)
     if full.step_time <= 0:
         return profile.slowed(share), share
-    ranks = busy_ranks(scenario)
     coschedule = 0.0
-    if profile.coschedule_wait_s > 0:  # the sync points whose peers are descheduled (cpu_syncs)
+    ranks = competing_ranks(described)
+    if profile.coschedule_wait_s > 0 and ranks > profile.cores:  # sync points whose peers are descheduled
         from simdist.analytic.cpu_syncs import sync_points
 
         points = max(sync_points(scenario, s) for s in range(scenario.plan.pp))
         coschedule = points * (1 - profile.cores / ranks) * profile.coschedule_wait_s
     factor = max(1.0, (max(full.step_time, share * busy) + coschedule) / full.step_time)
     return profile.slowed(factor), factor
+
+
+def competing_ranks(d: Any) -> float:
+    """Ranks that compete for the cores at a sync point (simdist.analytic.cpu_syncs: a peer is
+    descheduled with probability 1 - cores / these): every rank of the busiest pipeline stage,
+    and the ranks of a lighter stage for the share of the step it computes (its stage time over
+    the busiest's); the rest of its step it waits for its neighbours, blocked, off the cores.
+    All the ranks when the stages are balanced or there is no pipeline."""
+    from simdist.analytic.steptime import stage_time
+
+    plan = d.plan
+    totals = [stage_time(d, s).total for s in d.stages]
+    top = max(totals)
+    if plan.pp == 1 or top <= 0:
+        return float(busy_ranks(d.scenario))
+    return busy_ranks(d.scenario) / plan.pp * sum(t / top for t in totals)
 
 
 def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float, bubble: float) -> float:
@@ -80,7 +98,8 @@ def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float, b
     from simdist.spec.profile import LinkFit
 
     quick = replace(profile, links={k: LinkFit(latency_s=0.0, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s)
-                                    for k, v in profile.links.items()}, sync_point_waits_s={})
+                                    for k, v in profile.links.items()}, sync_point_waits_s={},
+                    dp_step_wait_s=0.0)
     cluster = scenario.cluster
     no_latency = reduce_step(describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, quick),
                                       Network.of(cluster, quick)))

@@ -7,12 +7,12 @@ payload that is not a measurement is reported, never half-used).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from simdist.errors import ScenarioError
+from simdist.frozen import frozen
 from simdist.spec.measurement import Measurement
 from simdist.spec.profile import CalibrationProfile
 from simdist.units import GiB
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from simdist.calibrate.store import RunStore
 
 
-@dataclass(frozen=True)
+@frozen
 class Comparison:
     name: str
     scenario_hash: str

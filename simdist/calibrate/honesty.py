@@ -17,14 +17,14 @@ to do: calibrate again on a quiet machine, with fewer ranks, or with more repeat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from simdist.frozen import frozen
 
 FLOOR = 0.05  # the smallest error a fit is held to: two medians of a few steps rarely agree closer
 BUSY_SHARE = 0.2  # other processes using more than this share of the cores make a run noisy
 CORE_WAIT_SHARE = 0.10  # with no more ranks than cores, waiting this share of a step for a core is noise
 
 
-@dataclass(frozen=True)
+@frozen
 class Bound:
     """A fitted parameter and the range its search allowed."""
 
@@ -46,7 +46,7 @@ class Bound:
         return None
 
 
-@dataclass(frozen=True)
+@frozen
 class FitCheck:
     """One fitted run: its measured median against the fitted profile's prediction."""
 

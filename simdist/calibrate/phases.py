@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from simdist.spec.profile import CalibrationProfile
+from simdist.spec.profile import BASE_TERMS, CalibrationProfile
 
 PROBE_S = 1e-4  # the probe value of a per-op or per-tensor term (s)
 SCALE_RANGE = (0.2, 5.0)  # executor rate / microbenchmark rate a fit may find
@@ -51,12 +51,20 @@ def measured_compute(m: dict[str, float]) -> float:
     return m.get("forward_s", 0.0) + m.get("backward_s", 0.0) + m.get("other_s", 0.0)
 
 
-def measured_waits(m: dict[str, float]) -> float | None:
+def measured_waits(m: dict[str, float], symmetric: bool = False) -> float | None:
     """The step's wall time the training thread did not compute: waiting for peers (``comm``)
-    and for a core (``core_wait``: on gloo, the collectives' own threads take the cores)."""
+    and for a core (``core_wait``: on gloo, the collectives' own threads take the cores). The
+    executor's step is its slowest rank's while the phases are the ranks' means, so where the
+    ranks do the same work (``symmetric``: no pipeline) the waits are what the step leaves beyond
+    the computing phases, when that is more: the slowest rank waited for the others' jitter too.
+    (A pipeline's ranks differ by design, and the model prices its busiest stage and the bubble
+    itself: its step less the stages' mean phases is not a wait.)"""
     if m.get("comm_s") is None:
         return None
-    return m["comm_s"] + m.get("core_wait_s", 0.0)
+    waited = m["comm_s"] + m.get("core_wait_s", 0.0)
+    if m.get("step_time_s") is None or not symmetric:
+        return waited
+    return max(waited, m["step_time_s"] - measured_compute(m) - m.get("optimizer_s", 0.0))
 
 
 def optimizer_s(predicted: dict[str, float]) -> float:
@@ -166,16 +174,20 @@ def fit_waits(profile: CalibrationProfile, key: str, runs: Sequence[Any]) -> Cal
     """The waits at the sync points of ``key``'s plans beyond what the model already prices
     (collectives, bubbles, the waits fitted before), from the wall time the runs did not
     compute: a share of the compute since the previous sync point (``sync_wait_fractions[key]``)
-    and a fixed wait per collective call of the layer's op lists (``sync_point_waits_s[key]``).
+    and a fixed wait per collective call of the layer's op lists (``sync_point_waits_s[key]``;
+    for the plain plans' key, :data:`BASE_TERMS`, once a step at the gradient sync:
+    ``dp_step_wait_s``).
     Runs of few large collectives and of many small ones tell the two apart; runs that cannot
     (one run, or a layer without collectives in its op lists) fit the share alone."""
     def setting(fraction: float, per_call: float) -> CalibrationProfile:
-        return replace(profile, sync_wait_fractions={**profile.sync_wait_fractions, key: fraction},
-                       sync_point_waits_s={**profile.sync_point_waits_s, key: per_call})
+        p = replace(profile, sync_wait_fractions={**profile.sync_wait_fractions, key: fraction})
+        if key == BASE_TERMS:  # the plain plans' collectives are the gradient sync's (profile v5)
+            return replace(p, dp_step_wait_s=per_call)
+        return replace(p, sync_point_waits_s={**profile.sync_point_waits_s, key: per_call})
 
     rows = []
     for r in runs:
-        m = measured_waits(r.measured())
+        m = measured_waits(r.measured(), symmetric=r.scenario.plan.pp == 1)
         if m is not None:
             at0 = comm_s(r.predicted(setting(0.0, 0.0)))
             rows.append((m, at0, (comm_s(r.predicted(setting(PROBE_S, 0.0))) - at0) / PROBE_S,
@@ -184,7 +196,7 @@ def fit_waits(profile: CalibrationProfile, key: str, runs: Sequence[Any]) -> Cal
         return profile
     fraction, per_call = two_slopes(rows)
     profile = setting(fraction, per_call)
-    if not per_call:  # keep the profile's dict to the layers that have a per-call wait
+    if not per_call and key != BASE_TERMS:  # keep the profile's dict to the layers that have a per-call wait
         profile = replace(profile, sync_point_waits_s={k: v for k, v in profile.sync_point_waits_s.items() if k != key})
     return profile
 

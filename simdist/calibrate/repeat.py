@@ -18,12 +18,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from simdist.frozen import frozen
 from simdist.spec.measurement import Measurement
 
 
-@dataclass(frozen=True)
+@frozen
 class Repeated:
     """A scenario measured several times."""
 

@@ -17,15 +17,14 @@ import json
 import os
 import sqlite3
 import stat
-import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from simdist.errors import Problem, ScenarioError
+from simdist.frozen import frozen
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -67,7 +66,7 @@ def default_db_path() -> Path:
     return Path(user_data_dir("simdist")) / "runs.db"
 
 
-@dataclass(frozen=True)
+@frozen
 class StoredRun:
     id: int
     kind: str
@@ -205,6 +204,8 @@ def _create(path: Path) -> None:
     shown = _show(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        import tempfile  # here: only a new store needs it
+
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)
     except (OSError, ValueError) as exc:
         raise StoreError(f"{shown} cannot be created ({getattr(exc, 'strerror', None) or exc})") from None

@@ -29,7 +29,7 @@ repeated runs' medians (:mod:`simdist.calibrate.repeat`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import yaml
 
@@ -37,6 +37,7 @@ from simdist.calibrate.fit import OVERHEAD_RANGE, SYNC_WAIT_MAX, fit_overhead
 from simdist.calibrate.honesty import Bound, FitCheck
 from simdist.calibrate.phases import SCALE_RANGE, fit_coschedule, fit_layer, fit_plain, fit_waits
 from simdist.calibrate.repeat import Repeated
+from simdist.frozen import frozen
 from simdist.spec.profile import (
     BASE_TERMS,
     CalibrationProfile,
@@ -46,7 +47,7 @@ from simdist.spec.profile import (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class FitRun:
     """A scenario measured for fitting: its YAML text, where relative paths start, its runs."""
 
@@ -77,11 +78,20 @@ class FitRun:
         return all(m.get(k) is not None for k in ("forward_s", "backward_s", "optimizer_s", "comm_s"))
 
     def measured(self) -> dict[str, float]:
+        """The representative run's quantities, each phase the median over the repeated runs
+        (one run's phases jitter as much as its step: a phase of the run whose step is the
+        median need not be a median phase), and the median step."""
+        import statistics
+
         from simdist.calibrate.compare import measured_quantities
 
         rep = self.repeated.representative
-        extra = {f"{k}_s": rep.phase(k) for k in ("other", "core_wait") if rep.phase(k) is not None}
-        return {**measured_quantities(rep), **extra, "step_time_s": self.repeated.median}
+        out = {**measured_quantities(rep), "step_time_s": self.repeated.median}
+        for k in ("forward", "backward", "optimizer", "comm", "other", "core_wait"):
+            values = [m.phase(k) for m in self.repeated.runs if m.phase(k) is not None]
+            if values:
+                out[f"{k}_s"] = statistics.median(values)
+        return out
 
 
 def _mean_log_error(runs: list[FitRun]):
@@ -115,9 +125,8 @@ def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[Calibrat
                             *OVERHEAD_RANGE))
         bounds.append(Bound("the plain plans' sync-point waits (share of compute)",
                             profile.sync_wait_fractions.get(BASE_TERMS, 0.0), 0.0, SYNC_WAIT_MAX))
-        if BASE_TERMS in profile.sync_point_waits_s:
-            bounds.append(Bound("the plain plans' wait per collective call (s)",
-                                profile.sync_point_waits_s[BASE_TERMS], 0.0, COSCHEDULE_MAX))
+        bounds.append(Bound("the plain plans' wait per step at the gradient sync (s)", profile.dp_step_wait_s, 0.0,
+                            COSCHEDULE_MAX))
         terms_from["per-op"] = ", ".join(r.name for r in plain)
     elif plain:
         profile = fit_overhead(profile, _mean_log_error(plain))

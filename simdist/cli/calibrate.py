@@ -177,6 +177,7 @@ def _summary(profile) -> None:
           + "".join(f"; {k} +{v * 1e6:.1f} us/op" for k, v in profile.framework_overheads_s.items())
           + "".join(f"; {k} sync waits {v:.0%} of compute" for k, v in profile.sync_wait_fractions.items())
           + "".join(f" (+{w * 1e3:.2f} ms per {k} collective call)" for k, w in profile.sync_point_waits_s.items())
+          + (f"; +{profile.dp_step_wait_s * 1e3:.2f} ms per step at the gradient sync" if profile.dp_step_wait_s else "")
           + (f"; executor rate {profile.compute_scale:.2f}x the microbenchmarks'" if profile.compute_scale != 1 else "")
           + ("" if profile.optimizer_tensor_s is None else
              f"; optimizer {profile.optimizer_tensor_s * 1e6:.1f} us/tensor"

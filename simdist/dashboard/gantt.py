@@ -15,8 +15,8 @@ it stays drawable by
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
+from simdist.frozen import frozen
 from simdist.results import Span
 from simdist.units import fmt_seconds
 
@@ -65,7 +65,7 @@ def spread(items: Sequence[int], n: int) -> list[int]:
     return [items[i] for i in sorted(picks)]
 
 
-@dataclass(frozen=True)
+@frozen
 class StepGantt:
     """What the timeline draws and what it leaves out."""
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from simdist.errors import ScenarioError
+from simdist.frozen import frozen
 from simdist.spec.profile import CalibrationProfile
 from simdist.units import UnitError, parse_bandwidth
 
@@ -22,7 +22,7 @@ SWEEPS: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class SweepPoint:
     x: float
     label: str

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from simdist.errors import Problem
+from simdist.frozen import frozen
 from simdist.predict import MAX_VIRTUAL_STAGES
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.model import ModelSpec
@@ -49,7 +50,7 @@ PLAIN_SCHEDULES = ("1f1b", "gpipe", "zero-bubble")  # one chunk per stage; 1f1b 
 # --- constraints --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Constraints:
     """What the user allows; problems are reported under the command-line flag's name."""
 

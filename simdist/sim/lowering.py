@@ -106,7 +106,7 @@ def calls(entries: tuple[CollectiveCall, ...], per: int = 1, share: float = 1.0)
     out: list[CommSpec] = []
     for e in entries:
         n = max(1, round(e.calls / per))
-        out += [comm(e.kind, e.axis, e.bytes * share * e.calls / per / n)] * n
+        out += [comm(e.kind, e.axis, e.bytes * share * e.calls / per / n, e.wait_s)] * n
     return tuple(out)
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from simdist import catalog
 from simdist.errors import Collector, Problem
+from simdist.frozen import frozen
 from simdist.spec.fields import hash_once, spec_field, validate
 from simdist.units import short_repr
 
@@ -41,7 +41,7 @@ EFFICIENCY_KEYS = ("gemm", "fp8_gemm", "attention", "memory")
 REQUIRED_EFFICIENCIES = ("gemm", "attention", "memory")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class GpuSpec:
     name: str = spec_field(doc="GPU name")
     memory_bytes: float = spec_field(key="memory", unit="size", check="positive", doc="HBM capacity")
@@ -95,7 +95,7 @@ class GpuSpec:
         return out
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class LinkSpec:
     kind: LinkKind = spec_field(doc="link technology (sets the achieved fraction of line rate)")
     # per GPU (intra) or per NIC (inter), per direction
@@ -107,7 +107,7 @@ class LinkSpec:
         validate(self)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class HostSpec:
     """Per node: what ZeRO-Offload / ZeRO-Infinity lean on (contract v1.1)."""
 
@@ -159,7 +159,7 @@ def _prepare_gpu(raw: Any, c: Collector) -> Any:
 
 
 @hash_once
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class ClusterSpec:
     name: str = spec_field("custom", internal=True, doc="the preset's name, or custom")
     num_nodes: int = spec_field(check="positive", doc="nodes")

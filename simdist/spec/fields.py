@@ -27,11 +27,12 @@ import math
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, field, fields, is_dataclass
 from functools import cache
 from typing import Any, Literal, get_args, get_origin
 
 from simdist.errors import Collector, Problem, ScenarioError
+from simdist.frozen import frozen
 from simdist.units import (
     parse_bandwidth,
     parse_duration,
@@ -76,7 +77,7 @@ def spec_field(default: Any = MISSING, *, default_factory: Any = MISSING, key: s
     return field(default=default, compare=compare, metadata=meta)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class FieldSpec:
     """What the parser and the validator know about one field."""
 

@@ -13,7 +13,6 @@ import errno
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +122,8 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     """Whole or not at all: a temporary file in the same folder renamed over ``path``."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
+    import tempfile  # here: a prediction that writes nothing does not import it
+
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

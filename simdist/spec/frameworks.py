@@ -20,7 +20,9 @@ this module only says which rule a plan gets, so the executor and the simulator 
   interleaved schedule the sender does not wait for its pipeline sends (``--overlap-p2p-communication``,
   on by default for interleaving, ``overlap_p2p_comm``), though the receiver still waits for
   each one (simdist.analytic.steptime.stage_time); the loss is the unfused vocabulary-parallel
-  cross-entropy (``cross_entropy_loss_fusion`` off by default).
+  cross-entropy (``cross_entropy_loss_fusion`` off by default); the experts' output bias of a
+  model with biases (GPT-OSS) is added expert by expert in eager PyTorch (``expert_bias``
+  per_expert: TEGroupedMLP._apply_bias, simdist.analytic.moe.expert_bias_ops).
 - ``nemo``: NeMo 2 / Megatron-Bridge performance recipes (the configurations of NVIDIA's
   published performance summaries): Megatron-Core with the distributed optimizer, gradient
   reduce and parameter gather overlapped, fp32 gradient reduction, sequence parallelism and TP
@@ -54,8 +56,9 @@ NeMo and DeepSpeed run their own checkpoint function, which re-runs the whole la
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from simdist.frozen import frozen
 
 MEGATRON_BUCKET_MIN_PARAMS = 40_000_000  # Megatron-Core: max(40M, 1M x dp) parameters per bucket
 MEGATRON_BUCKET_PARAMS_PER_DP = 1_000_000
@@ -63,7 +66,7 @@ DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel bucket_cap_mb=25
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed zero_optimization.reduce_bucket_size
 
 
-@dataclass(frozen=True)
+@frozen
 class Framework:
     """One framework's rules beyond plan fields."""
 
@@ -87,14 +90,18 @@ class Framework:
     # full passes over the rank's whole gradient buffer each step besides the reduction, when the
     # framework keeps one contiguous buffer (ZeRO 0/1): simdist.analytic.cost.grad_buffer_pass_bytes
     grad_buffer_passes: int = 0
+    # plan.moe_expert_bias when unset: "per_expert" where the experts' fc2 bias is added expert by
+    # expert in eager PyTorch (Megatron-Core's TEGroupedMLP: simdist.analytic.moe.expert_bias_ops)
+    expert_bias: str = "fused"
     description: str = ""
 
 
 FRAMEWORKS: dict[str, Framework] = {
     "megatron": Framework("megatron", "megatron", "attention-core", "te-default", attention_kernel="cudnn", overlap_p2p=True,
-                          cross_entropy="megatron", grad_buffer_passes=2,
+                          cross_entropy="megatron", grad_buffer_passes=2, expert_bias="per_expert",
                           description="Megatron-LM / Megatron-Core argument defaults"),
     "nemo": Framework("nemo", "megatron", "attention-core", "te-default", attention_kernel="cudnn", overlap_p2p=True,
+                      expert_bias="per_expert",
                       description="NeMo 2 / Megatron-Bridge performance recipes"),
     "pytorch": Framework("pytorch", "ddp", "attention-core", "tensorwise", cross_entropy="torch",
                          recompute_early_stop=True, description="PyTorch DDP / FSDP defaults"),
@@ -116,6 +123,12 @@ def attention_kernel(plan: Any) -> str:
     framework's (Transformer Engine's cuDNN fused attention for megatron and nemo, FlashAttention-2
     through SDPA or flash-attn otherwise)."""
     return plan.attention_kernel or framework_of(plan.framework).attention_kernel
+
+
+def expert_bias(plan: Any) -> str:
+    """How a plan adds its experts' output bias: ``plan.moe_expert_bias`` when set, else its
+    framework's (expert by expert under megatron and nemo: Megatron-Core's TEGroupedMLP)."""
+    return plan.moe_expert_bias or framework_of(plan.framework).expert_bias
 
 
 def recompute_early_stop(plan: Any) -> bool:

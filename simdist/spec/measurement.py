@@ -20,18 +20,19 @@ import json
 import math
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from simdist.errors import Collector, Problem, ScenarioError
+from simdist.frozen import frozen
 from simdist.spec.files import write_json_atomic
 
 PHASES = ("forward", "backward", "optimizer", "comm")
 _TEXT = ("name", "scenario_hash", "device", "backend", "torch_version")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class RankMemory:
     rank: int
     model_state_gib: float
@@ -39,7 +40,7 @@ class RankMemory:
     peak_gib: float
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Measurement:
     name: str
     scenario_hash: str

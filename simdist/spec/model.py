@@ -9,10 +9,11 @@ and multi-token prediction (DeepSeek-V3). ``docs/scenario-format.md`` is the fie
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Literal
 
 from simdist.errors import Problem
+from simdist.frozen import frozen
 from simdist.spec.fields import hash_once, spec_field, validate
 
 Mlp = Literal["gelu", "swiglu"]
@@ -28,7 +29,7 @@ _MOE_FIELDS = ("moe_ffn_hidden_size", "num_shared_experts", "first_dense_layers"
 
 
 @hash_once
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class ModelSpec:
     """A decoder-only transformer. Defaults follow the contract: ``num_kv_heads`` = heads,
     ``ffn_hidden_size`` = 4 * hidden, ``head_dim`` = hidden / heads; 0 means "derive it"."""

@@ -17,7 +17,6 @@ for the model of a scenario whose plan is the defaults plus whatever ``--set pla
 from __future__ import annotations
 
 import copy
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -130,6 +129,8 @@ def write_merged(path: str | Path, items: Sequence[str], directory: str | Path |
         part = data.get(section)
         if isinstance(part, dict) and isinstance(part.get(key), str):
             part[key] = str((p.parent / part[key]).resolve())
+    import tempfile  # here: only the executor's runs write a scenario
+
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix=f"{p.stem}-set-", dir=directory,
                                      delete=False, encoding="utf-8") as f:
         yaml.safe_dump(data, f, sort_keys=False)

@@ -8,10 +8,10 @@ expert parallelism the pipeline stages are outermost (``ParallelPlan.pipeline_ou
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, get_args
 
 from simdist.errors import Problem
+from simdist.frozen import frozen
 from simdist.spec.fields import hash_once, spec_field, validate
 from simdist.spec.stages import layout_problems
 
@@ -30,6 +30,7 @@ CpMethod = Literal["ring", "allgather", "ulysses"]
 Fp8Recipe = Literal["delayed", "tensorwise", "rowwise", "blockwise", "mxfp8"]
 Framework = Literal["megatron", "pytorch", "deepspeed", "torchtitan", "nemo"]
 AttentionKernel = Literal["flash2", "cudnn", "triton"]
+ExpertBias = Literal["per_expert", "fused"]
 Axis = Literal["tp", "cp", "pp", "dp", "dp_shard", "dp_replica"]
 
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
@@ -53,7 +54,7 @@ def _compression_shorthand(v: object) -> object:
     return {"method": v} if isinstance(v, str) else v
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Offload:
     optimizer: OffloadDevice = spec_field("none", doc="where the optimizer states and step live")
     params: OffloadDevice = spec_field("none", doc="where the parameters live between uses (ZeRO-3)")
@@ -66,7 +67,7 @@ class Offload:
         return self.optimizer != "none" or self.params != "none"
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class GradCompression:
     method: CompressionMethod = spec_field("none", yaml_required=True, doc="gradient compression")
     ratio: float = spec_field(0.01, check="fraction", doc="top-k: fraction of gradient entries sent")
@@ -82,7 +83,7 @@ class GradCompression:
 
 
 @hash_once
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class ParallelPlan:
     tp: int = spec_field(1, check="positive", doc="tensor-parallel degree")
     pp: int = spec_field(1, check="positive", doc="pipeline stages")
@@ -145,6 +146,8 @@ class ParallelPlan:
         None, since="1.2", doc="full recompute stops once the tensors backward needs are recomputed (PyTorch's "
                                "non-reentrant checkpoint): a 16-bit down-projection is not run again; default "
                                "the framework's")
+    moe_expert_bias: ExpertBias | None = spec_field(None, since="1.2", doc="the experts' output bias (models with bias): per_expert "
+                                                    "(a multiply and an add per local expert) or fused; default the framework's")
     zero_hpz_partition_size: int = spec_field(0, check="positive", since="1.2",
                                               doc="ZeRO++ hpZ: secondary weight copy sharded in groups of this size")
     pipeline_layout: str | None = spec_field(None, since="1.2", doc="Megatron-Core pipeline layout, e.g. "

@@ -32,7 +32,15 @@ call hands its work to the process group's thread and the caller sleeps until it
 scheduler wake-ups and the peer's own fixed detour per call, Hoefler et al. SC'10's fixed part of
 the noise). Many small TP collectives pay mostly the second, few large ones mostly the first.
 
-Versions 1 to 3 still load (the new fields take their defaults: no cores known, no band,
+Version 5 adds a fixed wait for the data-parallel gradient sync (``dp_step_wait_s``): once a
+step, where the training thread blocks on the step's gradient synchronisation (DDP's reducer
+waiting for its buckets' all-reduces at the end of backward, ZeRO-1's and the compression
+hooks' syncs; on gloo the collectives and a hook's chained ones run on the process group's
+thread), it waits a fixed time beyond the transfers. The plain plans' runs tell it apart from
+the share of compute: a tiny model and a large one pay the same few milliseconds there (the
+fixed part of the noise, Hoefler et al. SC'10, at the one point a DDP step waits for its peers).
+
+Versions 1 to 4 still load (the new fields take their defaults: no cores known, no band,
 no optimizer term, no per-call wait).
 """
 
@@ -40,24 +48,25 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, field, replace
 from pathlib import Path
 from typing import Any
 
 from simdist.errors import Problem, ScenarioError
+from simdist.frozen import frozen
 from simdist.spec.files import read_json_object, write_json_atomic
 
-PROFILE_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+PROFILE_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class LinkFit:
     latency_s: float
     bandwidth_bytes_per_s: float  # achieved bus bandwidth (nccl-tests' busbw sense)
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class CalibrationProfile:
     version: int = PROFILE_VERSION
     device: str  # e.g. "cpu (2 cores)", "NVIDIA H100 80GB HBM3"
@@ -100,6 +109,8 @@ class CalibrationProfile:
     coschedule_wait_s: float = 0.0
     # v4: software layer -> wait per collective call of its op lists (module docstring), beside the fraction
     sync_point_waits_s: dict[str, float] = field(default_factory=dict)
+    # v5: wait once a step at the data-parallel gradient sync (module docstring), fitted on the plain plans
+    dp_step_wait_s: float = 0.0
 
     def efficiency(self, kind: str, size: float) -> float | None:
         """Interpolated efficiency for an op of ``kind`` and ``size``, or None if not fitted."""
@@ -146,6 +157,7 @@ class CalibrationProfile:
             optimizer_tensor_s=None if self.optimizer_tensor_s is None else self.optimizer_tensor_s * s,
             optimizer_layer_tensor_s={k: v * s for k, v in self.optimizer_layer_tensor_s.items()},
             sync_point_waits_s={k: v * s for k, v in self.sync_point_waits_s.items()},
+            dp_step_wait_s=self.dp_step_wait_s * s,
             links={k: LinkFit(latency_s=v.latency_s * s, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s / s)
                    for k, v in self.links.items()},
         )

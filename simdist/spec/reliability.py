@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from simdist.frozen import frozen
 from simdist.spec.fields import spec_field, validate
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Reliability:
     """Failures and checkpoints, which turn a step time into goodput and time to train."""
 

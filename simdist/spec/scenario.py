@@ -13,12 +13,13 @@ import copy
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, field, replace
 from pathlib import Path
 from typing import Any
 
 from simdist import catalog
 from simdist.errors import Collector, Problem, ScenarioError
+from simdist.frozen import frozen
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.consistency import check_consistency
 from simdist.spec.fields import hash_once, legacy_view
@@ -34,7 +35,7 @@ __all__ = ["Reliability", "Scenario", "check_consistency", "load_scenario", "sce
 
 
 @hash_once
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Scenario:
     name: str
     model: ModelSpec

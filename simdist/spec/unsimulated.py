@@ -10,16 +10,16 @@ Remove an entry in the change that teaches the engines its field.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from simdist.frozen import frozen
 from simdist.spec.fields import legacy_view, spec_fields
 
 if TYPE_CHECKING:
     from simdist.spec.scenario import Scenario
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class NotSimulated:
     field: str  # dotted scenario field
     instead: str  # what the engines do today

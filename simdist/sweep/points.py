@@ -11,10 +11,10 @@ store is the same row.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from simdist.errors import ScenarioError
+from simdist.frozen import frozen
 from simdist.predict import predict
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario, scenario_from_dict
@@ -31,7 +31,7 @@ RESULT_COLUMNS = ("status", "problem", "gpus", "gpu", "step_time_s", "mfu", "tok
 STATUSES = ("ok", "does_not_fit", "no_plan", "invalid", "error")
 
 
-@dataclass(frozen=True)
+@frozen
 class Job:
     """What every point of a sweep shares: shipped once to each worker (or Ray's object store)."""
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from simdist.frozen import frozen
 from simdist.sweep import backends
 from simdist.sweep.points import RESULT_COLUMNS, Job, evaluate_chunk
 from simdist.sweep.spec import SweepSpec, canonical_json
@@ -26,7 +26,7 @@ Backend = Literal["local", "ray"]
 Progress = Callable[[int, int], None]  # (points done, points in all)
 
 
-@dataclass(frozen=True)
+@frozen
 class SweepOutcome:
     sweep_id: str
     table: pd.DataFrame

@@ -17,11 +17,11 @@ import json
 import math
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from simdist.errors import Collector, Problem, ScenarioError
+from simdist.frozen import frozen
 from simdist.spec.files import read_yaml
 from simdist.spec.scenario import scenario_from_dict
 from simdist.units import short_repr
@@ -41,7 +41,7 @@ TOP_KEYS = ("name", "description", "base", "mode", "engine", "search", "cost_per
 ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
-@dataclass(frozen=True)
+@frozen
 class Axis:
     """One item of the product: one field, or several zipped, with the values they take."""
 
@@ -49,7 +49,7 @@ class Axis:
     values: tuple[tuple[Any, ...], ...]  # one tuple per position, a value per field
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class SweepSpec:
     name: str
     base: dict[str, Any]  # the base scenario file's dict

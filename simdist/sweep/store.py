@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from simdist.calibrate.store import RunStore
+from simdist.frozen import frozen
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sweeps (
@@ -39,7 +39,7 @@ CREATE TABLE IF NOT EXISTS sweep_points (
 """
 
 
-@dataclass(frozen=True)
+@frozen
 class StoredSweep:
     sweep_id: str
     created: str

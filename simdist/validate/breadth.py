@@ -21,11 +21,11 @@ Where a row leaves something unstated, the choice is named in the row's ``assume
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from simdist.analytic.flops import megatron_flops_per_step
+from simdist.frozen import frozen
 from simdist.spec.scenario import Scenario, scenario_from_dict
 from simdist.validate.rows import data_dir, error_summary, first_number, read_csv
 
@@ -36,7 +36,7 @@ LLAMA3_405B = Path(__file__).resolve().parents[2] / "scenarios" / "llama3.1-405b
 RSC1_NODE_FAILURES_PER_NODE_DAY = 6.5e-3
 
 
-@dataclass(frozen=True)
+@frozen
 class BreadthResult:
     row_id: str
     topic: str

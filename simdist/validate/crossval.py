@@ -23,16 +23,16 @@ steps hold host work the model prices only in part, so they are scored but neith
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from simdist.frozen import frozen
 from simdist.validate.fit import FitResult, case_time, fit
 from simdist.validate.moe_cp import GROUP_MOE
 from simdist.validate.rows import error_summary
 from simdist.validate.training import Case
 
 
-@dataclass(frozen=True)
+@frozen
 class MemoryModel:
     """How cross-validation predicts a row's peak memory: ``fit`` the memory model's constants on
     the training rows (anything; None when it has none), ``peak_gib`` predicts one row with
@@ -59,7 +59,7 @@ OVERALL_DENSE = "overall, MoE rows excepted"
 MEMORY_MODEL = MemoryModel(fit=lambda cases: None, peak_gib=predicted_peak_gib)
 
 
-@dataclass(frozen=True)
+@frozen
 class GroupScore:
     """One source group (or "overall"): mean |error| of the step time with the shipped, the
     in-sample and the cross-validated constants, the cross-validated bias and worst row, and
@@ -77,7 +77,7 @@ class GroupScore:
     memory_cross_validated: float | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class CrossValidation:
     groups: tuple[GroupScore, ...]
     full_fit: FitResult

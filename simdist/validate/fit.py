@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
 from simdist.analytic.collectives import Network
 from simdist.analytic.cost import CostModel
 from simdist.analytic.stage import describe
 from simdist.analytic.steptime import reduce_step
+from simdist.frozen import frozen
 from simdist.spec.scenario import Scenario
 from simdist.validate.training import Case
 
@@ -79,7 +80,7 @@ def objective(cases: Sequence[Case], eff: Efficiency) -> float:
     return sum(sum(v) / len(v) for v in by_group.values()) / len(by_group)
 
 
-@dataclass(frozen=True)
+@frozen
 class FitResult:
     """Fitted constants per GPU generation, the pooled pair for a generation without rows, and
     the objective each reached (rows, mean |log error|)."""

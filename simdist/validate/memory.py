@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from simdist.analytic.allocation_trace import FORWARD_WINDOW, GRAD_WINDOW, stage_gaps
 from simdist.analytic.memory import memory_per_stage, model_state_bytes
 from simdist.analytic.params import total_params
+from simdist.frozen import frozen
 from simdist.spec.scenario import Scenario, scenario_from_dict
 from simdist.units import GiB
 from simdist.validate.rows import cell_int, data_dir, error_summary, read_csv
@@ -41,7 +42,7 @@ TORCHTITAN_SEQ = 8192  # train_configs/llama3_{8b,70b,405b}.toml seq_len
 WINDOW_CHOICES = tuple(itertools.product((1, 2, 3, 4), (1, 2, 3, 4, 6)))
 
 
-@dataclass(frozen=True)
+@frozen
 class MemoryCase:
     row_id: str
     group: str
@@ -54,7 +55,7 @@ class MemoryCase:
     extra_bytes: float = 0.0
 
 
-@dataclass(frozen=True)
+@frozen
 class MemoryResult:
     case: MemoryCase
     predicted_gib: float

@@ -10,7 +10,8 @@ under ``framework: nemo`` (Transformer Engine's fused attention, its FP8 recipe,
 rule; the NeMo long-sequence rows too; the torchtitan rows under ``framework: torchtitan`` on
 the benchmark's 96 GiB H100s, as the dense torchtitan rows): distributed optimizer, sequence
 parallelism with tp > 1, expert tensor parallelism 1, and per model the token dispatcher and
-all-to-all overlap (:data:`MOE_MODELS`). The benchmarks route
+all-to-all overlap (:data:`MOE_MODELS`; a row of an older release with what its own release's
+recipe set instead, :mod:`simdist.validate.moe_releases`). The benchmarks route
 tokens force-balanced (the summary's note), so ``moe_load_imbalance`` stays 1.0.
 
 Step times: ``derived_step_s`` where the row has it (global batch x sequence / tokens per second
@@ -27,6 +28,7 @@ from simdist.analytic.flops import model_flops_per_step
 from simdist.errors import ScenarioError
 from simdist.spec.scenario import Scenario, scenario_from_dict
 from simdist.validate.mapping import TORCHTITAN_GPU
+from simdist.validate.moe_releases import release_plan
 from simdist.validate.rows import cell_float, cell_int
 
 # model name (lower case, as the rows spell it) -> (preset, plan fields of its H100 recipe)
@@ -47,8 +49,10 @@ MOE_MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "deepseekv3": ("deepseek-v3", {"moe_dispatcher": "flex", "recompute": "selective",
                                    "overlap_grad_reduce": False, "fp32_grad_accumulation": False}),
     # GPT_OSS_120B_PRETRAIN_CONFIG_H100_*: the alltoall dispatcher, recompute_modules
-    # [layernorm, moe_act]
-    "gpt oss 120b": ("gpt-oss-120b", {"moe_dispatcher": "alltoall", "recompute": "selective"}),
+    # [layernorm, moe_act]; set_gpt_oss_common_configs (scripts/performance/configs/gpt_oss/
+    # gpt_oss_llm_pretrain.py): grad_reduce_in_fp32 = False (bf16 gradient reduction)
+    "gpt oss 120b": ("gpt-oss-120b", {"moe_dispatcher": "alltoall", "recompute": "selective",
+                                      "fp32_grad_accumulation": False}),
 }
 # model -> {(pp, vpp): the recipe's pipeline_model_parallel_layout} (plan.pipeline_layout):
 # DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1's pp_layout (Megatron-Bridge
@@ -141,12 +145,15 @@ def moe_scenario(row: dict[str, str]) -> dict[str, Any]:
     tp, pp = cell_int(row["tp"]) or 1, cell_int(row["pp"]) or 1
     plan = _megatron_plan(row, tp, pp)
     plan.update(ep=cell_int(row["ep"]) or 1, cp=cell_int(row["cp"]) or 1, **extra)
+    plan.update(release_plan(_model_key(row), row))  # what the row's own release's recipe set
     layout = PIPELINE_LAYOUTS.get(_model_key(row), {}).get((pp, plan.get("virtual_pipeline_stages", 1)))
     if layout is not None:
         plan["pipeline_layout"] = layout
     precision = row["precision"].lower()
     # the 25.09 section has no precision column; its TFLOP/s come in pairs for two FP8 scaling
-    # granularities (the data README), so its runs are FP8
+    # granularities (the data README), so its runs are FP8, and current scaling: the release's
+    # H100 perf matrices (scripts/performance/configs/qwen3/qwen3_*_llm_pretrain.yaml @v0.1.0rc4)
+    # hold bf16 and fp8_cs presets only, and the Qwen3-30B row's micro-batch 2 is fp8_cs's (bf16's: 1)
     plan["precision"] = "fp8" if ("fp8" in precision or not precision) else "bf16"
     if plan["precision"] == "fp8":
         # Transformer Engine's Float8CurrentScaling: the H100 presets of these models are the
