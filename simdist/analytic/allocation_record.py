@@ -40,15 +40,7 @@ class Trace:
         self._queries: list[tuple[int, object, bool]] | None = None  # (op index, key, answer)
 
     def malloc(self, key: object, nbytes: float, stream: str = "compute") -> None:
-        sized = self._sizes.get((nbytes, stream))
-        if sized is None:
-            sized = self._sizes[(nbytes, stream)] = self._size(nbytes, stream)
-        slot = self._slots.get(key)
-        if slot is None:
-            slot = self._slots[key] = len(self._keys)
-            self._keys.append(key)
-        self._live[key] = slot
-        self.ops.append((slot, *sized))
+        self.put(key, self.sized(nbytes, stream))
 
     def sized(self, nbytes: float, stream: str = "compute") -> tuple[int, int]:
         """(rounded size, pool) of a request, for :meth:`put` (the pool is numbered on first use,
