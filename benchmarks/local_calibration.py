@@ -209,22 +209,27 @@ def stored(files: list[Path], db: str) -> list[Path]:
 def repredict(out: Path, profile: str, before: str | None = None, fit: list[Path] | None = None) -> int:
     """Predict the fit runs (from the run store) and the held-out plans (report.json's
     measurements) with ``profile``, and with ``before`` beside it (else report.json's own)."""
+    from simdist.calibrate.refit import stored_fit_runs
     from simdist.calibrate.store import RunStore
+    from simdist.calibrate.terms import fit_checks
+    from simdist.spec.profile import load_profile
 
     rows = []
-    store = RunStore(out / "runs.db")
-    for path in fit or []:
-        medians = [r.step_time_s for r in store.runs("measurement", path.stem) if r.step_time_s]
-        if medians:
-            med = statistics.median(medians)
-            rows.append({"scenario": path.stem, "path": path, "role": "fit", "median_s": med, "ranks": processes(path),
-                         "spread": (max(medians) - min(medians)) / med, "others_cores": 0.0})
+    runs = stored_fit_runs(RunStore(out / "runs.db"), [str(p) for p in fit or []])
+    # the fitted rows are simdist calibrate's own checks (the medians the fit reads, predict's engine)
+    was = fit_checks(load_profile(before), runs) if before else [None] * len(runs)
+    for run, check, old in zip(runs, fit_checks(load_profile(profile), runs), was, strict=True):
+        rows.append({"scenario": check.name, "role": "fit", "median_s": check.measured, "spread": check.spread,
+                     "ranks": check.processes, "predicted_s": check.predicted, "before_s": old and old.predicted,
+                     "kind": "+".join(run.layers) or "ddp"})
     for row in json.loads((out / "report.json").read_text()):
-        rows.append({**row, "role": "held", "path": REPO / "scenarios" / f"{row['scenario']}.yaml"})
+        path = REPO / "scenarios" / f"{row['scenario']}.yaml"
+        old = predict(path, before)[0] if before else row.get("predicted_s")
+        row["predicted_s"], row["kind"] = predict(path, profile)
+        rows.append({**row, "role": "held", "before_s": old})
     for row in rows:
-        old = predict(row["path"], before)[0] if before else row.get("predicted_s")
-        row["predicted_s"], row["kind"] = predict(row["path"], profile)
         row["error"] = row["predicted_s"] / row["median_s"] - 1
+        old = row.pop("before_s")
         was = "" if old is None else f"  before {old:8.4f} s ({old / row['median_s'] - 1:+7.1%})"
         print(f"{row['role']:<4} {row['scenario']:<24} {row['kind']:<26} {row['ranks']:>2} ranks  {row['median_s']:8.4f} s"
               f"  spread {row['spread']:6.1%}{was}  predicted {row['predicted_s']:8.4f} s  error {row['error']:+7.1%}")

@@ -232,3 +232,27 @@ def test_predict_prints_the_profiles_error_band(tmp_path):
     assert "+/-12%" in line and "of the 2 run(s) the profile was fitted on" in line
     r = run_cli("predict", str(tmp_path / "s.yaml"), "--profile", str(tmp_path / "p.json"), "--no-store", "--json")
     assert "error band" not in r.stdout  # the contract's JSON is unchanged
+
+
+def test_the_fitted_runs_table_checks_the_medians_the_fit_reads_against_predict():
+    """simdist calibrate's table and refusal check (fit_checks) read a run's measured step as the
+    fit does (FitRun.measured: the median over the repeated runs, not the representative run's
+    own step) and its prediction as `simdist predict --profile` gives it (the event engine, on
+    the plan as it ran; on tiny-fsdp3 it prices the gathers apart from the closed form):
+    benchmarks/local_calibration.py's fitted rows are these checks."""
+    from pathlib import Path
+
+    from simdist.spec.scenario import load_scenario
+
+    profile = replace(fit_profile({**synthetic_bench(), "cores": 2}), kernel_overhead_s=3e-5,
+                      framework_overheads_s={"zero3": 1e-4}, sync_wait_fractions={"base": 0.03, "zero3": 0.2})
+    path = Path(__file__).resolve().parent.parent / "scenarios" / "tiny-fsdp3.yaml"
+    sc = load_scenario(path)
+    runs = tuple(m(t, scenario_hash=sc.hash(), name="z3") for t in (0.050, 0.070, 0.061, 0.090))
+    run = FitRun("z3", path.read_text(), str(path.parent), Repeated("z3", runs, True, "stable"))
+    assert run.repeated.representative.step_time_s == 0.061  # the lower middle of four
+    (check,) = fit_checks(profile, [run])
+    assert check.measured == run.measured()["step_time_s"] == pytest.approx(0.0655)  # the median
+    des = predict(sc, profile=profile, engine="des", keep_spans=False).step_time_s
+    assert check.predicted == des == run.predicted_step(profile)
+    assert abs(des / run.predicted(profile)["step_time_s"] - 1) > 1e-3  # the closed form's step is not the one checked
