@@ -74,7 +74,7 @@ def processes(path: Path) -> int:
     return total_processes(load_scenario(path))
 
 
-def measure(path: Path, db: str, steps: int, min_runs: int, max_runs: int) -> tuple[list[float], list[dict]]:
+def measure(path: Path, db: str, steps: int, min_runs: int, max_runs: int) -> tuple[list[float], list[dict], str]:
     """Run a held-out plan until its median is stable (simdist.calibrate.repeat's rule)."""
     from simdist.calibrate.repeat import repeat_until_stable
     from simdist.spec.measurement import load_measurement
@@ -93,7 +93,23 @@ def measure(path: Path, db: str, steps: int, min_runs: int, max_runs: int) -> tu
         return load_measurement(out)
 
     rep = repeat_until_stable(path.stem, once, min_runs=min_runs, max_runs=max_runs)
-    return rep.medians, [dict(m.extras.get("host") or {}) for m in rep.runs]
+    return rep.medians, [dict(m.extras.get("host") or {}) for m in rep.runs], rep.doubt(_cores()) or ""
+
+
+def _cores() -> int:
+    from executor.hostload import cores
+
+    return cores()
+
+
+def stored_doubt(store, path: Path) -> str:
+    """The doubt note of a held-out plan's stored runs (simdist.calibrate.repeat.Repeated.doubt)."""
+    from simdist.calibrate.repeat import Repeated
+    from simdist.spec.measurement import Measurement
+    from simdist.spec.scenario import load_scenario
+
+    runs = tuple(Measurement.from_dict(r.payload) for r in store.runs("measurement", load_scenario(path).hash()))
+    return (Repeated(path.stem, runs, True, "stored").doubt(_cores()) or "") if runs else ""
 
 
 def _workers(path: Path) -> int:
@@ -172,7 +188,7 @@ def main() -> int:
     rows = []
     for path in held:
         try:
-            medians, hosts = measure(path, db, args.steps, args.min_runs, args.max_runs)
+            medians, hosts, doubt = measure(path, db, args.steps, args.min_runs, args.max_runs)
         except RuntimeError as exc:
             print(f"{path.stem}: not measured ({exc})", flush=True)
             continue
@@ -182,16 +198,26 @@ def main() -> int:
         others = max(float(h.get("others_cores") or 0) for h in hosts)
         row = {"scenario": path.stem, "kind": kind, "ranks": processes(path), "runs": len(medians),
                "median_s": median, "spread": spread, "predicted_s": predicted, "error": predicted / median - 1,
-               "others_cores": others, "loadavg": max(h.get("loadavg") or [0.0] for h in hosts)}
+               "others_cores": others, "loadavg": max(h.get("loadavg") or [0.0] for h in hosts), "doubt": doubt}
         rows.append(row)
         print(f"{row['scenario']:<24} {kind:<26} {row['ranks']:>2} ranks  {median:8.4f} s  spread {spread:6.1%}  "
-              f"predicted {predicted:8.4f} s  error {row['error']:+7.1%}  others {others:.2f} cores", flush=True)
+              f"predicted {predicted:8.4f} s  error {row['error']:+7.1%}  others {others:.2f} cores"
+              + (f"  [{doubt}]" if doubt else ""), flush=True)
         (out / "report.json").write_text(json.dumps(rows, indent=2))
     within = [r for r in rows if abs(r["error"]) <= 0.15]
     load1 = os.getloadavg()
     print(f"\n{len(within)} of {len(rows)} held-out plans within 15% of their measured median; load average at "
           f"the end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
+    print_doubted(rows)
     return 0
+
+
+def print_doubted(held: list[dict]) -> None:
+    """The held-out plans whose measurement is in doubt (simdist.calibrate.repeat.Repeated.doubt)."""
+    doubted = [r for r in held if r.get("doubt")]
+    if doubted:
+        print(f"{len(doubted)} held-out measurement(s) in doubt (their runs' compute fell in two groups on a quiet "
+              "machine): " + ", ".join(f"{r['scenario']} {r['error']:+.1%}" for r in doubted))
 
 
 def stored(files: list[Path], db: str) -> list[Path]:
@@ -209,28 +235,37 @@ def stored(files: list[Path], db: str) -> list[Path]:
 def repredict(out: Path, profile: str, before: str | None = None, fit: list[Path] | None = None) -> int:
     """Predict the fit runs (from the run store) and the held-out plans (report.json's
     measurements) with ``profile``, and with ``before`` beside it (else report.json's own)."""
+    from simdist.calibrate.refit import stored_fit_runs
     from simdist.calibrate.store import RunStore
+    from simdist.calibrate.terms import fit_checks
+    from simdist.spec.profile import load_profile
 
     rows = []
+    runs = stored_fit_runs(RunStore(out / "runs.db"), [str(p) for p in fit or []])
+    # the fitted rows are simdist calibrate's own checks (the medians the fit reads, predict's engine)
+    was = fit_checks(load_profile(before), runs) if before else [None] * len(runs)
+    for run, check, old in zip(runs, fit_checks(load_profile(profile), runs), was, strict=True):
+        rows.append({"scenario": check.name, "role": "fit", "median_s": check.measured, "spread": check.spread,
+                     "ranks": check.processes, "predicted_s": check.predicted, "before_s": old and old.predicted,
+                     "kind": "+".join(run.layers) or "ddp", "doubt": run.repeated.doubt(_cores()) or ""})
     store = RunStore(out / "runs.db")
-    for path in fit or []:
-        medians = [r.step_time_s for r in store.runs("measurement", path.stem) if r.step_time_s]
-        if medians:
-            med = statistics.median(medians)
-            rows.append({"scenario": path.stem, "path": path, "role": "fit", "median_s": med, "ranks": processes(path),
-                         "spread": (max(medians) - min(medians)) / med, "others_cores": 0.0})
     for row in json.loads((out / "report.json").read_text()):
-        rows.append({**row, "role": "held", "path": REPO / "scenarios" / f"{row['scenario']}.yaml"})
+        path = REPO / "scenarios" / f"{row['scenario']}.yaml"
+        row["doubt"] = stored_doubt(store, path)
+        old = predict(path, before)[0] if before else row.get("predicted_s")
+        row["predicted_s"], row["kind"] = predict(path, profile)
+        rows.append({**row, "role": "held", "before_s": old})
     for row in rows:
-        old = predict(row["path"], before)[0] if before else row.get("predicted_s")
-        row["predicted_s"], row["kind"] = predict(row["path"], profile)
         row["error"] = row["predicted_s"] / row["median_s"] - 1
+        old = row.pop("before_s")
         was = "" if old is None else f"  before {old:8.4f} s ({old / row['median_s'] - 1:+7.1%})"
         print(f"{row['role']:<4} {row['scenario']:<24} {row['kind']:<26} {row['ranks']:>2} ranks  {row['median_s']:8.4f} s"
-              f"  spread {row['spread']:6.1%}{was}  predicted {row['predicted_s']:8.4f} s  error {row['error']:+7.1%}")
+              f"  spread {row['spread']:6.1%}{was}  predicted {row['predicted_s']:8.4f} s  error {row['error']:+7.1%}"
+              + (f"  [{row['doubt']}]" if row["doubt"] else ""))
     held = [r for r in rows if r["role"] == "held"]
     within = [r for r in held if abs(r["error"]) <= 0.15]
     print(f"\n{len(within)} of {len(held)} held-out plans within 15% of their measured median")
+    print_doubted(held)
     return 0
 
 

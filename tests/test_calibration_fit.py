@@ -232,3 +232,55 @@ def test_predict_prints_the_profiles_error_band(tmp_path):
     assert "+/-12%" in line and "of the 2 run(s) the profile was fitted on" in line
     r = run_cli("predict", str(tmp_path / "s.yaml"), "--profile", str(tmp_path / "p.json"), "--no-store", "--json")
     assert "error band" not in r.stdout  # the contract's JSON is unchanged
+
+
+def test_the_fitted_runs_table_checks_the_medians_the_fit_reads_against_predict():
+    """simdist calibrate's table and refusal check (fit_checks) read a run's measured step as the
+    fit does (FitRun.measured: the median over the repeated runs, not the representative run's
+    own step) and its prediction as `simdist predict --profile` gives it (the event engine, on
+    the plan as it ran; on tiny-fsdp3 it prices the gathers apart from the closed form):
+    benchmarks/local_calibration.py's fitted rows are these checks."""
+    from pathlib import Path
+
+    from simdist.spec.scenario import load_scenario
+
+    profile = replace(fit_profile({**synthetic_bench(), "cores": 2}), kernel_overhead_s=3e-5,
+                      framework_overheads_s={"zero3": 1e-4}, sync_wait_fractions={"base": 0.03, "zero3": 0.2})
+    path = Path(__file__).resolve().parent.parent / "scenarios" / "tiny-fsdp3.yaml"
+    sc = load_scenario(path)
+    runs = tuple(m(t, scenario_hash=sc.hash(), name="z3") for t in (0.050, 0.070, 0.061, 0.090))
+    run = FitRun("z3", path.read_text(), str(path.parent), Repeated("z3", runs, True, "stable"))
+    assert run.repeated.representative.step_time_s == 0.061  # the lower middle of four
+    (check,) = fit_checks(profile, [run])
+    assert check.measured == run.measured()["step_time_s"] == pytest.approx(0.0655)  # the median
+    des = predict(sc, profile=profile, engine="des", keep_spans=False).step_time_s
+    assert check.predicted == des == run.predicted_step(profile)
+    assert abs(des / run.predicted(profile)["step_time_s"] - 1) > 1e-3  # the closed form's step is not the one checked
+
+
+def test_runs_whose_compute_falls_in_two_groups_on_a_quiet_machine_put_the_measurement_in_doubt():
+    """Repeated.doubt: five runs of the same work, two of them computing 1.6x longer while other
+    processes used 0.01 cores, are flagged (the median is one of the two groups by chance); the
+    same runs on a busy machine are the busy check's business, and runs whose compute spreads
+    evenly or within the gap are not flagged."""
+    from simdist.calibrate.repeat import COMPUTE_GAP
+
+    def run(compute: float, others: float = 0.01) -> Measurement:
+        phases = {"forward": compute / 3, "backward": 2 * compute / 3, "optimizer": 0.01, "comm": 0.02,
+                  "other": 0.0}
+        return m(compute + 0.03, phases_s=phases, host={"others_cores": others})
+
+    def rep(*runs: Measurement) -> Repeated:
+        return Repeated("r", runs, True, "stable")
+
+    bimodal = rep(run(0.70), run(0.44), run(0.71), run(0.42), run(0.43))
+    assert bimodal.compute_gap == pytest.approx(0.70 / 0.44 - 1)
+    note = bimodal.doubt(cores=2)
+    assert note is not None and "1.59x" in note and "2 of 5 slow" in note
+    busy = rep(run(0.70, others=1.0), run(0.44), run(0.42))
+    assert busy.doubt(cores=2) is None  # another process explains it
+    even = rep(*(run(0.40 * (1 + 0.9 * COMPUTE_GAP) ** k) for k in range(4)))  # 65% overall, no gap
+    assert even.compute_gap == pytest.approx(0.9 * COMPUTE_GAP) and even.doubt(cores=2) is None
+    assert rep(run(0.40)).doubt(cores=2) is None  # one run: nothing to compare
+    no_phases = rep(m(0.5), m(0.8))  # a GPU run's phases are not separated: no doubt read from them
+    assert no_phases.compute_gap == 0.0 and no_phases.doubt(cores=2) is None

@@ -10,18 +10,26 @@ What it keeps: every run's median step, their run-to-run spread ((max - min) / m
 figure the fits are held to), the run whose median is the median of medians (its phases stand
 for the series), and how noisy the machine was: the largest share of the step the ranks waited
 for a CPU core (``phases_s.core_wait``) and the most CPU other processes used during a run
-(``host.others_cores``, from executor.hostload).
+(``host.others_cores``, from executor.hostload), and whether the runs disagree on the work
+itself (:meth:`Repeated.doubt`): runs whose compute phases fall in two groups more than
+:data:`COMPUTE_GAP` apart while the machine was quiet measured two different machines (a
+frequency step, another NUMA placement, a cache-hostile neighbour), so their median is one of
+the two by chance and an error against it doubts the measurement, not the model.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import field
 
+from simdist.calibrate.honesty import BUSY_SHARE
 from simdist.frozen import frozen
 from simdist.spec.measurement import Measurement
+
+COMPUTE_GAP = 0.25  # runs whose sorted compute phases jump by more than this (relative) fall in two groups
 
 
 @frozen
@@ -67,6 +75,29 @@ class Repeated:
         return max((others_cores(m) for m in self.runs), default=0.0)
 
     @property
+    def compute_gap(self) -> float:
+        """The largest jump between the runs' compute phases (forward + backward + the rest of
+        the step's CPU time), sorted, relative to the lower of the two; 0 with fewer than two
+        runs that measured them."""
+        return max((b / a - 1 for a, b in itertools.pairwise(self._computes)), default=0.0)
+
+    @property
+    def _computes(self) -> list[float]:
+        return sorted(c for c in (compute_phase(m) for m in self.runs) if c is not None and c > 0)
+
+    def doubt(self, cores: int) -> str | None:
+        """A note when the runs' compute falls in two groups (:data:`COMPUTE_GAP`) though other
+        processes left the cores alone (at most honesty.BUSY_SHARE of ``cores``): the same work
+        took unlike times, so the measured median is in doubt, not the prediction; None else."""
+        gap = self.compute_gap
+        if gap <= COMPUTE_GAP or (cores > 0 and self.others_cores > BUSY_SHARE * cores):
+            return None
+        values = self._computes
+        cut = max(range(1, len(values)), key=lambda i: values[i] / values[i - 1])
+        return (f"compute {1 + gap:.2f}x between runs ({len(values) - cut} of {len(values)} slow) on a quiet "
+                "machine: the measurement is in doubt")
+
+    @property
     def loadavg(self) -> list[float] | None:
         """The load averages seen at the end of the busiest run (highest 1-minute figure)."""
         seen = [list((m.extras.get("host") or {}).get("loadavg") or []) for m in self.runs]
@@ -77,6 +108,14 @@ class Repeated:
 def core_wait_share(m: Measurement) -> float:
     wait = m.phase("core_wait")
     return 0.0 if wait is None or m.step_time_s <= 0 else wait / m.step_time_s
+
+
+def compute_phase(m: Measurement) -> float | None:
+    """A run's compute: forward + backward + the rest of the step's CPU time (None without them)."""
+    parts = [m.phase(k) for k in ("forward", "backward")]
+    if any(p is None for p in parts):
+        return None
+    return sum(parts) + (m.phase("other") or 0.0)  # type: ignore[arg-type]
 
 
 def others_cores(m: Measurement) -> float:

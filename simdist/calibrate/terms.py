@@ -71,6 +71,17 @@ class FitRun:
 
         return compare_one(self.repeated.representative, self.scenario_yaml, profile, self.base_dir).predicted
 
+    def predicted_step(self, profile: CalibrationProfile) -> float:
+        """The step time ``simdist predict --profile`` gives the plan as it ran (the executor's
+        ``as_run`` fields; the event engine, its default): what a fitted run is checked against."""
+        from simdist.calibrate.compare import as_run_dict
+        from simdist.predict import predict
+        from simdist.spec.scenario import scenario_from_dict
+
+        ran = self.repeated.representative.extras.get("as_run") or {}
+        sc = scenario_from_dict(as_run_dict(yaml.safe_load(self.scenario_yaml), ran), self.base_dir)
+        return predict(sc, profile=profile, engine="des", keep_spans=False).step_time_s
+
     @property
     def has_phases(self) -> bool:
         """The executor measured forward, backward, optimizer and communication apart (CPU runs)."""
@@ -175,11 +186,15 @@ def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[Calibrat
 
 
 def fit_checks(profile: CalibrationProfile, runs: list[FitRun]) -> list[FitCheck]:
-    """Each fitted run against the fitted profile, with how noisy its runs were."""
+    """Each fitted run against the fitted profile, with how noisy its runs were: the measured
+    step is the one the fit reads (:meth:`FitRun.measured`, the median over the repeated runs),
+    the predicted one what ``simdist predict --profile`` gives (:meth:`FitRun.predicted_step`).
+    ``simdist calibrate``'s table, its refusal check and benchmarks/local_calibration.py's
+    fitted rows all come from here."""
     out = []
     for r in runs:
         rep = r.repeated
-        out.append(FitCheck(name=r.name, measured=rep.median, predicted=r.predicted(profile)["step_time_s"],
+        out.append(FitCheck(name=r.name, measured=r.measured()["step_time_s"], predicted=r.predicted_step(profile),
                             spread=rep.spread, runs=len(rep.runs), core_wait=rep.core_wait,
                             others_cores=rep.others_cores, processes=local_processes(r.scenario),
                             cores=profile.cores, loadavg=tuple(rep.loadavg) if rep.loadavg else None))
