@@ -138,3 +138,23 @@ def test_resume_with_runs_the_waiters_right_after_the_running_event_in_its_step(
     assert seen[1][1:] == (2.0, "sent")
     assert waited.processed and waited.ok
     assert steps == 6  # two process starts, two timeouts, two process ends: no step of its own for waited
+
+
+def test_steps_stops_like_step_and_raises_an_unhandled_failure() -> None:
+    """steps() has SimPy's step inline: a StopSimulation from a callback leaves the event's
+    remaining callbacks for when the run goes on, and a failed event nobody waited for raises."""
+    env = kernel.Environment()
+    out: list[str] = []
+    ev = env.timeout(1.0)
+    ev.callbacks.append(lambda _e: out.append("first"))
+    ev.callbacks.append(kernel.StopSimulation.callback)
+    ev.callbacks.append(lambda _e: out.append("after"))
+    with pytest.raises(kernel.StopSimulation):
+        env.steps(5)
+    assert out == ["first"] and env.now == 1.0
+    env.steps(1)  # the rest of its callbacks, at once
+    assert out == ["first", "after"]
+    bad = env.event()
+    bad.fail(ValueError("lost"))
+    with pytest.raises(ValueError, match="lost"):
+        env.steps(1)

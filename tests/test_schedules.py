@@ -235,3 +235,20 @@ def test_stage_dependencies_are_the_cross_stage_dependencies(name: str, p: int, 
     for stage, actions in enumerate(sched):
         want = tuple(tuple(x for x in dependencies(a, stage, p, v, split) if x[0] != stage) for a in actions)
         assert stage_dependencies(actions, stage, p, v, split) == want
+
+
+@pytest.mark.parametrize("name,p,m,v,split", [("interleaved-1f1b", 4, 8, 2, False), ("zero-bubble", 3, 6, 1, True),
+                                             ("1f1b", 2, 5, 1, False)])
+def test_lowering_keeps_each_schedule_shape_once_and_unchanged(name: str, p: int, m: int, v: int, split: bool) -> None:
+    """The lowering keeps the actions and cross-stage dependencies per schedule shape
+    (simdist.sim.lowering._actions): the same tuples as worked out afresh, shared by the next
+    lowering of that shape."""
+    from simdist.sim.lowering import _actions
+    from simdist.sim.schedules import schedule, stage_dependencies
+
+    _actions.cache_clear()
+    kept = _actions(name, p, m, v, split, False)
+    fresh = tuple((tuple(a), stage_dependencies(a, s, p, v, split)) for s, a in enumerate(schedule(name, p, m, v)))
+    assert kept == fresh and len(kept) == p
+    assert _actions(name, p, m, v, split, False) is kept
+    assert _actions(name, p, 2 * m, v, split, False) != kept  # another shape, its own

@@ -61,7 +61,7 @@ _import_simpy()
 import simpy.core  # noqa: E402  (after _import_simpy)
 import simpy.events  # noqa: E402
 from simpy.core import EmptySchedule, StopSimulation  # noqa: E402
-from simpy.events import NORMAL, PENDING, URGENT, AllOf, Process, Timeout  # noqa: E402
+from simpy.events import NORMAL, PENDING, URGENT, AllOf, EventPriority, Process, Timeout  # noqa: E402
 
 __all__ = ["NORMAL", "URGENT", "AllOf", "EmptySchedule", "Environment", "Event", "Process",
            "StopSimulation", "Timeout"]
@@ -127,10 +127,26 @@ class Environment(simpy.core.Environment):
         raise RuntimeError(f"{event!r} is not queued")
 
     def steps(self, n: int) -> None:
-        """Process the next ``n`` events (raises EmptySchedule when none is left)."""
-        step = self.step
+        """Process the next ``n`` events (raises EmptySchedule when none is left): SimPy's
+        :meth:`step` ``n`` times, its body inline (one call fewer per event, a hot path)."""
+        queue = self._queue
         for _ in range(n):
-            step()
+            try:
+                self._now, _, _, event = heapq.heappop(queue)
+            except IndexError:
+                raise EmptySchedule from None
+            callbacks, event.callbacks = event.callbacks, None
+            try:
+                for callback in callbacks:  # (callbacks added to the list meanwhile run too)
+                    callback(event)
+            except StopSimulation:  # as step(): the rest of the callbacks when the run goes on
+                event.callbacks = callbacks[callbacks.index(callback) + 1:]
+                self.schedule(event, EventPriority(-1))
+                raise
+            if not event._ok and not hasattr(event, "_defused"):  # a failure nobody handled
+                exc = type(event._value)(*event._value.args)
+                exc.__cause__ = event._value
+                raise exc
 
 
 def resume_with(waited: simpy.events.Event, value: Any, running: list) -> None:

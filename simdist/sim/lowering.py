@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from simdist.analytic.collectives import CollectiveCall, node_gpus
 from simdist.analytic.data_parallel import (
@@ -136,26 +137,25 @@ def lower(d: StepDescription, microbatches: int | None = None) -> Lowered:
     (``microbatches`` micro-batches per pipeline instead of the plan's: the shortened step that
     :mod:`simdist.sim.engine.periodic` extends)."""
     plan = d.plan
-    p, v = plan.pp, plan.virtual_pipeline_stages
     split = plan.split_backward
     m = plan.num_microbatches if microbatches is None else microbatches
-    if plan.dualpipe:  # DeepSeek-V3's bidirectional schedules (simdist.sim.dualpipe)
-        sched = dualpipe.schedule(plan.schedule, p, m)
-
-        def stage_deps(actions: list[Action], stage: int) -> tuple[tuple[tuple[int, Action], ...], ...]:
-            return tuple(tuple(x for x in dualpipe.dependencies(plan.schedule, a, stage, p, m, split) if x[0] != stage)
-                         for a in actions)
-    else:
-        sched = schedule(plan.schedule, p, m, v)
-
-        def stage_deps(actions: list[Action], stage: int) -> tuple[tuple[tuple[int, Action], ...], ...]:
-            return stage_dependencies(actions, stage, p, v, split)
+    sched = _actions(plan.schedule, plan.pp, m, plan.virtual_pipeline_stages, split, plan.dualpipe)
     kinds = [_kind_work(d, s, split) for s in d.kinds]
-    stages = []
-    for stage, actions in enumerate(sched):
-        deps = stage_deps(actions, stage)
-        stages.append(replace(kinds[d.kind_of[stage]], stage=stage, actions=tuple(actions), deps=deps))
-    return Lowered(tuple(stages), split, tuple(_notes(d.scenario)))
+    stages = tuple(replace(kinds[d.kind_of[stage]], stage=stage, actions=actions, deps=deps)
+                   for stage, (actions, deps) in enumerate(sched))
+    return Lowered(stages, split, tuple(_notes(d.scenario)))
+
+
+@lru_cache(maxsize=4)
+def _actions(name: str, p: int, m: int, v: int, split: bool, dual: bool,
+             ) -> tuple[tuple[tuple[Action, ...], tuple[tuple[tuple[int, Action], ...], ...]], ...]:
+    """Per stage: the schedule's actions and each one's dependencies on other stages. A pure
+    function of the schedule's shape, kept for the next lowering of that shape (immutable: a
+    prediction's short step and the plans of a search share a few shapes)."""
+    if dual:  # DeepSeek-V3's bidirectional schedules (simdist.sim.dualpipe)
+        return tuple((tuple(a), tuple(tuple(x for x in dualpipe.dependencies(name, act, s, p, m, split) if x[0] != s)
+                                      for act in a)) for s, a in enumerate(dualpipe.schedule(name, p, m)))
+    return tuple((tuple(a), stage_dependencies(a, s, p, v, split)) for s, a in enumerate(schedule(name, p, m, v)))
 
 
 def _kind_work(d: StepDescription, s: StageDescription, split: bool) -> StageWork:

@@ -214,11 +214,23 @@ class FluidNetwork:
         # when _arm's timeout (now + its delay) would wake, then _finish's succeed_in(tail)
         done = env.event_at(at + (end - at) + r.tail)
         h = (at, end, r, done)
-        now = env.now
+        now = env._now  # (SimPy's field: the ``now`` property is a call)
         for _, held in cells:  # those that have ended: off the link
-            if len(held) == 1:
+            n = len(held)
+            if n == 1:
                 if held[0][1] <= now:
                     held[0] = h
+                    continue
+            elif n == 2:  # (mostly: one ended, one not)
+                if held[0][1] <= now:
+                    if held[1][1] <= now:
+                        held[:] = (h,)
+                        continue
+                    held[0] = held[1]
+                    held[1] = h
+                    continue
+                if held[1][1] <= now:
+                    held[1] = h
                     continue
             elif held:
                 for f in held:
