@@ -82,7 +82,7 @@ def _predict(scenario: Scenario, profile: CalibrationProfile | None, engine: str
                                     "calibration profile: run `simdist calibrate` and pass --profile"))
     if engine not in ENGINES:
         raise ScenarioError(Problem("--engine", f"{engine!r} is not one of {', '.join(ENGINES)}"))
-    unsimulated = not_simulated(scenario)
+    unsimulated = scenario.kept("not_simulated", lambda sc: tuple(not_simulated(sc)))  # kept per scenario
     blocking = [Problem(n.field, f"cannot be predicted yet: {n.instead}") for n in unsimulated if n.blocking]
     if blocking:
         raise ScenarioError(blocking)

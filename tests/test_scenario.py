@@ -100,6 +100,22 @@ def test_hash_stable_and_sensitive(tmp_path):
     assert a.hash() == b.hash() != c.hash()
 
 
+def test_hash_kept_per_object_equals_a_fresh_one():
+    """The content hash is worked out once per scenario and kept (predict reports it every call);
+    a changed copy and a pickled round trip answer the hash of their own fields."""
+    import copy
+    import pickle
+
+    a = scenario_from_dict(base_scenario())
+    first = a.hash()
+    assert a.hash() is first  # kept, not worked out again
+    assert a._content_hash() == first == scenario_from_dict(base_scenario()).hash()
+    changed = a.with_plan(micro_batch_size=2)
+    assert changed.hash() == scenario_from_dict(base_scenario(micro_batch_size=2)).hash() != first
+    assert pickle.loads(pickle.dumps(a)).hash() == copy.deepcopy(a).hash() == first
+    assert a.kept("hash", lambda sc: "other") == first  # the kept value answers
+
+
 @pytest.mark.parametrize(
     ("config", "params", "expect"),
     [("llama3-8b.json", 8.03e9, {"num_kv_heads": 8, "mlp": "swiglu", "norm": "rmsnorm"}),

@@ -12,10 +12,10 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from simdist import catalog
 from simdist.errors import Collector, Problem, ScenarioError
@@ -30,6 +30,9 @@ from simdist.spec.parse import build, parse_fields
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.reliability import Reliability
 from simdist.units import short_repr
+
+T = TypeVar("T")
+_NONE = object()  # not kept yet
 
 __all__ = ["Reliability", "Scenario", "check_consistency", "load_scenario", "scenario_from_dict"]
 
@@ -60,9 +63,24 @@ class Scenario:
         d["cluster"]["gpu"].pop("source", None)
         return d
 
+    def kept(self, what: str, make: Callable[[Scenario], T]) -> T:
+        """``make(self)`` worked out once per scenario object and kept on it under ``what``: only
+        for pure functions of the compared fields whose result is immutable (the fields are
+        frozen, so it cannot go stale; a copy made by ``replace`` starts without it)."""
+        key = f"_kept_{what}"
+        out = self.__dict__.get(key, _NONE)
+        if out is _NONE:
+            out = make(self)
+            object.__setattr__(self, key, out)
+        return out  # type: ignore[no-any-return]
+
     def hash(self) -> str:
         """Stable content hash of what is simulated (the name is not part of it). Fields newer
-        than contract 1.1 count only when set, so a file that does not use them keeps its hash."""
+        than contract 1.1 count only when set, so a file that does not use them keeps its hash.
+        Kept on the scenario once worked out (``predict`` reports it every call)."""
+        return self.kept("hash", Scenario._content_hash)
+
+    def _content_hash(self) -> str:
         d: dict[str, Any] = {"model": legacy_view(self.model), "cluster": legacy_view(self.cluster),
                              "plan": legacy_view(self.plan), "requires_profile": self.requires_profile,
                              "reliability": legacy_view(self.reliability) if self.reliability else None}
