@@ -5,13 +5,13 @@ same machine load:
     python benchmarks/bench_speed.py [--before /path/to/old/checkout] [--repeat 3] [--full] [--search]
 
 - default event engine, one prediction in-process (``predict(..., keep_spans=False)``, the way
-  ``simdist predict`` calls it): GPT-3 175B / 1,024 A100 (scenarios/gpt3-175b-1024xa100.yaml),
+  ``simdist predict`` calls it), warm (the best of ``--repeat`` in one process): GPT-3 175B / 1,024 A100 (scenarios/gpt3-175b-1024xa100.yaml),
   target <= 30 ms; Megatron 1T / 3,072 A100, PP64 (scenarios/megatron-1t-3072xa100.yaml),
   target <= 100 ms; the closed form (``engine="analytic"``) on both for reference;
 - the same GPT-3 and Megatron predictions as a process's first (``cold``): each repeat a fresh
-  child process whose first ``predict`` is timed, nothing kept from an earlier prediction (the
-  rows above take the best of ``--repeat`` predictions in one process, i.e. warm: the
-  lowering's per-shape cache filled). The event engine's modules are imported before the
+  child process whose first ``predict`` is timed (the scenario loaded before the clock), nothing
+  kept from an earlier prediction (the warm rows have the lowering's per-shape cache, the
+  analytic model's memos and the scenario's kept hash filled); the least of the children. The event engine's modules are imported before the
   clock starts, their bytecode compiled once beforehand as for the whole command; that import
   is shown beside (``+ import``), it is part of the whole command's row;
 - the whole ``simdist predict scenarios/gpt3-175b-1024xa100.yaml`` command, target <= 0.3 s,
@@ -27,7 +27,7 @@ same machine load:
   and < 5 s), one worker process.
 
 Each in-process case runs in a child process (``--child CASE``) whose ``PYTHONPATH`` is the
-checkout measured; the best of ``--repeat`` runs is kept, and beside the wall-clock seconds the
+checkout measured (a cold case: one child per run); the best of ``--repeat`` runs is kept, and beside the wall-clock seconds the
 least CPU seconds of the runs (``cpu``: what a machine shared with other work disturbs least;
 for the whole command, the CPU time of the child process). A peer (Calculon's ``llm`` on the same
 case) is timed only where it is installed. The table of benchmarks/README.md records a run.
@@ -152,7 +152,7 @@ CASES: list[tuple[str, str, float | None, str]] = [
     # (case, what, target, unit of the target)
     ("des:gpt3-175b-1024xa100.yaml", "GPT-3 175B / 1,024 A100, event engine (warm)", 0.030, "s"),
     ("des:megatron-1t-3072xa100.yaml", "Megatron 1T / 3,072 A100 (PP64), event engine (warm)", 0.100, "s"),
-    ("first:gpt3-175b-1024xa100.yaml", "the same, a process's first prediction (cold)", 0.030, "s"),
+    ("first:gpt3-175b-1024xa100.yaml", "GPT-3 175B, a process's first prediction (cold)", 0.030, "s"),
     ("first:megatron-1t-3072xa100.yaml", "Megatron 1T, a process's first prediction (cold)", 0.100, "s"),
     ("analytic:gpt3-175b-1024xa100.yaml", "GPT-3 175B / 1,024 A100, closed form", None, "s"),
     ("analytic:megatron-1t-3072xa100.yaml", "Megatron 1T / 3,072 A100, closed form", None, "s"),
