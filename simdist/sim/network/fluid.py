@@ -168,8 +168,16 @@ class FluidNetwork:
         if done is None:
             done = kernel.Event(env)
         now = env.now
-        flow = _Flow(r.work, r.loads, done, now, r.tail)
-        total = self._total
+        if r.rate < 1.0 and r.over > self.peak_overload:
+            self.peak_overload = r.over
+        self._alone(r, done, now, now + r.work / r.rate)
+        return done
+
+    def _alone(self, r: Route, done: kernel.Event, since: float, end: float) -> None:
+        """Route ``r``'s flow running alone on its idle links from ``since`` to ``end``."""
+        flow = _Flow(r.work, r.loads, done, since, r.tail)
+        flow.over, flow.arg, flow.rate, flow.token = r.over, r.arg, r.rate, 1
+        on, total = self._on, self._total
         for key, load in r.loads:
             flows = on.get(key)
             if flows is None:
@@ -177,13 +185,9 @@ class FluidNetwork:
             else:
                 flows[flow] = load
             total[key] = load  # (0.0 + load: an idle link's total is 0.0)
-        flow.over, flow.arg, flow.rate, flow.token = r.over, r.arg, r.rate, 1
-        if r.rate < 1.0 and r.over > self.peak_overload:
-            self.peak_overload = r.over
         self._order += 1
-        heapq.heappush(self._heap, (now + r.work / r.rate, self._order, flow, 1))
+        heapq.heappush(self._heap, (end, self._order, flow, 1))
         self._arm()
-        return done
 
     def reserve(self, r: Route, at: float) -> kernel.Event | None:
         """The transfer of route ``r`` starting at the instant ``at`` (now or later), its end
@@ -276,19 +280,7 @@ class FluidNetwork:
             begin.callbacks.append(partial(self._begin, h))
             env.schedule_at(begin, stamp)
         else:  # running since its stamp alone on its links: start()'s state
-            f = _Flow(r.work, r.loads, done, stamp, r.tail)
-            f.over, f.arg, f.rate, f.token = r.over, r.arg, r.rate, 1
-            on, total = self._on, self._total
-            for k, load in r.loads:
-                flows = on.get(k)
-                if flows is None:
-                    on[k] = {f: load}
-                else:
-                    flows[f] = load
-                total[k] = load
-            self._order += 1
-            heapq.heappush(self._heap, (end, self._order, f, 1))
-            self._arm()
+            self._alone(r, done, stamp, end)
         for key in r.keys:  # the others on its links
             held = reserved[key]
             while held:
