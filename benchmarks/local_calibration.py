@@ -11,9 +11,10 @@ Fit (``simdist calibrate --nproc 2``, every run repeated until its median is sta
 microbenchmarks, then one plan per software layer of the executor (simdist.spec.profile.
 profile_layers), each of another shape than the bundled plans it predicts: local-dp and a tiny
 DDP plan (the kernels' rate and the per-op overhead: large ops and small ones), local-tp-fit and
-a tiny TP plan (DTensor TP), local-zero3-fit and a tiny FSDP plan (FSDP2 resharding), and
+a tiny TP plan (DTensor TP), local-zero3-fit and a tiny FSDP plan (FSDP2 resharding), local-pp-fit
+and a tiny 1F1B plan (the pipeline's wait per transfer and share of compute), and
 variants of tiny plans written under ``--out/fit`` (as many micro-batches, each twice as large):
-ZeRO-1, ZeRO-2, HSDP (4 ranks), a 1F1B pipeline, an interleaved pipeline (several chunks per
+ZeRO-1, ZeRO-2, HSDP (4 ranks), the 1F1B pipeline, an interleaved pipeline (several chunks per
 rank), fp16 compression, the synchronous parameter server and the asynchronous one, expert
 parallelism (all-to-all dispatch) and context parallelism (4 ranks: a ring of point-to-point
 exchanges; with HSDP they fit the waits of ranks that time-share the cores). A refused fit (a
@@ -43,7 +44,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-FIT_BUNDLED = ["local-dp", "local-tp-fit", "local-zero3-fit"]
+FIT_BUNDLED = ["local-dp", "local-tp-fit", "local-zero3-fit", "local-pp-fit"]
 # (bundled plan, what its variant fits): the variant doubles the micro-batch (same micro-batches and ops,
 # twice the tokens in each); the plain DDP variant pins the per-op overhead with small ops, local-dp with large
 FIT_VARIANTS = {"tiny-ddp": "per-op overhead", "tiny-llama-tp": "tp", "tiny-fsdp3": "zero3", "tiny-zero1": "zero1", "tiny-fsdp2": "zero2", "tiny-hsdp": "hsdp", "tiny-pp-1f1b": "pipeline",
@@ -75,24 +76,27 @@ def processes(path: Path) -> int:
 
 
 def measure(path: Path, db: str, steps: int, min_runs: int, max_runs: int) -> tuple[list[float], list[dict], str]:
-    """Run a held-out plan until its median is stable (simdist.calibrate.repeat's rule)."""
-    from simdist.calibrate.repeat import repeat_until_stable
+    """Run a held-out plan until its median is stable, each run sized to about a second of steps
+    (simdist.calibrate.repeat's rules); the runs that count go to the run store."""
+    from simdist.calibrate.repeat import repeat_sized
+    from simdist.cli.run import store_measurement
     from simdist.spec.measurement import load_measurement
 
     tmp = Path(db).parent / "measurements"
     tmp.mkdir(exist_ok=True)
     count = [0]
 
-    def once():
+    def once(n: int):
         count[0] += 1
         out = tmp / f"{path.stem}-{count[0]}.json"
-        r = simdist("run", str(path), "--nproc", str(_workers(path)), "--steps", str(steps), "--out", str(out),
-                    "--db", db)
+        r = simdist("run", str(path), "--nproc", str(_workers(path)), "--steps", str(n), "--out", str(out),
+                    "--no-store")
         if r.returncode != 0:
             raise RuntimeError(f"{path.stem}: simdist run exited {r.returncode}: {r.stderr[-800:]}")
         return load_measurement(out)
 
-    rep = repeat_until_stable(path.stem, once, min_runs=min_runs, max_runs=max_runs)
+    rep = repeat_sized(path.stem, once, steps, keep=lambda m: store_measurement(m, str(path), db),
+                       min_runs=min_runs, max_runs=max_runs)
     return rep.medians, [dict(m.extras.get("host") or {}) for m in rep.runs], rep.doubt(_cores()) or ""
 
 

@@ -12,7 +12,7 @@ from test_calibration import local_scenario, synthetic_bench
 
 from simdist.calibrate.fit import fit_profile
 from simdist.calibrate.honesty import FLOOR, Bound, FitCheck, refusal
-from simdist.calibrate.repeat import Repeated, repeat_until_stable
+from simdist.calibrate.repeat import Repeated, repeat_sized, repeat_until_stable, sized_steps
 from simdist.calibrate.terms import FitRun, fit_checks, fit_terms, with_honesty
 from simdist.predict import predict
 from simdist.spec.measurement import Measurement
@@ -42,6 +42,24 @@ def test_noisy_runs_stop_at_the_run_limit_or_the_budget():
     clock = iter(range(0, 1000, 100))
     rep = repeat_until_stable("x", lambda: m(1.0 + len(str(next(clock)))), budget_s=250, clock=lambda: next(clock))
     assert rep.stopped == "budget" and not rep.stable
+
+
+def test_runs_of_short_steps_measure_about_a_second_of_steps():
+    assert sized_steps(0.5, 5) == 5  # 2.5 s of steps already
+    assert sized_steps(0.04, 5) == 25 and sized_steps(0.012, 5) == 60  # 84 asked, held at 60
+    assert sized_steps(0.04, 30) == 30 and sized_steps(0.0, 5) == 5  # never fewer than asked; no step: as asked
+    asked, kept = [], []
+
+    def run(n: int) -> Measurement:  # a 20 ms step, the same every run
+        asked.append(n)
+        return m(0.02)
+
+    rep = repeat_sized("x", run, 5, keep=kept.append, min_runs=3, max_runs=6)
+    assert asked == [5, 50, 50, 50] and len(rep.runs) == 3 and len(kept) == 3  # the first, of 5 steps, set aside
+    assert all(r is k for r, k in zip(rep.runs, kept, strict=True)) and "50 steps a run" in rep.notes[0]
+    asked.clear(), kept.clear()
+    long = repeat_sized("y", lambda n: asked.append(n) or m(0.4), 5, keep=kept.append, min_runs=3)
+    assert asked == [5, 5, 5] and len(long.runs) == 3 == len(kept) and not long.notes  # the first counts
 
 
 def test_a_run_says_how_busy_the_machine_was():

@@ -20,6 +20,7 @@ from simdist.calibrate.refit import microbenchmark_part
 from simdist.calibrate.repeat import Repeated
 from simdist.calibrate.store import RunStore
 from simdist.calibrate.terms import FitRun, fit_checks, fit_terms
+from simdist.predict import predict
 from simdist.spec.measurement import Measurement
 from simdist.spec.profile import BASE_TERMS, load_profile
 from simdist.spec.scenario import scenario_from_dict
@@ -304,6 +305,48 @@ def test_the_wait_per_call_counts_the_layers_collectives():
     assert calls >= 4 * m.num_layers * sc.plan.num_microbatches and calls == pytest.approx(round(calls))
     plain = scenario_from_dict(local_scenario())
     assert predicted_quantities(plain, replace(t, sync_point_waits_s={"tp": 1e-3})) == predicted_quantities(plain, t)
+
+
+def test_a_pipeline_pays_its_wait_per_transfer_in_both_engines_and_the_fit_finds_it():
+    """The pipeline's entry of ``sync_point_waits_s`` is a wait per transfer between stages (gloo's
+    receiving rank woken), not per collective call of the layers: each engine adds it after every
+    send; a pipeline run of few transfers beside much compute and one of many beside little tell
+    it from a share of compute, which a tiny plan alone would price a large plan's step by."""
+    sc = scenario_from_dict(local_scenario(pp=2, global_batch_size=8))
+    t = truth()
+    waited = replace(t, sync_point_waits_s={"pipeline": 1e-3})
+    for engine in ("analytic", "des"):
+        added = predict(sc, profile=waited, engine=engine).step_time_s - predict(sc, profile=t, engine=engine).step_time_s
+        # 8 micro-batches on 2 stages, 1F1B: the step is m + p - 1 = 9 slots of a forward, a backward
+        # and a stage's one transfer between them (its send or its receive)
+        assert added == pytest.approx(1e-3 * (sc.plan.num_microbatches + 1)), engine
+    tp = scenario_from_dict(local_scenario(tp=2))
+    assert predicted_quantities(tp, waited) == predicted_quantities(tp, t)  # no pipeline: no transfer waits it
+    truth_pp = replace(t, sync_wait_fractions={**t.sync_wait_fractions, "pipeline": 0.1},
+                       sync_point_waits_s={"pipeline": 2e-3})
+    runs = [phased(truth_pp, "small")[1], phased(truth_pp, "large", micro_batch_size=8, global_batch_size=16)[1],
+            phased(truth_pp, "pp", pp=2, global_batch_size=8)[1],
+            phased(truth_pp, "pp-large", pp=2, micro_batch_size=16, global_batch_size=32)[1]]
+    fitted, bounds, unusable = fit_terms(microbenchmark_part(truth_pp), runs)
+    assert unusable == [] and not [b for b in bounds if b.hit]
+    assert fitted.sync_point_waits_s["pipeline"] == pytest.approx(2e-3, rel=0.05)
+    assert fitted.sync_wait_fractions["pipeline"] == pytest.approx(0.1, rel=0.05, abs=5e-3)
+
+
+def test_waits_smaller_than_the_runs_noise_are_not_fitted():
+    """A layer's waits that add less to each of its runs than that run's run-to-run spread are
+    fitted to noise, not measured: the fit keeps none (and a run whose waits stand above its noise
+    keeps them)."""
+    t = truth()
+    plain = [phased(t, "small")[1], phased(t, "large", micro_batch_size=8, global_batch_size=16)[1]]
+    _, run = phased(t, "tp", tp=2)
+    quiet, _, _ = fit_terms(microbenchmark_part(t), [*plain, run])
+    assert quiet.sync_wait_fractions["tp"] == pytest.approx(0.3, rel=0.05)
+    measured = run.repeated.runs[0]
+    noisy_runs = (measured, replace(measured, step_time_s=measured.step_time_s * 3))  # spread 2 (200%)
+    noisy = replace(run, repeated=Repeated("tp", noisy_runs, False, "max runs"))
+    fitted, _, _ = fit_terms(microbenchmark_part(t), [*plain, noisy])
+    assert fitted.sync_wait_fractions["tp"] == 0.0 and "tp" not in fitted.sync_point_waits_s
 
 
 def test_two_slopes_least_squares_never_below_zero():

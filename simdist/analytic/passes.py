@@ -23,7 +23,7 @@ from simdist.analytic.moe import dispatch_overlapped, overlap_stretch, paired_hi
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.frozen import frozen
 from simdist.spec.plan import ParallelPlan
-from simdist.spec.profile import profile_layers, wait_keys
+from simdist.spec.profile import PIPELINE_TERMS, profile_layers, wait_keys
 from simdist.spec.scenario import Scenario
 
 
@@ -263,7 +263,16 @@ def sync_wait_fraction(sc: Scenario, cost: CostModel) -> float:
 def sync_call_wait(sc: Scenario, cost: CostModel) -> float:
     """Fixed wait per collective call of a layer's op lists (TP, CP and expert-parallel; a ring's
     send/receive counts twice, as simdist.analytic.cpu_syncs counts sync points) that a
-    calibration profile measured for this plan's software layers (``sync_point_waits_s``); 0
-    otherwise."""
+    calibration profile measured for this plan's software layers (``sync_point_waits_s``; the
+    pipeline's is per pipeline transfer, :func:`transfer_wait`); 0 otherwise."""
     per_call = cost.profile.sync_point_waits_s if cost.profile else {}
-    return sum(per_call.get(k, 0.0) for k in wait_keys(sc.plan))
+    return sum(per_call.get(k, 0.0) for k in wait_keys(sc.plan) if k != PIPELINE_TERMS)
+
+
+def transfer_wait(cost: CostModel) -> float:
+    """Fixed wait per pipeline transfer (activation or gradient between stages) that a
+    calibration profile measured (``sync_point_waits_s["pipeline"]``): on gloo the receiving
+    rank sleeps in the transfer and is woken when it completes, a cost of each transfer whatever
+    the micro-batch's compute, which a share of compute would price wrongly at other sizes; 0
+    without a profile."""
+    return cost.profile.sync_point_waits_s.get(PIPELINE_TERMS, 0.0) if cost.profile else 0.0

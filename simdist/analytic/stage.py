@@ -54,7 +54,7 @@ from simdist.analytic.params import (
     mtp_params,
     params_per_rank,
 )
-from simdist.analytic.passes import OpTimer, PassTime
+from simdist.analytic.passes import OpTimer, PassTime, transfer_wait
 from simdist.analytic.variants import layer_ops, mtp_ops, recompute_ops
 from simdist.frozen import frozen
 from simdist.spec.frameworks import framework_of
@@ -96,6 +96,12 @@ class PipelineSend:
     send_s: float  # the send alone on the pp axis's links
     gather_s: float  # the receiver's TP all-gather
     overlapped: bool = False  # the sender does not wait for its sends (Megatron's interleaved overlap_p2p_comm)
+    wait_s: float = 0.0  # a calibration profile's wait per pipeline transfer (simdist.analytic.passes.transfer_wait)
+
+    @property
+    def after_s(self) -> float:
+        """The fixed time after the transfer itself: the gather and the measured wait."""
+        return self.gather_s + self.wait_s
 
 
 @frozen(slots=True)
@@ -216,7 +222,8 @@ def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True,
     sync = sync_of or (lambda c, s: stage_sync(sc, c, cost, s))
     kinds = tuple(_describe_stage(sc, ctx, cost, passes, embedding, head, stage_chunks(sc, s), s, sync(ctx, s))
                   for s in firsts)
-    return StepDescription(sc, cost, net, layer, embedding, head, pipeline_send(sc, net), kinds, kind_of,
+    return StepDescription(sc, cost, net, layer, embedding, head, pipeline_send(sc, net, transfer_wait(cost)), kinds,
+                           kind_of,
                            kinds_passes)
 
 
@@ -271,7 +278,7 @@ def _stage_chunks(m: ModelSpec, tp: int, p: int, v: int, schedule: str, layout: 
     return tuple(out)
 
 
-def pipeline_send(sc: Scenario, net: Network) -> PipelineSend | None:
+def pipeline_send(sc: Scenario, net: Network, wait_s: float = 0.0) -> PipelineSend | None:
     """One micro-batch's activation between neighbouring virtual stages ([s/cp, b, h] per rank).
     With sequence parallelism the activation is already split over the TP ranks, so each sends
     its shard and nothing is gathered (Megatron-Core sends the [s/tp, b, h] tensor; torchtitan's
@@ -288,7 +295,7 @@ def pipeline_send(sc: Scenario, net: Network) -> PipelineSend | None:
     if plan.tp > 1 and not plan.sequence_parallel:
         gather = collective_time("allgather", act, layout_for_axis(sc.cluster, plan, "tp"), net)
     overlapped = plan.interleaved and framework_of(plan.framework).overlap_p2p
-    return PipelineSend(sent, send, gather, overlapped)
+    return PipelineSend(sent, send, gather, overlapped, wait_s)
 
 
 def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, passes: dict[LayerKind, LayerPasses],

@@ -69,7 +69,7 @@ def stage_time(d: StepDescription, s: StageDescription) -> StageTime:
         # schedules with large batches, which sends hidden behind compute could not). The event
         # engine, which runs the dependencies, agrees.
         sends = sum(1 for c in s.chunks if not c.last) + sum(1 for c in s.chunks if not c.first)
-        p2p = sends * (d.send.send_s + d.send.gather_s)
+        p2p = sends * (d.send.send_s + d.send.after_s)
     dp = dp_times(s.dp, plan, t_fwd, t_bwd)
     off = offload_per_microbatch(s, plan, t_fwd, t_bwd, dp)
     return StageTime(s.fwd, s.bwd, s.recompute, p2p, dp.per_microbatch, off, s.compression_per_microbatch)

@@ -185,20 +185,34 @@ def fit_waits(profile: CalibrationProfile, key: str, runs: Sequence[Any]) -> Cal
             return replace(p, dp_step_wait_s=per_call)
         return replace(p, sync_point_waits_s={**profile.sync_point_waits_s, key: per_call})
 
-    rows = []
+    rows, noise = [], []
     for r in runs:
-        m = measured_waits(r.measured(), symmetric=r.scenario.plan.pp == 1)
+        measured = r.measured()
+        m = measured_waits(measured, symmetric=r.scenario.plan.pp == 1)
         if m is not None:
             at0 = comm_s(r.predicted(setting(0.0, 0.0)))
             rows.append((m, at0, (comm_s(r.predicted(setting(PROBE_S, 0.0))) - at0) / PROBE_S,
                          (comm_s(r.predicted(setting(0.0, PROBE_S))) - at0) / PROBE_S))
+            noise.append(r.repeated.spread * measured["step_time_s"])
     if not rows:
         return profile
     fraction, per_call = two_slopes(rows)
+    if not measured_beyond_noise(rows, noise, fraction, per_call):
+        fraction = per_call = 0.0
     profile = setting(fraction, per_call)
     if not per_call and key != BASE_TERMS:  # keep the profile's dict to the layers that have a per-call wait
         profile = replace(profile, sync_point_waits_s={k: v for k, v in profile.sync_point_waits_s.items() if k != key})
     return profile
+
+
+def measured_beyond_noise(rows: Sequence[tuple[float, float, float, float]], noise: Sequence[float],
+                          fraction: float, per_call: float) -> bool:
+    """Whether the waits fitted add more to some run than that run's own noise (its run-to-run
+    spread of its step): a term smaller than every run's noise
+    is not measured, only fitted to the noise, and it would carry that noise to plans of other
+    sizes (a share of compute fitted on a 10 ms step that jitters by half of itself priced a
+    0.4 s pipeline step 25% slow). Rows as :func:`two_slopes`'s."""
+    return any(j * fraction + k * per_call > n for (_, _, j, k), n in zip(rows, noise, strict=True))
 
 
 def two_slopes(rows: Sequence[tuple[float, float, float, float]]) -> tuple[float, float]:

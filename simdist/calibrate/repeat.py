@@ -15,21 +15,32 @@ itself (:meth:`Repeated.doubt`): runs whose compute phases fall in two groups mo
 :data:`COMPUTE_GAP` apart while the machine was quiet measured two different machines (a
 frequency step, another NUMA placement, a cache-hostile neighbour), so their median is one of
 the two by chance and an error against it doubts the measurement, not the model.
+
+How many steps a run measures (:func:`repeat_sized`): the steps of one run jitter by a quarter
+of a step and more where a step is 10-20 ms (2 ranks and gloo's threads on 2 cores: a step that
+lost a scheduler slice is 1.5 ms longer), and the median of 5 such steps moves by about as
+much from run to run (measured: tiny-ddp runs' medians 10.3-12.9 ms). The median of n steps
+jitters about as 1/sqrt(n), so a run measures at least :data:`MEASURED_S` of steps: a first run
+of the asked-for steps sizes the rest, and is set aside when they take more steps.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import field
+from dataclasses import field, replace
+from typing import Any
 
 from simdist.calibrate.honesty import BUSY_SHARE
 from simdist.frozen import frozen
 from simdist.spec.measurement import Measurement
 
 COMPUTE_GAP = 0.25  # runs whose sorted compute phases jump by more than this (relative) fall in two groups
+MEASURED_S = 1.0  # s of measured steps a run aims for (module docstring)
+MAX_STEPS = 60  # ... in at most this many steps
 
 
 @frozen
@@ -122,17 +133,46 @@ def others_cores(m: Measurement) -> float:
     return float((m.extras.get("host") or {}).get("others_cores") or 0.0)
 
 
+def sized_steps(step_s: float, steps: int, measured_s: float = MEASURED_S, max_steps: int = MAX_STEPS) -> int:
+    """Steps for a run to measure at least ``measured_s`` of ``step_s`` steps: ``steps`` at
+    least, ``max_steps`` at most (never fewer than ``steps``)."""
+    if step_s <= 0:
+        return steps
+    return max(steps, min(max_steps, math.ceil(measured_s / step_s)))
+
+
+def repeat_sized(name: str, run: Callable[[int], Measurement], steps: int, *,
+                 keep: Callable[[Measurement], object] = lambda m: None, measured_s: float = MEASURED_S,
+                 max_steps: int = MAX_STEPS, **repeat: Any) -> Repeated:
+    """:func:`repeat_until_stable` of ``run(n)`` (a run of ``n`` measured steps, not recorded),
+    ``n`` sized by a first run of ``steps`` (:func:`sized_steps`): that run counts when it measured
+    enough, else it is set aside (its median, of fewer steps, is noisier than the others') and
+    named in the notes. ``keep`` records each run the series counts (the run store)."""
+    def counted(m: Measurement) -> Measurement:
+        keep(m)
+        return m
+
+    first = run(steps)
+    n = sized_steps(first.step_time_s, steps, measured_s, max_steps)
+    if n == steps:
+        return repeat_until_stable(name, lambda: counted(run(steps)), first=counted(first), **repeat)
+    rep = repeat_until_stable(name, lambda: counted(run(n)), **repeat)
+    note = f"{n} steps a run (a first run of {steps} took {first.step_time_s * 1e3:.1f} ms a step; set aside)"
+    return replace(rep, notes=(*rep.notes, note))
+
+
 def repeat_until_stable(name: str, run_once: Callable[[], Measurement], *, min_runs: int = 3, max_runs: int = 8,
                         tolerance: float = 0.03, budget_s: float = 600.0,
-                        clock: Callable[[], float] = time.monotonic) -> Repeated:
-    """Run ``run_once`` until the median of the run medians is stable (module docstring)."""
+                        clock: Callable[[], float] = time.monotonic, first: Measurement | None = None) -> Repeated:
+    """Run ``run_once`` until the median of the run medians is stable (module docstring); ``first``:
+    a run made already, the series' first."""
     start = clock()
     runs: list[Measurement] = []
     previous: float | None = None
     stopped = "max runs"
     stable = False
     while len(runs) < max(1, max_runs):
-        runs.append(run_once())
+        runs.append(first if first is not None and not runs else run_once())
         current = statistics.median(m.step_time_s for m in runs)
         if len(runs) >= min_runs and previous is not None and abs(current - previous) <= tolerance * current:
             stable, stopped = True, "stable"

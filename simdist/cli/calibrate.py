@@ -33,7 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="*", help="scenarios to run with the executor and fit the overheads to")
     p.add_argument("--nproc", type=int, default=2, help="ranks of the microbenchmarks (at most the cores)")
     p.add_argument("--out", required=True, help="calibration profile to write (JSON)")
-    p.add_argument("--steps", type=int, default=5, help="measured steps per executor run")
+    p.add_argument("--steps", type=int, default=5,
+                   help="measured steps per executor run at least: a first run sizes the others to 1 s of steps "
+                        "(at most 60), since the median of a few short steps is as noisy as one of them")
     p.add_argument("--min-runs", type=int, default=3, help="runs of each scenario before its median counts as stable")
     p.add_argument("--max-runs", type=int, default=6, help="at most this many runs of each scenario")
     p.add_argument("--tolerance", type=float, default=0.03,
@@ -59,17 +61,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_db_argument(p)
 
 
-def run_executor(file: str, steps: int, db: str | None, device: str = "auto") -> Measurement:
-    """`simdist run FILE` on the plan's own ranks (the executor, then the run store)."""
+def run_executor(file: str, steps: int, device: str = "auto") -> Measurement:
+    """`simdist run FILE --no-store` on the plan's own ranks (the executor)."""
     from executor.launch import execute
-    from simdist.cli.run import store_measurement
     from simdist.spec.scenario import load_scenario
 
     nproc = load_scenario(file).plan.world_size
     outcome = execute(file=file, nproc=nproc, steps=steps, device=device, quiet=True)
     if outcome.measurement is None:
         raise RuntimeError(f"simdist run {file} failed (exit {outcome.code})")
-    store_measurement(outcome.measurement, file, db)
     return outcome.measurement
 
 
@@ -97,8 +97,9 @@ def main(args: argparse.Namespace) -> int:
 
 def fit_machine(args: argparse.Namespace) -> int:
     from simdist.calibrate.fit import fit_profile
-    from simdist.calibrate.repeat import repeat_until_stable
+    from simdist.calibrate.repeat import repeat_sized
     from simdist.calibrate.terms import FitRun
+    from simdist.cli.run import store_measurement
 
     if args.refit:
         return refit_machine(args)
@@ -112,9 +113,9 @@ def fit_machine(args: argparse.Namespace) -> int:
     runs = []
     for f in args.files:
         print(f"running {f} with the executor until its median step is stable ...", file=sys.stderr)
-        rep = repeat_until_stable(Path(f).stem, lambda f=f: run_executor(f, args.steps, args.db, args.device),
-                                  min_runs=args.min_runs, max_runs=args.max_runs, tolerance=args.tolerance,
-                                  budget_s=args.budget)
+        rep = repeat_sized(Path(f).stem, lambda n, f=f: run_executor(f, n, args.device), args.steps,
+                           keep=lambda m, f=f: store_measurement(m, f, args.db), min_runs=args.min_runs,
+                           max_runs=args.max_runs, tolerance=args.tolerance, budget_s=args.budget)
         print(f"  {rep.name}: {len(rep.runs)} run(s), medians {', '.join(f'{t:.4f}' for t in rep.medians)} s "
               f"({rep.stopped})", file=sys.stderr)
         runs.append(FitRun(rep.name, Path(f).read_text(encoding="utf-8"), str(Path(f).parent), rep))
@@ -171,12 +172,15 @@ def _table(checks) -> str:
 
 
 def _summary(profile) -> None:
+    from simdist.spec.profile import PIPELINE_TERMS
+
     print(f"\npeak {profile.peak_flops / 1e9:.1f} GFLOP/s per rank, memory {profile.memory_bandwidth_bytes_per_s / 1e9:.1f}"
           f" GB/s, {profile.cores or '-'} cores, fitted at {profile.ranks} ranks; per-op overhead "
           f"{(profile.kernel_overhead_s or 0) * 1e6:.1f} us"
           + "".join(f"; {k} +{v * 1e6:.1f} us/op" for k, v in profile.framework_overheads_s.items())
           + "".join(f"; {k} sync waits {v:.0%} of compute" for k, v in profile.sync_wait_fractions.items())
-          + "".join(f" (+{w * 1e3:.2f} ms per {k} collective call)" for k, w in profile.sync_point_waits_s.items())
+          + "".join(f" (+{w * 1e3:.2f} ms per {k} {'transfer' if k == PIPELINE_TERMS else 'collective call'})"
+                    for k, w in profile.sync_point_waits_s.items())
           + (f"; +{profile.dp_step_wait_s * 1e3:.2f} ms per step at the gradient sync" if profile.dp_step_wait_s else "")
           + (f"; executor rate {profile.compute_scale:.2f}x the microbenchmarks'" if profile.compute_scale != 1 else "")
           + ("" if profile.optimizer_tensor_s is None else

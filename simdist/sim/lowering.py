@@ -270,7 +270,7 @@ def _chunk(d: StepDescription, chunk: Chunk, index: int, split: bool, traffic: D
     tasks = attach_expert_flows(d, chunk, _tasks(plan, fwd, bwd, wgt, split, labels, traffic, extra, index, share))
     send = None
     if d.send is not None:
-        send = comm("sendrecv", "pp", d.send.nbytes, d.send.gather_s)
+        send = comm("sendrecv", "pp", d.send.nbytes, d.send.after_s)
     return ChunkWork(tasks, None if chunk.last else send, None if chunk.first else send, n,
                      send_async=d.send is not None and d.send.overlapped)
 

@@ -281,6 +281,7 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
 
 
 BASE_TERMS = "base"  # the key of terms every plan pays (sync_wait_fractions: the plain plans' own waits)
+PIPELINE_TERMS = "pipeline"  # its sync_point_waits_s entry is per pipeline transfer, not per collective call
 
 
 def wait_keys(plan: Any) -> tuple[str, ...]:
