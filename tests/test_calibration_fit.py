@@ -96,6 +96,19 @@ def test_a_fit_that_misses_its_own_runs_names_the_noisiest_run():
     assert refusal([replace(quiet, predicted=1.0 + FLOOR * 0.9)], [], cores=2) == []
 
 
+def test_a_quiet_repeatable_run_the_fit_misses_is_named_a_model_limit_not_noise():
+    """Runs that agree with each other on a quiet machine yet are missed are the model's limit: the
+    message says so and does not send the user to a quieter machine."""
+    limit = FitCheck("fit-fsdp3", measured=0.050, predicted=0.042, spread=0.03, runs=3, cores=2, others_cores=0.01)
+    lines = refusal([limit], [], cores=2)
+    text = "\n".join(lines)
+    assert "fit-fsdp3: measured on a quiet machine and repeatable" in text and "a limit of the model" in text
+    assert "noisiest" not in text and "calibrate again when the machine is quiet" not in text
+    noisy = replace(limit, spread=0.12)  # its repeats disagree by more than half the miss: noise is possible
+    text = "\n".join(refusal([noisy], [], cores=2))
+    assert "a limit of the model" not in text and "calibrate again when the machine is quiet" in text
+
+
 # --- fitting each software layer from its own runs ----------------------------------------------------
 
 

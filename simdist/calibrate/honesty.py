@@ -12,7 +12,9 @@ A fit is refused, and no profile written, when
 
 The message names the run that was noisiest (the CPU other processes used during it, the share
 of each step its ranks waited for a core, the spread of its medians, the load average) and what
-to do: calibrate again on a quiet machine, with fewer ranks, or with more repeats.
+to do: calibrate again on a quiet machine, with fewer ranks, or with more repeats. A run missed
+on a quiet machine although its repeats agree (:func:`model_limits`) is named apart: that miss is
+the model's, and a quieter machine would not change it.
 """
 
 from __future__ import annotations
@@ -102,11 +104,28 @@ def refusal(checks: list[FitCheck], bounds: list[Bound], cores: int) -> list[str
         return []
     worst = max(checks, key=lambda c: c.noise) if checks else None
     out = ["calibration refused, no profile written:"] + [f"  - {r}" for r in reasons]
-    if worst is not None:
+    limits = model_limits(checks)
+    if limits:
+        out.append(f"{', '.join(c.name for c in limits)}: measured on a quiet machine and repeatable (each run's "
+                   "spread at most half its miss), yet missed: the fitted terms of their software layers cannot "
+                   "reproduce them, a limit of the model, not the machine's noise, which a quieter machine will not "
+                   "fix; fit without them (the other layers' terms stand) and see docs/calibration.md")
+    noisy = any(b.hit for b in bounds) or any(abs(c.error) > c.allowed and c not in limits for c in checks) \
+        or any(c.busy for c in checks)
+    if worst is not None and noisy:
         load = f", load average {', '.join(f'{x:.2f}' for x in worst.loadavg)}" if worst.loadavg else ""
         out.append(f"the noisiest run was {worst.name}: other processes used {worst.others_cores:.2g} of the "
                    f"{worst.cores or '?'} cores during it{load}; its ranks waited {worst.core_wait:.0%} of a step "
                    f"for a core; its medians spread {worst.spread:.0%} over {worst.runs} run(s)")
-    out.append(f"what to do: calibrate again when the machine is quiet (`uptime` load average well below its "
-               f"{cores or '?'} cores), with fewer ranks (--nproc), or with more repeats (--max-runs, --budget)")
+    if noisy:
+        out.append(f"what to do: calibrate again when the machine is quiet (`uptime` load average well below its "
+                   f"{cores or '?'} cores), with fewer ranks (--nproc), or with more repeats (--max-runs, --budget)")
     return out
+
+
+def model_limits(checks: list[FitCheck]) -> list[FitCheck]:
+    """The fitted runs missed beyond their spread although nothing disturbed them: other
+    processes left the cores alone and their repeated runs agree to within half the miss. Their
+    miss is the model's, not noise."""
+    return [c for c in checks if abs(c.error) > c.allowed and not c.busy and c.runs > 1
+            and c.spread <= abs(c.error) / 2]
