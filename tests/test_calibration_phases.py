@@ -349,6 +349,28 @@ def test_waits_smaller_than_the_runs_noise_are_not_fitted():
     assert fitted.sync_wait_fractions["tp"] == 0.0 and "tp" not in fitted.sync_point_waits_s
 
 
+def test_recomputed_ops_skip_fsdp2s_hooks_but_not_dtensors_dispatch():
+    """FSDP2's per-op terms are the cost of its hooks around each module's forward, which the
+    forward run again inside backward skips; DTensor's (tp) is paid by every op, recomputed too."""
+    from simdist.analytic.collectives import Network
+    from simdist.analytic.cost import CostModel
+    from simdist.analytic.passes import OpTimer
+    from simdist.analytic.stage import layer_passes
+
+    def recompute_s(profile, **plan) -> float:
+        sc = scenario_from_dict(local_scenario(recompute="full", **plan))
+        cost = CostModel(sc.cluster.gpu, sc.plan.precision, profile)
+        return layer_passes(OpTimer(sc, cost, Network.of(sc.cluster, profile))).recompute.total
+
+    t = truth()
+    hooks = replace(t, framework_overheads_s={**t.framework_overheads_s, "zero3": 5e-4})
+    assert recompute_s(hooks, zero_stage=3) == pytest.approx(recompute_s(t, zero_stage=3))
+    dispatch = replace(t, framework_overheads_s={**t.framework_overheads_s, "tp": 5e-4})
+    assert recompute_s(dispatch, tp=2) > recompute_s(t, tp=2) + 5e-4 * 4  # several ops, each 0.4 ms dearer
+    sc = scenario_from_dict(local_scenario(recompute="full", zero_stage=3))
+    assert predict(sc, profile=hooks).step_time_s > predict(sc, profile=t).step_time_s  # forward and backward pay
+
+
 def test_two_slopes_least_squares_never_below_zero():
     from simdist.calibrate.phases import two_slopes
 

@@ -23,7 +23,7 @@ from simdist.analytic.moe import dispatch_overlapped, overlap_stretch, paired_hi
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.frozen import frozen
 from simdist.spec.plan import ParallelPlan
-from simdist.spec.profile import PIPELINE_TERMS, profile_layers, wait_keys
+from simdist.spec.profile import HOOK_LAYERS, PIPELINE_TERMS, profile_layers, wait_keys
 from simdist.spec.scenario import Scenario
 
 
@@ -91,6 +91,7 @@ class OpTimer:
         # per op list with expert all-to-alls: compute (with exposed TP/CP) between them, and their times
         self._ep_parts: dict[tuple[Op, ...], tuple[tuple[float, ...], tuple[float, ...]]] = {}
         self.op_extra = framework_overhead(sc, cost)
+        self.recompute_extra = framework_overhead(sc, cost, recompute=True)
         self.sync_wait = sync_wait_fraction(sc, cost)
         self.call_wait = sync_call_wait(sc, cost)
 
@@ -119,8 +120,15 @@ class OpTimer:
         """Sum an op list; a comm hides behind the GEMM it may overlap with."""
         cached = self._passes.get(ops)
         if cached is None:
-            cached = self._passes[ops] = self._sum(ops)
+            cached = self._passes[ops] = self._sum(ops, self.op_extra)
         return cached
+
+    def recompute(self, ops: tuple[Op, ...]) -> PassTime:
+        """:meth:`passes` of the forward that backward runs again (its ops' framework cost without
+        the hook layers', :func:`framework_overhead`)."""
+        if self.recompute_extra == self.op_extra:
+            return self.passes(ops)
+        return self._sum(ops, self.recompute_extra)
 
     def pair(self, fwd_ops: tuple[Op, ...], bwd_ops: tuple[Op, ...]) -> tuple[PassTime, PassTime]:
         """A layer's forward and backward. With the all-to-all overlapped (``ep_comm_overlap``,
@@ -144,7 +152,7 @@ class OpTimer:
                                 p.sync_wait + (compute - p.compute) * self.sync_wait, p.ep, h))
         return out[0], out[1]
 
-    def _sum(self, ops: tuple[Op, ...]) -> PassTime:
+    def _sum(self, ops: tuple[Op, ...], op_extra: float) -> PassTime:
         plan = self.sc.plan
         compute = tp = cp = w = ep = 0.0
         prev: Compute | None = None
@@ -156,7 +164,7 @@ class OpTimer:
                             + host.drain_gap(dispatch_overlapped(plan), self.cost.profile))
                 continue
             if isinstance(op, Compute):
-                t = self.cost.time(op) + self.op_extra
+                t = self.cost.time(op) + op_extra
                 compute += t
                 if op.name.endswith("wgrad"):
                     w += t
@@ -188,7 +196,7 @@ class OpTimer:
                 cp += exposed
             else:
                 tp += exposed
-        if comms:
+        if comms and op_extra == self.op_extra:  # pair()'s forward and backward
             self._ep_parts[ops] = ((*segments, compute + tp + cp - sum(segments)), tuple(comms))
         # on its own stream, beside everything the compute stream does (another micro-batch's
         # pass); a layer's forward and backward paired node by node: pair()
@@ -239,11 +247,13 @@ def software_layers(sc: Scenario) -> tuple[str, ...]:
     return profile_layers(sc.plan)
 
 
-def framework_overhead(sc: Scenario, cost: CostModel) -> float:
+def framework_overhead(sc: Scenario, cost: CostModel, recompute: bool = False) -> float:
     """Extra framework seconds per compute op that a calibration profile measured for the
-    software layers this plan runs through; 0 otherwise."""
+    software layers this plan runs through; 0 otherwise. ``recompute``: per op of the forward
+    that backward runs again, which does not pay the layers whose cost is in hooks around a
+    module's forward (:data:`simdist.spec.profile.HOOK_LAYERS`)."""
     over = cost.profile.framework_overheads_s if cost.profile else {}
-    extra = sum(over.get(k, 0.0) for k in software_layers(sc))
+    extra = sum(over.get(k, 0.0) for k in software_layers(sc) if not (recompute and k in HOOK_LAYERS))
     return max(extra, -cost.kernel_overhead)  # a layer cheaper per op than plain DDP, an op never below zero
 
 

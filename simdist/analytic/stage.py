@@ -248,7 +248,7 @@ def layer_passes(timer: OpTimer, kind: LayerKind = DENSE) -> LayerPasses:
     for a layer of ``kind`` (simdist.analytic.variants)."""
     m, plan = timer.sc.model, timer.sc.plan
     fwd, bwd = timer.pair(layer_ops(m, plan, "fwd", kind), layer_ops(m, plan, "bwd", kind))
-    return LayerPasses(fwd, bwd, timer.passes(recompute_ops(m, plan, kind)))
+    return LayerPasses(fwd, bwd, timer.recompute(recompute_ops(m, plan, kind)))
 
 
 def stage_chunks(sc: Scenario, stage: int) -> tuple[Chunk, ...]:

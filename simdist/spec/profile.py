@@ -282,6 +282,11 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
 
 BASE_TERMS = "base"  # the key of terms every plan pays (sync_wait_fractions: the plain plans' own waits)
 PIPELINE_TERMS = "pipeline"  # its sync_point_waits_s entry is per pipeline transfer, not per collective call
+# FSDP2's layers: their cost is in the hooks around each wrapped module's forward and backward,
+# which skip the forward that activation checkpointing runs again inside backward (FSDP2's
+# pre-forward hook returns at once in the pre-backward state: the pre-backward hook has unsharded
+# the parameters already), so recomputed ops do not pay their per-op terms
+HOOK_LAYERS = ("zero2", "zero3", "hsdp")
 
 
 def wait_keys(plan: Any) -> tuple[str, ...]:
