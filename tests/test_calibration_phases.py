@@ -187,28 +187,32 @@ def test_time_shared_ranks_wait_at_sync_points_and_the_fit_finds_it():
     assert fitted.coschedule_wait_s == pytest.approx(1.5e-3, rel=0.05) and fitted.terms_from["coschedule"] == "four"
 
 
-def test_a_lighter_pipeline_stage_competes_for_the_cores_for_its_share_of_the_step():
+def test_a_pipeline_stage_competes_for_the_cores_for_its_share_of_the_step():
     """With more ranks than cores, a peer at a sync point is descheduled with probability
-    1 - cores / competing ranks: all ranks without a pipeline; with one, a stage that computes
-    less than the busiest waits for its neighbours off the cores the rest of its step."""
+    1 - cores / competing ranks: all ranks without a pipeline; with one, the busiest stage's ranks
+    and every other stage's for the share of the step it computes (m x its time per micro-batch):
+    the rest of its step (the fill and drain, a lighter stage's slack) it waits off the cores."""
     from simdist.analytic.collectives import Network
     from simdist.analytic.cost import CostModel
     from simdist.analytic.stage import describe
-    from simdist.analytic.steptime import stage_time
+    from simdist.analytic.steptime import reduce_step, stage_time
     from simdist.analytic.timeshare import competing_ranks, time_shared
     from simdist.spec.scenario import load_scenario
 
     t = replace(truth(), coschedule_wait_s=1.5e-3)
-    for name, pipelined in (("tiny-moe-ep-dp", False), ("tiny-moe-ep-pp", True)):
+    for name, pipelined in (("tiny-moe-ep-dp", False), ("tiny-moe-ep-pp", True), ("tiny-2d-pp-tp", True)):
         sc = load_scenario(f"scenarios/{name}.yaml")
         d = describe(sc, CostModel(sc.cluster.gpu, sc.plan.precision, t), Network.of(sc.cluster, t))
         totals = [stage_time(d, s).total for s in d.stages]
-        ranks = competing_ranks(d)
+        step = reduce_step(d).step_time
+        ranks = competing_ranks(d, step)
         if not pipelined:
             assert ranks == sc.plan.world_size
             continue
-        assert totals[0] < 0.9 * totals[1]  # the MoE layers and the head sit on the last stage
-        assert ranks == pytest.approx(2 + 2 * totals[0] / totals[1]) and ranks < sc.plan.world_size
+        other = min(totals) * sc.plan.num_microbatches / step  # two stages: the other one's share
+        assert 0 < other < 1 and ranks == pytest.approx(2 * (1 + other)) and ranks < sc.plan.world_size
+        # many micro-batches: the fill and drain vanish, a stage's share tends to its time over the busiest's
+        assert competing_ranks(d, sc.plan.num_microbatches * max(totals)) == pytest.approx(2 + 2 * min(totals) / max(totals))
         lighter = time_shared(sc, t)[1]
         assert lighter > time_shared(sc, replace(t, coschedule_wait_s=0.0))[1]  # still waits, less
 

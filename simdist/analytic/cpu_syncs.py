@@ -7,7 +7,7 @@ rank holding it. Linux's EEVDF scheduler (kernel 6.6 and later; CFS before it, w
 granularity) gives a task a base slice of 0.75 ms scaled by 1 + log2(CPUs) (kernel/sched/fair.c,
 ``sysctl_sched_base_slice`` under the default logarithmic tunable scaling), 1.5 ms on 2 cores;
 a peer is descheduled with probability 1 - cores/ranks (the ranks that compete for the cores:
-in a pipeline, a stage lighter than the busiest for its share of the step,
+in a pipeline, another stage for the share of the step it computes,
 simdist.analytic.timeshare.competing_ranks). So each sync point costs about
 (1 - cores/ranks) x a wait of the order of a slice, which a calibration profile fits from runs
 with more ranks than cores (``coschedule_wait_s``: the wait of a sync point when no peer is

@@ -16,8 +16,8 @@ fills with other ranks' work. So the step takes the larger of
 total CPU demand over the cores and by its critical path.) To that come the waits at the sync
 points whose peers the scheduler has not running (simdist.analytic.cpu_syncs), when the
 profile fitted them, counting the ranks that compete for the cores (:func:`competing_ranks`: a
-pipeline stage lighter than the busiest waits for its neighbours, off the cores, the rest of its
-step). The factor that maps the full-speed
+pipeline stage computes m x its time per micro-batch of the step and waits for its neighbours,
+off the cores, the rest of it). The factor that maps the full-speed
 step to that time is applied to the whole profile (:meth:`CalibrationProfile.slowed`), so the
 breakdown and the timeline stay consistent with the step time.
 
@@ -57,7 +57,7 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     if full.step_time <= 0:
         return profile.slowed(share), share
     coschedule = 0.0
-    ranks = competing_ranks(described)
+    ranks = competing_ranks(described, full.step_time)
     if profile.coschedule_wait_s > 0 and ranks > profile.cores:  # sync points whose peers are descheduled
         from simdist.analytic.cpu_syncs import sync_points
 
@@ -67,20 +67,23 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     return profile.slowed(factor), factor
 
 
-def competing_ranks(d: Any) -> float:
+def competing_ranks(d: Any, step_s: float) -> float:
     """Ranks that compete for the cores at a sync point (simdist.analytic.cpu_syncs: a peer is
-    descheduled with probability 1 - cores / these): every rank of the busiest pipeline stage,
-    and the ranks of a lighter stage for the share of the step it computes (its stage time over
-    the busiest's); the rest of its step it waits for its neighbours, blocked, off the cores.
-    All the ranks when the stages are balanced or there is no pipeline."""
+    descheduled with probability 1 - cores / these) of the busiest pipeline stage: its own ranks,
+    and those of every other stage for the share of the step (``step_s``, at full speed) that
+    stage computes, m x its time per micro-batch; the rest of its step it waits for its
+    neighbours (the pipeline's fill and drain, a lighter stage's slack), blocked, off the cores.
+    All the ranks without a pipeline; with many micro-batches, a stage's share tends to its time
+    over the busiest's."""
     from simdist.analytic.steptime import stage_time
 
     plan = d.plan
     totals = [stage_time(d, s).total for s in d.stages]
     top = max(totals)
-    if plan.pp == 1 or top <= 0:
+    if plan.pp == 1 or top <= 0 or step_s <= 0:
         return float(busy_ranks(d.scenario))
-    return busy_ranks(d.scenario) / plan.pp * sum(t / top for t in totals)
+    others = sum(min(1.0, plan.num_microbatches * t / step_s) for t in totals) - min(1.0, plan.num_microbatches * top / step_s)
+    return busy_ranks(d.scenario) / plan.pp * (1.0 + others)
 
 
 def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float, bubble: float) -> float:
