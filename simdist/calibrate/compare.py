@@ -60,8 +60,9 @@ def predicted_quantities(scenario, profile: CalibrationProfile | None) -> dict[s
         "forward_s": m * st[busiest].fwd.compute,
         "backward_s": m * (st[busiest].bwd.compute + st[busiest].recompute.compute),
         "optimizer_s": b["optimizer"],
-        # the executor sees only waiting: for peers' collectives, and in a pipeline the bubble too
-        "comm_s": b["tp_comm"] + b["pp_comm"] + b["dp_comm"] + b.get("bubble", 0.0),
+        # the executor sees only waiting: for peers' collectives (the experts' all-to-alls and the
+        # context-parallel exchanges too), and in a pipeline the bubble
+        "comm_s": sum(b.get(k, 0.0) for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble")),
         "model_state_gib": max(s["params"] + s["grads"] + s["optimizer"] for s in states) / GiB,
         "activations_gib": max(activation_bytes(model, plan, s) for s in range(plan.pp)) / GiB,
         **predicted_traffic(scenario),
