@@ -375,6 +375,20 @@ def test_recomputed_ops_skip_fsdp2s_hooks_but_not_dtensors_dispatch():
     assert predict(sc, profile=hooks).step_time_s > predict(sc, profile=t).step_time_s  # forward and backward pay
 
 
+def test_the_comm_phase_holds_every_exposed_collective_experts_and_context_parallel_too():
+    """The executor's comm phase is its waiting for peers, all-to-alls and ring exchanges included:
+    the prediction it is set against holds them too (else a fit prices them twice, as waits)."""
+    t = truth()
+    for plan in ({"ep": 2}, {"cp": 2}):
+        d = {**local_scenario(**plan), "model": {"preset": "tiny-moe" if "ep" in plan else "tiny"}}
+        sc = scenario_from_dict(d)
+        b = predict(sc, profile=t, engine="analytic").breakdown_s
+        part = "ep_comm" if "ep" in plan else "cp_comm"
+        assert b[part] > 0
+        assert predicted_quantities(sc, t)["comm_s"] == pytest.approx(
+            sum(b.get(k, 0.0) for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble")))
+
+
 def test_two_slopes_least_squares_never_below_zero():
     from simdist.calibrate.phases import two_slopes
 
