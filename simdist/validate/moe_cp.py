@@ -101,7 +101,8 @@ def fitted(row: dict[str, str]) -> bool:
     which a fit would fold into the FP8 GEMM efficiency every dense FP8 run shares. Two signs of it in the rows: FP8 brings these MoE
     steps little (Qwen3-235B at this plan in FP8, 20.8 s, against 19.7 s in BF16 with DeepEP in
     the Megatron-MoE-ModelZoo's H100 table, which the model predicts within 3% in BF16), and the
-    same Qwen3-30B recipe measured 29 s in one container and 51 s in the next (R0116, R0122).
+    Qwen3-30B FP8 recipe with 16 local experts per GPU took 51 s (R0122, EP8) where the one with 8
+    took 29 s (R0116, EP16) at the same modelled GPU time (docs/moe-accuracy.md, issue #1998).
     The context-parallel rows are fitted like the dense ones: every term of their steps is priced."""
     return _model_key(row) not in MOE_MODELS
 
