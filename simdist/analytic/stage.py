@@ -222,9 +222,8 @@ def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True,
     sync = sync_of or (lambda c, s: stage_sync(sc, c, cost, s))
     kinds = tuple(_describe_stage(sc, ctx, cost, passes, embedding, head, stage_chunks(sc, s), s, sync(ctx, s))
                   for s in firsts)
-    return StepDescription(sc, cost, net, layer, embedding, head, pipeline_send(sc, net, transfer_wait(cost)), kinds,
-                           kind_of,
-                           kinds_passes)
+    send = pipeline_send(sc, net, transfer_wait(cost))
+    return StepDescription(sc, cost, net, layer, embedding, head, send, kinds, kind_of, kinds_passes)
 
 
 @lru_cache(maxsize=1024)

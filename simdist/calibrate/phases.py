@@ -208,9 +208,8 @@ def fit_waits(profile: CalibrationProfile, key: str, runs: Sequence[Any]) -> Cal
 def measured_beyond_noise(rows: Sequence[tuple[float, float, float, float]], noise: Sequence[float],
                           fraction: float, per_call: float) -> bool:
     """Whether the waits fitted add more to some run than that run's own noise (its run-to-run
-    spread of its step): a term smaller than every run's noise
-    is not measured, only fitted to the noise, and it would carry that noise to plans of other
-    sizes (a share of compute fitted on a 10 ms step that jitters by half of itself priced a
+    spread of its step): a term smaller than every run's noise is not measured, only fitted to
+    the noise, and it would carry that noise to plans of other sizes (a share of compute fitted on a 10 ms step that jitters by half of itself priced a
     0.4 s pipeline step 25% slow). Rows as :func:`two_slopes`'s."""
     return any(j * fraction + k * per_call > n for (_, _, j, k), n in zip(rows, noise, strict=True))
 
