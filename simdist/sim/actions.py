@@ -6,8 +6,9 @@ ints worked out once per schedule shape and kept (:func:`stage_actions`):
 - its *code*: the (stage, action) pair as one int, distinct among a step's actions
   (:func:`code`), by which the step driver keys the arrival of the action's output at the stage
   that needs it;
-- its *inputs*: the codes of the other stages' actions it waits for (the schedule's
-  dependencies; those on its own stage are met by the order of its actions).
+- its *input*: the code of the other stage's action it waits for, or -1 (the schedule's
+  dependencies: at most one on another stage in every schedule; those on its own stage are met
+  by the order of its actions).
 
 Ints because the driver looks them up at every action: an int hashes at no cost and indexes a
 list, where a tuple of tuples is hashed anew at every lookup.
@@ -27,12 +28,12 @@ KIND = {kind: i for i, kind in enumerate(KINDS)}
 
 
 class StageActions(NamedTuple):
-    """One stage's actions in order, and per action its task index, its code and its inputs."""
+    """One stage's actions in order, and per action its task index, its code and its input."""
 
     actions: tuple[Action, ...]
     tasks: tuple[int, ...]
     codes: tuple[int, ...]
-    inputs: tuple[tuple[int, ...], ...]
+    inputs: tuple[int, ...]
 
 
 def chunks_per_stage(v: int, dual: bool) -> int:
@@ -76,9 +77,13 @@ def stage_actions(name: str, p: int, m: int, v: int, split: bool, dual: bool) ->
 def _listed(actions: list[Action], stage: int, p: int, m: int, chunks: int,
             deps: Callable[[Action], list[tuple[int, Action]]]) -> StageActions:
     """:class:`StageActions` of one stage from each action's dependencies, one by one."""
+    inputs = []
+    for a in actions:
+        needs = [code(s, d, p, chunks) for s, d in deps(a) if s != stage]
+        assert len(needs) <= 1, f"{a} waits for more than one other stage"
+        inputs.append(needs[0] if needs else -1)
     return StageActions(tuple(actions), tuple(task_index(a, m) for a in actions),
-                        tuple(code(stage, a, p, chunks) for a in actions),
-                        tuple(tuple(code(s, d, p, chunks) for s, d in deps(a) if s != stage) for a in actions))
+                        tuple(code(stage, a, p, chunks) for a in actions), tuple(inputs))
 
 
 def _stage(actions: list[Action], stage: int, p: int, m: int, v: int, split: bool) -> StageActions:
@@ -86,28 +91,29 @@ def _stage(actions: list[Action], stage: int, p: int, m: int, v: int, split: boo
     spot: every action of every stage), from a table per kind and chunk of the stage of
     :func:`simdist.sim.schedules.dependencies` (the same input for every micro-batch)."""
     last, stride = p * v - 1, 3 * v * p  # stride: the codes of one micro-batch
-    rows: dict[str, list[tuple[int, int, int | None]]] = {}  # (task index / 2, own code, input's) less mb's part
+    # per kind and chunk: (task index / 2, the code less the micro-batch's part, what the input's
+    # code adds to the action's, None: no input from another stage)
+    rows: dict[str, list[tuple[int, int, int | None]]] = {}
     for kind in KINDS if split else KINDS[:2]:
         k = KIND[kind]
         row: list[tuple[int, int, int | None]] = []
         for chunk in range(v):
-            vs = chunk * p + stage
+            vs, own = chunk * p + stage, (chunk * 3 + k) * p + stage
             # F: the previous virtual stage's F; B: the next one's B (the last turns around on its
             # own F); W: its own B
             j = vs - 1 if kind == "F" else vs + 1 if kind == "B" and vs < last else -1
-            need = None if j < 0 or j % p == stage else ((j // p) * 3 + k) * p + j % p
-            row.append((chunk * 3 + k, (chunk * 3 + k) * p + stage, need))
+            delta = None if j < 0 or j % p == stage else ((j // p) * 3 + k) * p + j % p - own
+            row.append((chunk * 3 + k, own, delta))
         rows[kind] = row
-    tasks, codes, inputs, none = [], [], [], ()
+    tasks, codes, inputs, end = [], [], [], m - 1
     for a in actions:
         kind, mb, chunk = a
         kept = rows.get(kind)
         if kept is None:
             raise ValueError(f"{a} is a weight-grad pass but split_backward is False")
-        task, own, need = kept[chunk]
-        tasks.append(2 * task + (mb == m - 1))
-        base = mb * stride
-        codes.append(base + own)
-        inputs.append(none if need is None else (base + need,))
+        task, own, delta = kept[chunk]
+        tasks.append(2 * task + (mb == end))
+        c = mb * stride + own
+        codes.append(c)
+        inputs.append(-1 if delta is None else c + delta)
     return StageActions(tuple(actions), tuple(tasks), tuple(codes), tuple(inputs))
-

@@ -114,7 +114,7 @@ class StepDriver(AfterFlush, TaskSteps):
             t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp, t.offload
         # (the clock read as SimPy's step keeps it, env._now: the ``now`` property is a call per read)
         sched = work.schedule
-        for action, index, mine, inputs in zip(sched.actions, sched.tasks, sched.codes, sched.inputs, strict=True):
+        for action, index, mine, need in zip(sched.actions, sched.tasks, sched.codes, sched.inputs, strict=True):
             if record is not None:  # the clock and the tally's running sums (what periodic.extend compares)
                 record.append((env._now, compute, recompute, compression, tp, cp, ep, pp, dp, offload))
             found = looked_up[index]
@@ -124,26 +124,24 @@ class StepDriver(AfterFlush, TaskSteps):
             if length is None:  # not run inline: every step, on the tally
                 t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp, t.offload = \
                     compute, recompute, compression, tp, cp, ep, pp, dp, offload
-                yield from self._general(sl, action, task, chunk, spec, dst, mine, inputs, mail)
+                yield from self._general(sl, action, task, chunk, spec, dst, mine, need, mail)
                 compute, recompute, compression, tp, cp, ep, pp, dp, offload = \
                     t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp, t.offload
                 continue
-            for key in inputs:  # (_inputs' steps, inline)
-                if arrived.pop(key, None) is not None:
-                    continue  # sent before: no wait
-                ev = sending.pop(key, None)
+            if need >= 0 and arrived.pop(need, None) is None:  # not sent before: wait (_input's steps, inline)
+                ev = sending.pop(need, None)
                 if ev is not None:  # its send under way (the whole wait exposed): resume with the sender
                     t0 = env._now
                     yield ev
                     pp += env._now - t0
-                    continue
-                ev = arrivals.get(key)
-                if ev is None:
-                    ev = arrivals[key] = kernel_event(env)
-                if ev.callbacks is not None:  # not processed yet
-                    t0 = env._now
-                    yield ev
-                    pp += env._now - max(t0, ev._value)
+                else:
+                    ev = arrivals.get(need)
+                    if ev is None:
+                        ev = arrivals[need] = kernel_event(env)
+                    if ev.callbacks is not None:  # not processed yet
+                        t0 = env._now
+                        yield ev
+                        pp += env._now - max(t0, ev._value)
             # one stretch of compute (_task's steps, inline)
             done = None
             if ahead is not None:  # its send asked for now, to start when the compute ends
@@ -222,13 +220,11 @@ class StepDriver(AfterFlush, TaskSteps):
 
 
     def _general(self, sl: Slice, action: Action, task: Task, chunk: ChunkWork, spec: CommSpec | None, dst: int,
-                 mine: int, inputs: tuple[int, ...], mail: Mail) -> Proc:
+                 mine: int, need: int, mail: Mail) -> Proc:
         """An action that is not run inline (spans kept, a task of more than one stretch of
-        compute, DualPipe's sends): its inputs, its task and its send, every step on the tally."""
-        if self.keep_spans:
-            yield from self._wait(sl, inputs, mail)
-        else:
-            yield from self._inputs(sl, inputs, mail)
+        compute, DualPipe's sends): its input, its task and its send, every step on the tally."""
+        if need >= 0:
+            yield from (self._wait if self.keep_spans else self._input)(sl, need, mail)
         yield from self._task(sl, action, task)
         if spec is None:
             return
@@ -239,45 +235,43 @@ class StepDriver(AfterFlush, TaskSteps):
         else:
             yield from self._blocking(sl, spec, dst, mine, mail)
 
-    def _inputs(self, sl: Slice, inputs: tuple[int, ...], mail: Mail) -> Proc:
-        """Wait for the inputs another stage sends (their codes): an input sent before goes on
-        at once, one whose blocking send is under way is waited for with its sender (the whole
-        wait exposed), else from its arrival (exposed from its send's start)."""
+    def _input(self, sl: Slice, need: int, mail: Mail) -> Proc:
+        """Wait for the input another stage sends (its code): sent before, it goes on at once;
+        its blocking send under way, it waits with its sender (the whole wait exposed); else
+        until it arrives (exposed from its send's start)."""
         env, t = self.env, sl.tally
         arrived, _, sending = mail
-        for key in inputs:
-            if arrived.pop(key, None) is not None:
-                continue
-            ev = sending.pop(key, None)
-            if ev is not None:
-                t0 = env.now
-                yield ev
-                t.pp += env.now - t0
-                continue
-            ev = self._arrival(mail, key)
-            if ev.callbacks is not None:
-                t0 = env.now
-                yield ev
-                t.pp += env.now - max(t0, ev.value)
-
-    def _wait(self, sl: Slice, inputs: tuple[int, ...], mail: Mail) -> Proc:
-        """Wait for the inputs another stage sends (their codes), drawn: the part of the wait
-        after the send started is exposed pipeline communication, the rest is bubble."""
-        for key in inputs:
-            if mail[0].pop(key, None) is not None:
-                continue  # sent before: no wait
-            ev = self._arrival(mail, key)
-            if ev.processed:
-                continue
-            t0 = self.env.now
+        if arrived.pop(need, None) is not None:
+            return
+        ev = sending.pop(need, None)
+        if ev is not None:
+            t0 = env.now
             yield ev
-            now = self.env.now
-            exposed = now - max(t0, ev.value)
-            sl.tally.pp += exposed
-            _, action = decode(key, self.plan.pp, chunks_per_stage(self.plan.virtual_pipeline_stages, self.plan.dualpipe))
-            what = f"{action.kind} mb{action.microbatch} chunk{action.chunk}"
-            self.run.span(sl, "compute", "bubble", t0, now - exposed, "idle")
-            self.run.span(sl, "pp", f"recv {what}", now - exposed, now, "pp_comm")
+            t.pp += env.now - t0
+            return
+        ev = self._arrival(mail, need)
+        if ev.callbacks is not None:
+            t0 = env.now
+            yield ev
+            t.pp += env.now - max(t0, ev.value)
+
+    def _wait(self, sl: Slice, need: int, mail: Mail) -> Proc:
+        """Wait for the input another stage sends (its code), drawn: the part of the wait after
+        the send started is exposed pipeline communication, the rest is bubble."""
+        if mail[0].pop(need, None) is not None:
+            return  # sent before: no wait
+        ev = self._arrival(mail, need)
+        if ev.processed:
+            return
+        t0 = self.env.now
+        yield ev
+        now = self.env.now
+        exposed = now - max(t0, ev.value)
+        sl.tally.pp += exposed
+        _, action = decode(need, self.plan.pp, chunks_per_stage(self.plan.virtual_pipeline_stages, self.plan.dualpipe))
+        what = f"{action.kind} mb{action.microbatch} chunk{action.chunk}"
+        self.run.span(sl, "compute", "bubble", t0, now - exposed, "idle")
+        self.run.span(sl, "pp", f"recv {what}", now - exposed, now, "pp_comm")
 
     def _arrival(self, mail: Mail, key: int) -> kernel.Event:
         ev = mail[1].get(key)
@@ -297,7 +291,7 @@ class StepDriver(AfterFlush, TaskSteps):
 
     def _blocking(self, sl: Slice, spec: CommSpec, dst: int, mine: int, mail: Mail) -> Proc:
         """A blocking pipeline send (it holds the sender until it is done) to stage ``dst``: a
-        receiver that waits for it meanwhile resumes with the sender (:meth:`_inputs`)."""
+        receiver that waits for it meanwhile resumes with the sender (:meth:`_input`)."""
         env = self.env
         arrived, arrivals, sending = mail
         start = env.now
