@@ -173,7 +173,7 @@ class StepDriver(AfterFlush, TaskSteps):
             if spec is None:
                 continue
             if chunk.send_async:
-                self._send_async(sl, action, spec, mine, mail)
+                self._send_async(sl, spec, dst, mine, mail)
                 continue
             start = env._now  # a blocking send (_blocking's steps, inline)
             done = sending[mine] = p2p(spec.nbytes, stage, dst, replica, spec.extra_s)
@@ -229,7 +229,7 @@ class StepDriver(AfterFlush, TaskSteps):
         if spec is None:
             return
         if chunk.send_async:
-            self._send_async(sl, action, spec, mine, mail)
+            self._send_async(sl, spec, dst, mine, mail)
         elif self.plan.dualpipe:
             yield from self._send(sl, action, spec, mine, mail)
         else:
@@ -309,11 +309,9 @@ class StepDriver(AfterFlush, TaskSteps):
         else:  # waiting since before the send: it resumes right after this, as above
             kernel.resume_with(ev, start, running)
 
-    def _send_async(self, sl: Slice, action: Action, spec: CommSpec, mine: int, mail: Mail) -> None:
-        """A pipeline send that does not block the sender (isend, waited for by the receiver):
-        the receiver's wait for it is the exposed part."""
-        p = self.plan.pp
-        dst = (sl.stage + (1 if action.kind == "F" else -1)) % p
+    def _send_async(self, sl: Slice, spec: CommSpec, dst: int, mine: int, mail: Mail) -> None:
+        """A pipeline send to stage ``dst`` that does not block the sender (isend, waited for by
+        the receiver): the receiver's wait for it is the exposed part."""
         start = self.env.now
         done = self.net.p2p(spec.nbytes, sl.stage, dst, sl.replica, spec.extra_s)
         done.callbacks.append(lambda _ev: self._arrive(mail, mine, start))
