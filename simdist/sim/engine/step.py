@@ -15,8 +15,8 @@ isend/irecv is waited for before the next action). A task's steps are in :mod:`.
 steps after the flush in :mod:`.flush`.
 
 The hot loop runs a plain action (one stretch of compute, no spans kept, not DualPipe) inline,
-with the tally's running sums in locals; any other action takes the general steps
-(:meth:`StepDriver._general`). Arrivals are keyed by the sending action's code
+with the tally's running sums in locals; any other action takes the general steps,
+with the sums on the tally. Arrivals are keyed by the sending action's code
 (:mod:`simdist.sim.actions`), one set per step and replica.
 
 Where a backend offers ``p2p_at`` (the fluid one: FluidNetwork.reserve), a plain action's
@@ -107,9 +107,10 @@ class StepDriver(AfterFlush, TaskSteps):
         # the hot loop (every action of the step): a plain action inline, with its state in locals
         timeout, p2p, kernel_event, resume_with = env.timeout, self.net.p2p, kernel.Event, kernel.resume_with
         replica, stage, sync_on_tp = sl.replica, sl.stage, self.sync_on_tp
+        keep, dual = self.keep_spans, self.plan.dualpipe
         looked_up: list[Found | None] = [None] * (6 * len(work.chunks))  # by task index (simdist.sim.actions)
         # the tally's running sums in locals (an attribute costs more); the tally holds them
-        # while any other step runs (_general) and after the loop
+        # while any other action's steps run and after the loop
         compute, recompute, compression, tp, cp, ep, pp, dp, offload = \
             t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp, t.offload
         # (the clock read as SimPy's step keeps it, env._now: the ``now`` property is a call per read)
@@ -121,10 +122,18 @@ class StepDriver(AfterFlush, TaskSteps):
             if found is None:
                 found = looked_up[index] = self._look_up(sl, work, action)
             chunk, task, length, spec, dst, ahead, counts = found
-            if length is None:  # not run inline: every step, on the tally
+            if length is None:  # not run inline (spans kept, a task of more than one stretch of
+                # compute, DualPipe's sends): every step, on the tally
                 t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp, t.offload = \
                     compute, recompute, compression, tp, cp, ep, pp, dp, offload
-                yield from self._general(sl, action, task, chunk, spec, dst, mine, need, mail)
+                if need >= 0:
+                    yield from (self._wait if keep else self._input)(sl, need, mail)
+                yield from self._task(sl, action, task)
+                if spec is not None and chunk.send_async:
+                    self._send_async(sl, spec, dst, mine, mail)
+                elif spec is not None:
+                    yield from (self._send(sl, action, spec, mine, mail) if dual else
+                                self._blocking(sl, spec, dst, mine, mail))
                 compute, recompute, compression, tp, cp, ep, pp, dp, offload = \
                     t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp, t.offload
                 continue
@@ -218,22 +227,6 @@ class StepDriver(AfterFlush, TaskSteps):
             self._post(sl, start, "dp_comm")
         t.end = env.now
 
-
-    def _general(self, sl: Slice, action: Action, task: Task, chunk: ChunkWork, spec: CommSpec | None, dst: int,
-                 mine: int, need: int, mail: Mail) -> Proc:
-        """An action that is not run inline (spans kept, a task of more than one stretch of
-        compute, DualPipe's sends): its input, its task and its send, every step on the tally."""
-        if need >= 0:
-            yield from (self._wait if self.keep_spans else self._input)(sl, need, mail)
-        yield from self._task(sl, action, task)
-        if spec is None:
-            return
-        if chunk.send_async:
-            self._send_async(sl, spec, dst, mine, mail)
-        elif self.plan.dualpipe:
-            yield from self._send(sl, action, spec, mine, mail)
-        else:
-            yield from self._blocking(sl, spec, dst, mine, mail)
 
     def _input(self, sl: Slice, need: int, mail: Mail) -> Proc:
         """Wait for the input another stage sends (its code): sent before, it goes on at once;
