@@ -143,7 +143,7 @@ class ChunkWork:
 class StageWork:
     stage: int
     chunks: tuple[ChunkWork, ...]
-    schedule: StageActions  # its actions in order, each one's task index, code and inputs
+    schedule: StageActions  # its actions in order, each with its task index, code and input
     flush: tuple[GradPiece, ...]  # gradient sync after the pipeline flush (no overlap)
     optimizer: float
     post_optimizer: tuple[CommSpec, ...]  # ZeRO-1/2 parameter all-gather
