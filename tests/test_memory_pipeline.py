@@ -34,7 +34,7 @@ def replayed_layers_peak(num_layers: int, p: int, m: int, v: int, stage: int) ->
 
 
 @pytest.mark.parametrize(("layers", "p", "m", "v"), [(126, 16, 16, 7), (126, 16, 32, 7), (30, 4, 8, 4),
-                                                     (32, 4, 4, 8), (80, 8, 24, 3)])
+                                                     (32, 4, 4, 8), (80, 8, 24, 3), (96, 16, 192, 2), (12, 2, 6, 3)])
 def test_interleaved_stage_holds_the_layers_of_its_live_chunks(layers, p, m, v):
     """Chunks of unequal size (pp*v not dividing the layers) hold their own layers: the old count
     (forwards in flight x the largest chunk) put Llama 3 405B at TP 8, PP 16, v 7 at 156 GiB."""

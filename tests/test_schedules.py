@@ -226,29 +226,45 @@ def test_property_complete_and_deadlock_free(
 
 @pytest.mark.parametrize(("name", "p", "m", "v"), [("gpipe", 4, 6, 1), ("1f1b", 5, 7, 1), ("1f1b", 1, 3, 1),
                                                    ("zero-bubble", 4, 8, 1), ("interleaved-1f1b", 4, 8, 3),
-                                                   ("interleaved-1f1b", 2, 4, 2)])
-def test_stage_dependencies_are_the_cross_stage_dependencies(name: str, p: int, m: int, v: int) -> None:
-    from simdist.sim.schedules import dependencies, stage_dependencies
+                                                   ("interleaved-1f1b", 2, 4, 2), ("dualpipe", 4, 8, 1),
+                                                   ("dualpipev", 3, 6, 1)])
+def test_stage_actions_are_the_schedule_and_its_cross_stage_dependencies(name: str, p: int, m: int, v: int) -> None:
+    """The engine's per-stage actions (simdist.sim.actions): the schedule's, each with its task
+    index, a code distinct among the step's actions (decoded back to the stage and action) and
+    the code of its one dependency on another stage (-1: none)."""
+    from simdist.sim import dualpipe
+    from simdist.sim.actions import chunks_per_stage, code, decode, stage_actions, task_index
 
-    split = name == "zero-bubble"
-    sched = schedule(name, p, m, v)
+    dual, split = name.startswith("dualpipe"), name == "zero-bubble"
+    sched = dualpipe.schedule(name, p, m) if dual else schedule(name, p, m, v)
+    c = chunks_per_stage(v, dual)
+    kept = stage_actions.__wrapped__(name, p, m, v, split, dual)  # (worked out afresh)
+    seen = set()
     for stage, actions in enumerate(sched):
-        want = tuple(tuple(x for x in dependencies(a, stage, p, v, split) if x[0] != stage) for a in actions)
-        assert stage_dependencies(actions, stage, p, v, split) == want
+        got = kept[stage]
+        deps = [dualpipe.dependencies(name, a, stage, p, m, split) if dual else dependencies(a, stage, p, v, split)
+                for a in actions]
+        assert got.actions == tuple(actions)
+        assert got.tasks == tuple(task_index(a, m) for a in actions)
+        assert all(0 <= i < 6 * c for i in got.tasks)
+        assert got.codes == tuple(code(stage, a, p, c) for a in actions)
+        assert [decode(x, p, c) for x in got.codes] == [(stage, a) for a in actions]
+        others = [[code(s, d, p, c) for s, d in ds if s != stage] for ds in deps]
+        assert got.inputs == tuple(x[0] if x else -1 for x in others) and all(len(x) <= 1 for x in others)
+        seen.update(got.codes)
+    assert len(seen) == sum(len(a) for a in sched)
 
 
 @pytest.mark.parametrize("name,p,m,v,split", [("interleaved-1f1b", 4, 8, 2, False), ("zero-bubble", 3, 6, 1, True),
                                              ("1f1b", 2, 5, 1, False)])
 def test_lowering_keeps_each_schedule_shape_once_and_unchanged(name: str, p: int, m: int, v: int, split: bool) -> None:
-    """The lowering keeps the actions and cross-stage dependencies per schedule shape
-    (simdist.sim.lowering._actions): the same tuples as worked out afresh, shared by the next
+    """The lowering keeps the actions, their task indices, codes and inputs per schedule shape
+    (simdist.sim.actions.stage_actions): the same tuples as worked out afresh, shared by the next
     lowering of that shape."""
-    from simdist.sim.lowering import _actions
-    from simdist.sim.schedules import schedule, stage_dependencies
+    from simdist.sim.actions import stage_actions
 
-    _actions.cache_clear()
-    kept = _actions(name, p, m, v, split, False)
-    fresh = tuple((tuple(a), stage_dependencies(a, s, p, v, split)) for s, a in enumerate(schedule(name, p, m, v)))
-    assert kept == fresh and len(kept) == p
-    assert _actions(name, p, m, v, split, False) is kept
-    assert _actions(name, p, 2 * m, v, split, False) != kept  # another shape, its own
+    stage_actions.cache_clear()
+    kept = stage_actions(name, p, m, v, split, False)
+    assert kept == stage_actions.__wrapped__(name, p, m, v, split, False) and len(kept) == p
+    assert stage_actions(name, p, m, v, split, False) is kept
+    assert stage_actions(name, p, 2 * m, v, split, False) != kept  # another shape, its own

@@ -4,6 +4,7 @@ never calls the closed form)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,9 +12,12 @@ import pytest
 from simdist.analytic import data_parallel, steptime
 from simdist.analytic.collectives import Network
 from simdist.analytic.cost import CostModel
+from simdist.analytic.memory import stage_memory
 from simdist.analytic.stage import StepDescription, describe
 from simdist.predict import predict
-from simdist.spec.scenario import Scenario, scenario_from_dict
+from simdist.spec.scenario import Scenario, load_scenario, scenario_from_dict
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def make(model: str = "gpt3-1.3b", nodes: int = 1, **plan: Any) -> Scenario:
@@ -62,6 +66,15 @@ def test_stage_kinds_equal_stages_described_alone(name: str) -> None:
     alone, shared = described(sc, per_kind=False), described(sc)
     assert len(alone.kinds) == sc.plan.pp
     assert alone.stages == shared.stages
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "scenarios").glob("*.yaml")), ids=lambda p: p.stem)
+def test_memory_shared_per_stage_kind_is_each_stage_on_its_own(path: Path) -> None:
+    """StepDescription.memory works the model states out once per stage kind (and the runtime's
+    once): the same as each stage's memory worked out on its own."""
+    sc = load_scenario(path)
+    d = described(sc)
+    assert d.memory == tuple(stage_memory(sc.model, sc.plan, s, sc.cluster) for s in range(sc.plan.pp))
 
 
 def test_the_event_engine_never_calls_the_closed_form(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,8 @@ Sources
 from __future__ import annotations
 
 from functools import lru_cache
+from itertools import accumulate
+from operator import sub
 
 from simdist.analytic.eager import mlp_hidden_saved
 from simdist.analytic.fp8_memory import (
@@ -193,25 +195,15 @@ def interleaved_layers_held(plan: ParallelPlan, stage: int, chunk_layers: tuple[
 @lru_cache(maxsize=8192)  # a search's plans that differ in ZeRO, recompute or SP share the walk
 def _interleaved_peak(p: int, m: int, warm: int, chunk_layers: tuple[int, ...]) -> int:
     v = len(chunk_layers)
-    total = m * v
-    n = min(total, warm + 2 * p * v)
-
-    def chunk(i: int, backward: bool) -> int:
-        c = (i // p) % v
-        return v - 1 - c if backward else c
-
-    live = peak = 0
-    for i in range(min(warm, n)):
-        live += chunk_layers[chunk(i, False)]
-        peak = max(peak, live)
+    n = min(m * v, warm + 2 * p * v)
     f = min(warm, n)
-    for b in range(n):
-        live -= chunk_layers[chunk(b, True)]
-        if f < n:
-            live += chunk_layers[chunk(f, False)]
-            f += 1
-            peak = max(peak, live)
-    return peak
+    # the k-th forward runs chunk (k // p) % v, the k-th backward the reverse: groups of p
+    # micro-batches go through the chunks in turn
+    fwd = [chunk_layers[(k // p) % v] for k in range(n)]
+    bwd = [chunk_layers[v - 1 - (k // p) % v] for k in range(n - f)]
+    # the layers held after the warm-up, then after each backward and the forward that follows it
+    # (the backwards after the last forward only free layers)
+    return max(accumulate(map(sub, fwd[f:], bwd), initial=sum(fwd[:f])))
 
 
 def pipeline_outputs_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:

@@ -74,11 +74,13 @@ def fractions(net: Network, layout: GroupLayout) -> tuple[float, float]:
 
 def nic_load(cluster: ClusterSpec, plan: ParallelPlan, rank: int, member: Member, f_inter: float) -> float:
     """Load on ``rank``'s NIC from every member rank that shares it."""
-    gpn = cluster.gpus_per_node
+    gpn, nics = cluster.gpus_per_node, cluster.nics_per_node
     node, nic = cluster.node_of(rank), topo.nic_of(cluster, rank)
-    images = sum(1 for r in range(node * gpn, (node + 1) * gpn)
-                 if topo.nic_of(cluster, r) == nic and member(rank_coord(r, plan)))
-    return images * f_inter * cluster.nics_per_node / gpn
+    # the node's GPUs on that NIC (topology.nic_of: local index * nics // gpn == nic)
+    first = node * gpn
+    images = sum(1 for r in range(first - (-nic * gpn // nics), first - (-(nic + 1) * gpn // nics))
+                 if member(rank_coord(r, plan)))
+    return images * f_inter * nics / gpn
 
 
 def uplink_load(cluster: ClusterSpec, plan: ParallelPlan, leaf: int, member: Member, f_inter: float,

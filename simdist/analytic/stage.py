@@ -36,7 +36,13 @@ from simdist.analytic.cost import CostModel, grad_buffer_pass_bytes, optimizer_b
 from simdist.analytic.cpu_optimizer import per_tensor_optimizer_time, ps_worker_time
 from simdist.analytic.data_parallel import DataParallelTraffic
 from simdist.analytic.dp_groups import data_parallel_traffic
-from simdist.analytic.memory import StageMemory, optimizer_shard_params, stage_memory, state_bytes
+from simdist.analytic.memory import (
+    StageMemory,
+    model_state_bytes,
+    optimizer_shard_params,
+    stage_memory,
+    state_bytes,
+)
 from simdist.analytic.offload import OffloadTimes, OffloadTraffic, offload_times, offload_traffic
 from simdist.analytic.ops import embedding_ops, head_ops
 from simdist.analytic.overlap import compute_slowdown, grad_buckets
@@ -55,6 +61,7 @@ from simdist.analytic.params import (
     params_per_rank,
 )
 from simdist.analytic.passes import OpTimer, PassTime, transfer_wait
+from simdist.analytic.runtime_memory import runtime_memory
 from simdist.analytic.variants import layer_ops, mtp_ops, recompute_ops
 from simdist.frozen import frozen
 from simdist.spec.frameworks import framework_of
@@ -175,9 +182,15 @@ class StepDescription:
 
     @cached_property
     def memory(self) -> tuple[StageMemory, ...]:
-        """Memory per GPU of each stage (the micro-batches in flight differ from stage to stage)."""
-        sc = self.scenario
-        return tuple(stage_memory(sc.model, sc.plan, s, sc.cluster) for s in range(sc.plan.pp))
+        """Memory per GPU of each stage (the micro-batches in flight differ from stage to stage;
+        the model states only from one stage kind to another, and the runtime's not at all)."""
+        m, plan, cluster = self.scenario.model, self.scenario.plan, self.scenario.cluster
+        rt = runtime_memory(plan, cluster)
+        states: dict[int, dict[str, float]] = {}  # per stage kind (read, not changed, by stage_memory)
+        for s, k in enumerate(self.kind_of):
+            if k not in states:
+                states[k] = model_state_bytes(m, plan, s, cluster)
+        return tuple(stage_memory(m, plan, s, cluster, states[k], rt) for s, k in enumerate(self.kind_of))
 
 
 @frozen(slots=True)

@@ -67,7 +67,7 @@ __all__ = ["NORMAL", "URGENT", "AllOf", "EmptySchedule", "Environment", "Event",
            "StopSimulation", "Timeout"]
 
 
-_new = object.__new__
+_new, _push = object.__new__, heapq.heappush  # (hot paths: a global each, not a global and an attribute)
 
 
 class Event(simpy.events.Event):
@@ -109,7 +109,7 @@ class Environment(simpy.core.Environment):
         event.callbacks = []
         event._ok = True
         event._value = None
-        heapq.heappush(self._queue, (at, NORMAL, next(self._eid), event))
+        _push(self._queue, (at, NORMAL, next(self._eid), event))
         return event
 
     def unschedule(self, event: simpy.events.Event) -> None:
@@ -129,10 +129,10 @@ class Environment(simpy.core.Environment):
     def steps(self, n: int) -> None:
         """Process the next ``n`` events (raises EmptySchedule when none is left): SimPy's
         :meth:`step` ``n`` times, its body inline (one call fewer per event, a hot path)."""
-        queue = self._queue
+        queue, pop = self._queue, heapq.heappop
         for _ in range(n):
             try:
-                self._now, _, _, event = heapq.heappop(queue)
+                self._now, _, _, event = pop(queue)
             except IndexError:
                 raise EmptySchedule from None
             callbacks, event.callbacks = event.callbacks, None

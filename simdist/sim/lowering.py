@@ -46,7 +46,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 from simdist.analytic.collectives import CollectiveCall, node_gpus
 from simdist.analytic.data_parallel import (
@@ -58,9 +57,8 @@ from simdist.analytic.ops import Comm, Op
 from simdist.analytic.passes import ZERO_PASS, PassTime
 from simdist.analytic.stage import Chunk, StageDescription, StepDescription
 from simdist.analytic.variants import layer_ops
-from simdist.sim import dualpipe
+from simdist.sim.actions import StageActions, stage_actions
 from simdist.sim.expert_flows import attach_expert_flows
-from simdist.sim.schedules import Action, schedule, stage_dependencies
 from simdist.sim.synced_fetch import first_of_layers, synced_pieces, synced_segments
 from simdist.sim.work import (
     ChunkWork,
@@ -139,23 +137,14 @@ def lower(d: StepDescription, microbatches: int | None = None) -> Lowered:
     plan = d.plan
     split = plan.split_backward
     m = plan.num_microbatches if microbatches is None else microbatches
-    sched = _actions(plan.schedule, plan.pp, m, plan.virtual_pipeline_stages, split, plan.dualpipe)
+    sched = stage_actions(plan.schedule, plan.pp, m, plan.virtual_pipeline_stages, split, plan.dualpipe)
     kinds = [_kind_work(d, s, split) for s in d.kinds]
-    stages = tuple(replace(kinds[d.kind_of[stage]], stage=stage, actions=actions, deps=deps)
-                   for stage, (actions, deps) in enumerate(sched))
+    stages = tuple(replace(kinds[d.kind_of[stage]], stage=stage, schedule=actions)
+                   for stage, actions in enumerate(sched))
     return Lowered(stages, split, tuple(_notes(d.scenario)))
 
 
-@lru_cache(maxsize=4)
-def _actions(name: str, p: int, m: int, v: int, split: bool, dual: bool,
-             ) -> tuple[tuple[tuple[Action, ...], tuple[tuple[tuple[int, Action], ...], ...]], ...]:
-    """Per stage: the schedule's actions and each one's dependencies on other stages. A pure
-    function of the schedule's shape, kept for the next lowering of that shape (immutable: a
-    prediction's short step and the plans of a search share a few shapes)."""
-    if dual:  # DeepSeek-V3's bidirectional schedules (simdist.sim.dualpipe)
-        return tuple((tuple(a), tuple(tuple(x for x in dualpipe.dependencies(name, act, s, p, m, split) if x[0] != s)
-                                      for act in a)) for s, a in enumerate(dualpipe.schedule(name, p, m)))
-    return tuple((tuple(a), stage_dependencies(a, s, p, v, split)) for s, a in enumerate(schedule(name, p, m, v)))
+NO_ACTIONS = StageActions((), (), (), ())  # a stage kind's work, before its stages' actions are filled in
 
 
 def _kind_work(d: StepDescription, s: StageDescription, split: bool) -> StageWork:
@@ -182,7 +171,7 @@ def _kind_work(d: StepDescription, s: StageDescription, split: bool) -> StageWor
         flush_compression = extra.compression_per_step
     first_forward = sum(c.task("F", False).work.total() for c in chunks)
     forward_stretch = contention_stretch(traffic, plan, s.fwd.total, s.bwd.total + s.recompute.total)[1]
-    return StageWork(-1, chunks, (), (), flush, s.optimizer, calls(traffic.post_step_gathers),
+    return StageWork(-1, chunks, NO_ACTIONS, flush, s.optimizer, calls(traffic.post_step_gathers),
                      traffic.post_step_behind_forward, first_forward, flush_compression, extra.host_step,
                      extra.host_after_optimizer, forward_stretch)
 

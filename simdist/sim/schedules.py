@@ -172,41 +172,6 @@ def dependencies(
     return [(stage, Action("B", mb, action.chunk))]
 
 
-def stage_dependencies(actions: list[Action], stage: int, p: int, v: int,
-                       split_backward: bool) -> tuple[tuple[tuple[int, Action], ...], ...]:
-    """Per action of ``stage``: its :func:`dependencies` on other stages (those on the stage
-    itself are met by the order of its own actions), worked out in one loop (the lowering's
-    hot spot: every action of every stage)."""
-    # per kind and chunk of this stage: None (no dependency on another stage), or the stage
-    # depended on and the chunk there (None: the same chunk, so the action itself is the key)
-    last, none, new = p * v - 1, (), tuple.__new__
-    table: dict[str, list[tuple[int, int | None] | None]] = {}
-    for kind in ("F", "B"):
-        row: list[tuple[int, int | None] | None] = []
-        for chunk in range(v):
-            k = chunk * p + stage
-            j = (k - 1 if k > 0 else -1) if kind == "F" else (k + 1 if k < last else -1)
-            # (the last virtual stage's backward needs its own forward: on this stage)
-            row.append(None if j < 0 or j % p == stage else (j % p, None if j // p == chunk else j // p))
-        table[kind] = row
-    if split_backward:
-        table["W"] = [None] * v  # its own backward
-    out: list[tuple[tuple[int, Action], ...]] = []
-    for a in actions:
-        kind, mb, chunk = a
-        row = table.get(kind)
-        if row is None:
-            raise ValueError(f"{a} is a weight-grad pass but split_backward is False")
-        e = row[chunk]
-        if e is None:
-            out.append(none)
-        elif e[1] is None:  # the same chunk on the next or previous stage: the action itself
-            out.append(((e[0], a),))
-        else:
-            out.append(((e[0], new(Action, (kind, mb, e[1]))),))
-    return tuple(out)
-
-
 def in_flight_peak(actions: list[Action], freed_by: Literal["B", "W"] | None = None) -> int:
     """Peak number of (microbatch, chunk) whose activations are alive at once on a stage.
 

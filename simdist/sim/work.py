@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from simdist.sim.schedules import Action
+from simdist.sim.actions import StageActions
 
 MiB = 2**20
 
@@ -143,8 +143,7 @@ class ChunkWork:
 class StageWork:
     stage: int
     chunks: tuple[ChunkWork, ...]
-    actions: tuple[Action, ...]
-    deps: tuple[tuple[tuple[int, Action], ...], ...]  # per action: cross-stage dependencies
+    schedule: StageActions  # its actions in order, each with its task index, code and input
     flush: tuple[GradPiece, ...]  # gradient sync after the pipeline flush (no overlap)
     optimizer: float
     post_optimizer: tuple[CommSpec, ...]  # ZeRO-1/2 parameter all-gather

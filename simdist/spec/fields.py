@@ -254,7 +254,7 @@ def hash_once(cls: type) -> type:
 
 
 def since(fs: FieldSpec) -> tuple[int, ...]:
-    return tuple(int(x) for x in str(fs.meta.get("since", "1.0")).split("."))
+    return tuple(map(int, str(fs.meta.get("since", "1.0")).split(".")))
 
 
 def yaml_keys(cls: type) -> list[str]:
@@ -262,24 +262,36 @@ def yaml_keys(cls: type) -> list[str]:
     return [fs.key for fs in spec_fields(cls) if fs.key]
 
 
+@cache
+def _by_contract(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The names of a spec dataclass's fields of contract 1.1, and of those newer."""
+    newer = {f.name: since(f) > (1, 1) for f in spec_fields(cls)}
+    return tuple(name for name, new in newer.items() if not new), frozenset(name for name, new in newer.items() if new)
+
+
+_ATOMIC = (bool, int, float, str, type(None))  # what copy.deepcopy gives back as it is
+
+
 def legacy_view(obj: Any) -> dict[str, Any]:
     """``asdict``-like view without the fields newer than contract 1.1 that sit at the value
     they take when absent, so a file that does not use them keeps its scenario hash."""
     out: dict[str, Any] = {}
     cls = type(obj)
-    newer = [fs for fs in spec_fields(cls) if since(fs) > (1, 1)]
+    old, newer = _by_contract(cls)
     reference = None
     if newer:
-        base = {fs.name: getattr(obj, fs.name) for fs in spec_fields(cls) if since(fs) <= (1, 1)}
         try:
-            reference = cls(**base)
+            reference = cls(**{name: getattr(obj, name) for name in old})
         except (ScenarioError, TypeError):
             reference = None
     for fs in spec_fields(cls):
         v = getattr(obj, fs.name)
         if not fs.meta.get("hashed", True):
             continue
-        if fs in newer and reference is not None and _same(v, getattr(reference, fs.name)):
+        if fs.name in newer and reference is not None and _same(v, getattr(reference, fs.name)):
             continue
-        out[fs.name] = legacy_view(v) if is_dataclass(v) and not isinstance(v, type) else copy.deepcopy(v)
+        if is_dataclass(v) and not isinstance(v, type):
+            out[fs.name] = legacy_view(v)
+        else:
+            out[fs.name] = v if type(v) in _ATOMIC else copy.deepcopy(v)
     return out

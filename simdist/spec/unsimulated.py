@@ -38,10 +38,13 @@ def not_simulated(scenario: Scenario) -> list[NotSimulated]:
     out = []
     for section in ("model", "plan"):
         obj = getattr(scenario, section)
+        listed = [(fs, _BY_FIELD[f"{section}.{fs.key}"]) for fs in spec_fields(type(obj))
+                  if f"{section}.{fs.key}" in _BY_FIELD]
+        if not listed:  # (the view below is the dear part)
+            continue
         used = legacy_view(obj)
-        for fs in spec_fields(type(obj)):
-            entry = _BY_FIELD.get(f"{section}.{fs.key}")
-            if entry is None or fs.name not in used:
+        for fs, entry in listed:
+            if fs.name not in used:
                 continue
             if entry.field == "plan.schedule" and not _is_dualpipe(used[fs.name]):
                 continue
