@@ -280,7 +280,7 @@ def peer(root: Path | None, rows: list[dict[str, Any]], repeat: int, search: boo
         cell = f"{r['plans_per_s']:,.0f} plans/s ({r['s']:.1f} s; the command {r['command_s']:.1f} s)"
         print(f"{what:40s} {shown(ours[mine], unit):>50s} {cell:>50s}")
         print(f"    simdist: {ours[mine]['plans']:,} plans, best {ours[mine]['answer']}{_step(ours[mine], 'step_s')}")
-        print(f"    Calculon: {r['plans']:,.0f} executions ({r['good']:,.0f} ran), best {r['label']}{_step(r)}")
+        print(f"    Calculon: {r['plans']:,.0f} executions ({r['good']:,.0f} valid), best {r['label']}{_step(r)}")
 
 
 def main() -> int:
