@@ -3,6 +3,7 @@ checkout of simdist (main's, before the change), alternately in one run so that 
 same machine load:
 
     python benchmarks/bench_speed.py [--before /path/to/old/checkout] [--repeat 3] [--full] [--search]
+                                     [--peer-calculon /path/to/calculon/checkout]
 
 - default event engine, one prediction in-process (``predict(..., keep_spans=False)``, the way
   ``simdist predict`` calls it), warm (the best of ``--repeat`` in one process): GPT-3 175B / 1,024 A100 (scenarios/gpt3-175b-1024xa100.yaml),
@@ -29,8 +30,19 @@ same machine load:
 Each in-process case runs in a child process (``--child CASE``) whose ``PYTHONPATH`` is the
 checkout measured (a cold case: one child per run); the best of ``--repeat`` runs is kept, and beside the wall-clock seconds the
 least CPU seconds of the runs (``cpu``: what a machine shared with other work disturbs least;
-for the whole command, the CPU time of the child process). A peer (Calculon's ``llm`` on the same
-case) is timed only where it is installed. The table of benchmarks/README.md records a run.
+for the whole command, the CPU time of the child process). The table of benchmarks/README.md
+records a run.
+
+The peer, Calculon (github calculon-ai/calculon, an analytic model), where it can be imported
+from a checkout (an editable install, or ``--peer-calculon PATH`` to the checkout, put on the
+children's path; the system files come from its ``systems/`` folder; otherwise "peer: Calculon
+is not installed here"): the same GPT-3 and Megatron plans, their application and execution JSON
+written from our scenario by benchmarks/peer_calculon.py, as ``calculon llm`` runs them (compile
+and run of its model) in-process, warm (best of ``--repeat`` in one child) and cold (a fresh
+child per repeat, Calculon's import apart); with ``--search``, its ``llm-optimal-execution`` on
+GPT-3 175B over 1,024 A100 (global batch at most 1,536, float16, one worker, ``-m``, no TP or
+DP overlap, the system's offload tier at 0 GiB: peer_calculon.run_search; about 5 minutes). Each
+peer row prints both tools' predicted step times beside their timings.
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -108,7 +121,17 @@ def child(case: str, repeat: int) -> dict[str, Any]:
         res = search(load_scenario(SCEN / arg), Constraints(), workers=1)
         return {"s": res.seconds, "cpu_s": time.process_time() - c,
                 "answer": res.best.candidate.label() if res.best else "-",
+                "step_s": res.best.step_time_s if res.best else None,
                 "plans_per_s": res.plans_per_s, "plans": res.evaluated}
+    if what.startswith("calculon"):  # the peer, from the checkout on this process's path
+        import peer_calculon  # benchmarks/, this script's folder
+
+        spec = importlib.util.find_spec("calculon")
+        assert spec is not None and spec.origin is not None
+        root, sc = Path(spec.origin).resolve().parents[1], load_scenario(SCEN / arg)
+        if what == "calculon-search":
+            return peer_calculon.run_search(sc, root)
+        return peer_calculon.time_llm(sc, root, repeat, first=what == "calculon-first")
     raise SystemExit(f"unknown case {case}")
 
 
@@ -124,12 +147,13 @@ def _child(env: dict[str, str], case: str, repeat: int) -> dict[str, Any]:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def measure(tree: Path, case: str, repeat: int) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    if case == "cli" or case.startswith("first:"):  # as installed: bytecode compiled once (kept outside the checkout)
+def measure(tree: Path, case: str, repeat: int, peer_root: Path | None = None) -> dict[str, Any]:
+    """``case`` in child processes whose path is ``tree`` (and Calculon's checkout, ``peer_root``)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (tree, peer_root) if p)}
+    if case == "cli" or case.startswith(("first:", "calculon-first:")):  # as installed: bytecode compiled once (kept outside the checkout)
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / f"simdist-bench-pyc-{zlib.crc32(str(tree).encode()):08x}")
-    if case.startswith("first:"):  # one fresh process per repeat, its first prediction; the least of each
+    if case.startswith(("first:", "calculon-first:")):  # one fresh process per repeat, its first prediction; the least of each
         _child(env, case, 1)  # warm-up: writes the bytecode
         runs = [_child(env, case, 1) for _ in range(repeat)]
         return {**min(runs, key=lambda r: r["s"]), "cpu_s": min(r["cpu_s"] for r in runs),
@@ -165,6 +189,10 @@ SEARCH = [("search:gpt3-175b-1024xa100.yaml", "search, GPT-3 175B space", 5000.0
           ("search:gpt-530b-2520xa100.yaml", "search, 530B / 2,520 A100 space", 5.0, "s")]
 
 
+def _ms(secs: float) -> str:
+    return f"{secs * 1e3:.2f} ms" if secs < 0.01 else f"{secs * 1e3:.0f} ms"
+
+
 def shown(r: dict[str, Any] | None, unit: str) -> str:
     if r is None:
         return "-"
@@ -175,10 +203,10 @@ def shown(r: dict[str, Any] | None, unit: str) -> str:
     extra = f", {r['rss_gib']:.2f} GiB" if "rss_gib" in r else ""
     if "cpu_s" in r and unit != "plans/s":
         c = r["cpu_s"]
-        extra += f" (cpu {c * 1e3:.0f} ms)" if c < 1 else f" (cpu {c:.2f} s)"
+        extra += f" (cpu {_ms(c)})" if c < 1 else f" (cpu {c:.2f} s)"
     if "import_cpu_s" in r:
         extra += f" + import {r['import_cpu_s'] * 1e3:.0f} ms"
-    return (f"{v * 1e3:.0f} ms" if v < 1 else f"{v:.2f} s") + extra
+    return (_ms(v) if v < 1 else f"{v:.2f} s") + extra
 
 
 def met(r: dict[str, Any], target: float | None, unit: str) -> str:
@@ -195,14 +223,64 @@ def same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def peer() -> None:
-    if importlib.util.find_spec("calculon") is None:
+# the peer's cases: (Calculon's case, simdist's row beside it, what)
+PEER = [("calculon:gpt3-175b-1024xa100.yaml", "des:gpt3-175b-1024xa100.yaml", "GPT-3 175B / 1,024 A100 (warm)"),
+        ("calculon:megatron-1t-3072xa100.yaml", "des:megatron-1t-3072xa100.yaml", "Megatron 1T / 3,072 A100 (warm)"),
+        ("calculon-first:gpt3-175b-1024xa100.yaml", "first:gpt3-175b-1024xa100.yaml", "GPT-3 175B (cold)"),
+        ("calculon-first:megatron-1t-3072xa100.yaml", "first:megatron-1t-3072xa100.yaml", "Megatron 1T (cold)")]
+PEER_SEARCH = ("calculon-search:gpt3-175b-1024xa100.yaml", "search:gpt3-175b-1024xa100.yaml",
+               "search, GPT-3 175B on 1,024 A100, one process")
+
+
+def calculon_root(given: Path | None) -> Path | None:
+    """The Calculon checkout to run: ``given``, or the one an importable ``calculon`` comes from;
+    None (said why) where there is none."""
+    if given is not None:
+        if not (given / "calculon" / "__init__.py").is_file():
+            raise SystemExit(f"--peer-calculon {given}: no calculon package there")
+        return given.resolve()
+    spec = importlib.util.find_spec("calculon")
+    if spec is None or spec.origin is None:
         print("peer: Calculon is not installed here, so no peer is timed")
+        return None
+    root = Path(spec.origin).resolve().parents[1]
+    if not (root / "systems").is_dir():
+        print("peer: Calculon is installed, but not from a checkout (no systems/ beside it), "
+              "so no peer is timed: give --peer-calculon PATH")
+        return None
+    return root
+
+
+def _step(r: dict[str, Any], key: str = "answer") -> str:
+    return "" if r.get(key) is None else f", step {r[key]:.2f} s"
+
+
+def peer(root: Path | None, rows: list[dict[str, Any]], repeat: int, search: bool) -> None:
+    """Calculon on simdist's cases, each row beside simdist's (this checkout's) timing and answer."""
+    if root is None:
         return
-    cmd = [sys.executable, "-m", "calculon", "llm", "--help"]
-    t = time.perf_counter()
-    subprocess.run(cmd, capture_output=True)
-    print(f"peer: Calculon start-up (`calculon llm --help`) {time.perf_counter() - t:.2f} s")
+    found = re.search(r"__version__ = '([^']+)'", (root / "calculon" / "__init__.py").read_text())
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
+    print(f"\npeer: Calculon {found.group(1) if found else '?'} ({commit or 'no git'}) at {root}: "
+          "analytic; simdist: its default event engine")
+    print(f"{'':40s} {'simdist':>50s} {'Calculon':>50s}")
+    ours = {row["case"]: row["after"] for row in rows}
+    for case, mine, what in PEER + ([PEER_SEARCH] if search else []):
+        unit = "plans/s" if "search" in case else "s"
+        try:
+            r = measure(ROOT, case, 1 if unit == "plans/s" else repeat, root)
+        except subprocess.CalledProcessError as e:
+            print(f"{what:40s} Calculon failed: {(e.stderr or '').strip().splitlines()[-1:]}")
+            continue
+        if unit == "s":
+            print(f"{what:40s} {shown(ours[mine], unit) + _step(ours[mine]):>50s} "
+                  f"{shown(r, unit) + _step(r):>50s}", flush=True)
+            continue
+        cell = f"{r['plans_per_s']:,.0f} plans/s ({r['s']:.1f} s; the command {r['command_s']:.1f} s)"
+        print(f"{what:40s} {shown(ours[mine], unit):>50s} {cell:>50s}")
+        print(f"    simdist: {ours[mine]['plans']:,} plans, best {ours[mine]['answer']}{_step(ours[mine], 'step_s')}")
+        print(f"    Calculon: {r['plans']:,.0f} executions ({r['good']:,.0f} valid), best {r['label']}{_step(r)}")
 
 
 def main() -> int:
@@ -212,11 +290,14 @@ def main() -> int:
     ap.add_argument("--full", action="store_true", help="also full fidelity at 16,384 and 65,536 GPUs")
     ap.add_argument("--search", action="store_true", help="also the two search spaces")
     ap.add_argument("--json", help="also write the rows to this JSON file")
+    ap.add_argument("--peer-calculon", type=Path, help="a Calculon checkout to time beside simdist "
+                    "(default: the checkout an importable calculon comes from)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.repeat)))
         return 0
+    root = calculon_root(args.peer_calculon)  # said first: a missing peer is known before the run
     cases = CASES + (FULL if args.full else []) + (SEARCH if args.search else [])
     rows = []
     print(f"{'':58s} {'before':>34s} {'after':>34s}  target")
@@ -235,7 +316,7 @@ def main() -> int:
             print(f"    answers differ: before {before['answer']} ({before.get('engine', '')}), "
                   f"after {after['answer']} ({after.get('engine', '')})")
         rows.append({"case": case, "what": what, "target": target, "unit": unit, "before": before, "after": after})
-    peer()
+    peer(root, rows, args.repeat, args.search)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
