@@ -126,9 +126,8 @@ def child(case: str, repeat: int) -> dict[str, Any]:
     if what.startswith("calculon"):  # the peer, from the checkout on this process's path
         import peer_calculon  # benchmarks/, this script's folder
 
-        spec = importlib.util.find_spec("calculon")
-        assert spec is not None and spec.origin is not None
-        root, sc = Path(spec.origin).resolve().parents[1], load_scenario(SCEN / arg)
+        root, sc = _calculon_checkout(), load_scenario(SCEN / arg)
+        assert root is not None
         if what == "calculon-search":
             return peer_calculon.run_search(sc, root)
         return peer_calculon.time_llm(sc, root, repeat, first=what == "calculon-first")
@@ -232,6 +231,12 @@ PEER_SEARCH = ("calculon-search:gpt3-175b-1024xa100.yaml", "search:gpt3-175b-102
                "search, GPT-3 175B on 1,024 A100, one process")
 
 
+def _calculon_checkout() -> Path | None:
+    """The folder above the importable ``calculon`` package (its checkout, for an editable install)."""
+    spec = importlib.util.find_spec("calculon")
+    return None if spec is None or spec.origin is None else Path(spec.origin).resolve().parents[1]
+
+
 def calculon_root(given: Path | None) -> Path | None:
     """The Calculon checkout to run: ``given``, or the one an importable ``calculon`` comes from;
     None (said why) where there is none."""
@@ -239,11 +244,10 @@ def calculon_root(given: Path | None) -> Path | None:
         if not (given / "calculon" / "__init__.py").is_file():
             raise SystemExit(f"--peer-calculon {given}: no calculon package there")
         return given.resolve()
-    spec = importlib.util.find_spec("calculon")
-    if spec is None or spec.origin is None:
+    root = _calculon_checkout()
+    if root is None:
         print("peer: Calculon is not installed here, so no peer is timed")
         return None
-    root = Path(spec.origin).resolve().parents[1]
     if not (root / "systems").is_dir():
         print("peer: Calculon is installed, but not from a checkout (no systems/ beside it), "
               "so no peer is timed: give --peer-calculon PATH")

@@ -76,6 +76,13 @@ def test_rail_optimized_nic_mapping() -> None:
     assert topo.path_links(c, 1, 9)[:2] == ["gpu1~nic0.0", "nic0.0~leaf0"]
 
 
+@pytest.mark.parametrize(("gpn", "nics"), [(8, 8), (8, 4), (8, 1), (8, 3), (16, 6), (8, 16)])
+def test_a_nics_gpus_are_the_ones_nic_of_maps_to_it(gpn: int, nics: int) -> None:
+    c = cluster(1, gpus_per_node=gpn, inter_node={"nics_per_node": nics})
+    for nic in range(nics):
+        assert list(topo.nic_locals(c, nic)) == [r for r in range(gpn) if topo.nic_of(c, r) == nic]
+
+
 def test_link_kind_matches_graph() -> None:
     c = cluster(64)
     for _, _, d in topo.build_graph(c).edges(data=True):

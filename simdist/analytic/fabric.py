@@ -74,13 +74,11 @@ def fractions(net: Network, layout: GroupLayout) -> tuple[float, float]:
 
 def nic_load(cluster: ClusterSpec, plan: ParallelPlan, rank: int, member: Member, f_inter: float) -> float:
     """Load on ``rank``'s NIC from every member rank that shares it."""
-    gpn, nics = cluster.gpus_per_node, cluster.nics_per_node
-    node, nic = cluster.node_of(rank), topo.nic_of(cluster, rank)
-    # the node's GPUs on that NIC (topology.nic_of: local index * nics // gpn == nic)
-    first = node * gpn
-    images = sum(1 for r in range(first - (-nic * gpn // nics), first - (-(nic + 1) * gpn // nics))
-                 if member(rank_coord(r, plan)))
-    return images * f_inter * nics / gpn
+    gpn = cluster.gpus_per_node
+    first = cluster.node_of(rank) * gpn
+    images = sum(1 for local in topo.nic_locals(cluster, topo.nic_of(cluster, rank))
+                 if member(rank_coord(first + local, plan)))
+    return images * f_inter * cluster.nics_per_node / gpn
 
 
 def uplink_load(cluster: ClusterSpec, plan: ParallelPlan, leaf: int, member: Member, f_inter: float,

@@ -82,8 +82,8 @@ def competing_ranks(d: Any, step_s: float) -> float:
     top = max(totals)
     if plan.pp == 1 or top <= 0 or step_s <= 0:
         return float(busy_ranks(d.scenario))
-    others = sum(min(1.0, plan.num_microbatches * t / step_s) for t in totals) - min(1.0, plan.num_microbatches * top / step_s)
-    return busy_ranks(d.scenario) / plan.pp * (1.0 + others)
+    shares = [min(1.0, plan.num_microbatches * t / step_s) for t in totals]
+    return busy_ranks(d.scenario) / plan.pp * (1.0 + sum(shares) - max(shares))  # the busiest: all its step
 
 
 def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float, bubble: float) -> float:

@@ -47,6 +47,13 @@ def nic_of(cluster: ClusterSpec, rank: int) -> int:
     return local * cluster.nics_per_node // cluster.gpus_per_node
 
 
+def nic_locals(cluster: ClusterSpec, nic: int) -> range:
+    """The local indices of a node's GPUs that use NIC ``nic`` (:func:`nic_of`'s inverse: local
+    * nics // gpus_per_node == nic, a run of consecutive GPUs)."""
+    gpn, nics = cluster.gpus_per_node, cluster.nics_per_node
+    return range(-(-nic * gpn // nics), -(-(nic + 1) * gpn // nics))
+
+
 def nic_name(cluster: ClusterSpec, rank: int) -> str:
     return f"nic{cluster.node_of(rank)}.{nic_of(cluster, rank)}"
 
