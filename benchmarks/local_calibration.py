@@ -15,7 +15,9 @@ a tiny TP plan (DTensor TP), local-zero3-fit and a tiny FSDP plan (FSDP2 reshard
 and a tiny 1F1B plan (the pipeline's wait per transfer and share of compute), and
 variants of tiny plans written under ``--out/fit`` (as many micro-batches, each twice as large):
 ZeRO-1, ZeRO-2, HSDP (4 ranks), the 1F1B pipeline, an interleaved pipeline (several chunks per
-rank), fp16 compression, the synchronous parameter server and the asynchronous one, expert
+rank) and a zero-bubble one (a split backward: as many transfers as 1F1B, a third of the
+interleaved one's, which tells the multi-chunk wait per transfer from its share of compute), fp16
+compression, the synchronous parameter server and the asynchronous one, expert
 parallelism (all-to-all dispatch) and context parallelism (4 ranks: a ring of point-to-point
 exchanges; with HSDP they fit the waits of ranks that time-share the cores). A refused fit (a
 noisy machine) stops here with the reasons.
@@ -48,7 +50,8 @@ FIT_BUNDLED = ["local-dp", "local-tp-fit", "local-zero3-fit", "local-pp-fit"]
 # (bundled plan, what its variant fits): the variant doubles the micro-batch (same micro-batches and ops,
 # twice the tokens in each); the plain DDP variant pins the per-op overhead with small ops, local-dp with large
 FIT_VARIANTS = {"tiny-ddp": "per-op overhead", "tiny-llama-tp": "tp", "tiny-fsdp3": "zero3", "tiny-zero1": "zero1", "tiny-fsdp2": "zero2", "tiny-hsdp": "hsdp", "tiny-pp-1f1b": "pipeline",
-                "tiny-pp-interleaved": "multichunk", "tiny-compress-fp16": "compression", "tiny-ps": "ps",
+                "tiny-pp-interleaved": "multichunk", "tiny-pp-zb": "multichunk (per transfer)",
+                "tiny-compress-fp16": "compression", "tiny-ps": "ps",
                 "tiny-moe-ep": "ep", "tiny-cp": "cp", "tiny-ps-async": "async"}
 
 

@@ -394,7 +394,7 @@ def build_schedule(plan: ParallelPlan, stage_ids: list[int], chunks: list[nn.Mod
 
 
 def set_gradient_sync(pm: ParallelModel, enabled: bool) -> None:
-    """Gradient accumulation without a pipeline: sync only on the last micro-batch (FSDP2)."""
+    """Whether FSDP2 reduces this micro-batch's gradients (gradient accumulation: executor.train)."""
     for chunk in pm.chunks:
         if hasattr(chunk, "set_requires_gradient_sync"):  # an FSDPModule (fully_shard, replicate)
             chunk.set_requires_gradient_sync(enabled)

@@ -36,6 +36,7 @@ import torch
 
 from executor.checks import as_run
 from executor.faults import read_events
+from executor.hostload import training_thread_cpus
 from executor.timeline import timeline_of
 from simdist.spec.measurement import Measurement
 from simdist.spec.scenario import Scenario
@@ -193,6 +194,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "torch_num_threads": torch.get_num_threads(),
+        "training_thread_cpus": training_thread_cpus(),  # executor.hostload.pin_training_thread
     }
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)

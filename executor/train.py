@@ -117,7 +117,10 @@ def _accumulation_step(pm: ParallelModel, plan: ParallelPlan, inputs: torch.Tens
     total = 0.0
     for i, (x, y) in enumerate(zip(inputs.chunk(n), targets.chunk(n), strict=True)):
         last = i == n - 1
-        set_gradient_sync(pm, last)
+        # FSDP2's fully_shard (ZeRO-2/3) reduce-scatters every micro-batch's gradients: sharded
+        # gradients are what those stages mean (Rajbhandari et al. SC'20 sec 5.2) and what
+        # simdist.analytic.data_parallel prices; DDP (and FSDP2's replicate) sync the last only
+        set_gradient_sync(pm, last or plan.shards_gradients)
         with _no_sync(model, not last), loss_context(plan):
             with probe.phase("forward"):
                 loss = lm_loss(model(x), y)

@@ -57,6 +57,7 @@ from executor.faults import (
     pid_path,
     result_path,
 )
+from executor.hostload import pin_training_thread
 from executor.measure import CollectiveCensus, StepProbe
 from executor.report import assemble
 from executor.timeline import Tracer
@@ -195,6 +196,8 @@ class Worker:
               group: dist.ProcessGroup | None, servers: int) -> None:
         m, plan = scenario.model, scenario.plan
         self.reports_progress = plan_rank == plan.world_size - 1
+        if device.type == "cpu":
+            pin_training_thread()  # after every process group: gloo's threads keep every core
         tracer = Tracer(self.args.trace, self.rank, cuda=device.type == "cuda")
         probe = StepProbe(pm, cuda=device.type == "cuda", tracer=tracer)
         warmup, steps, total = self.args.warmup, self.args.steps, self.total_steps()

@@ -40,8 +40,9 @@ def _comms(ops: tuple) -> int:
     return sum(2 if op.collective == "sendrecv" else 1 for op in ops if isinstance(op, Comm))
 
 
-def sync_points(sc: Any, stage: int) -> int:
-    """Collectives and point-to-point transfers one rank of ``stage`` takes part in per step."""
+def sync_points(sc: Any, stage: int, fsdp2: bool = False) -> int:
+    """Collectives and point-to-point transfers one rank of ``stage`` takes part in per step
+    (``fsdp2``: ZeRO-3 runs as FSDP2, simdist.analytic.fsdp2.runs_fsdp2)."""
     m, plan = sc.model, sc.plan
     chunks = stage_layer_ranges(m.num_layers, plan.pp, plan.virtual_pipeline_stages)[stage]
     per_mb = 0
@@ -55,16 +56,16 @@ def sync_points(sc: Any, stage: int) -> int:
         per_mb += _comms(embedding_ops(m, plan, "fwd")) + _comms(embedding_ops(m, plan, "bwd"))
     if stage == plan.pp - 1:
         per_mb += _comms(head_ops(m, plan, "fwd")) + _comms(head_ops(m, plan, "bwd"))
-    if plan.pp > 1:  # each chunk receives and sends activations forward and gradients backward
+    if plan.pp > 1:  # each chunk receives activations forward and gradients backward
         virtual = plan.pp * plan.virtual_pipeline_stages
         for c in range(len(chunks)):
             k = c * plan.pp + stage
-            per_mb += 2 * ((k > 0) + (k < virtual - 1))
+            per_mb += (k > 0) + (k < virtual - 1)
     once = 0
     if plan.uses_parameter_servers:
         once += 2  # push the gradients, pull the parameters
     elif plan.dp > 1:
-        dp = dp_traffic(m, plan, stage)
+        dp = dp_traffic(m, plan, stage, fsdp2=fsdp2)
         per_mb += sum(c.calls for c in dp.fwd_gathers + dp.bwd_gathers + dp.microbatch_grad_sync)
         once += sum(c.calls for c in dp.step_grad_sync + dp.post_step_gathers)
     return plan.num_microbatches * per_mb + once

@@ -41,11 +41,13 @@ def zero3_modules_per_layer(m: ModelSpec) -> int:
     return 4 + (3 if m.mlp == "swiglu" else 2)
 
 
-def param_gathers_per_microbatch(plan: ParallelPlan) -> int:
+def param_gathers_per_microbatch(plan: ParallelPlan, fsdp2: bool = False) -> int:
     """Times a micro-batch needs each layer's full parameters (ZeRO-3 / FSDP gathers, parameter
     offload uploads): its forward, its backward, and the recomputed forward under full
-    recompute."""
-    return 3 if plan.recompute == "full" else 2
+    recompute, except under FSDP2 (``fsdp2``, or the plan's framework), whose pre-forward hook
+    does not gather again in the pre-backward state (simdist.analytic.fsdp2)."""
+    again = plan.recompute == "full" and not (fsdp2 or framework_of(plan.framework).fsdp2)
+    return 3 if again else 2
 
 
 @frozen(slots=True)
@@ -94,7 +96,8 @@ class DataParallelTraffic:
                        post_step_gathers=ctx.timed(self.post_step_gathers))
 
 
-def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = None) -> DataParallelTraffic:
+def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = None,
+               fsdp2: bool = False) -> DataParallelTraffic:
     """The DP collectives of one GPU of ``stage`` in one optimizer step (allreduce mode; the
     parameter-server modes use :func:`simdist.analytic.param_server.ps_traffic` instead).
 
@@ -107,7 +110,8 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = Non
     every micro-batch's gradients; 3 also all-gathers each layer's parameters before its forward
     and backward, per layer (FSDP units) or per submodule (DeepSpeed ``zero3_fetch: module``).
     ``n``: the parameters synchronised (default: all the GPU holds; simdist.analytic.dp_groups
-    passes the dense and the expert parameters apart).
+    passes the dense and the expert parameters apart); ``fsdp2``: ZeRO-3 runs as FSDP2
+    (simdist.analytic.fsdp2.runs_fsdp2: no gather for the recomputed forward).
     """
     if plan.dp == 1 or plan.uses_parameter_servers:
         return DataParallelTraffic()
@@ -133,9 +137,14 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = Non
                 post = (CollectiveCall("allgather params", "allgather", ax, n * float(plan.element_bytes)),)
             return DataParallelTraffic(microbatch_grad_sync=tuple(sync), post_step_gathers=post,
                                        gather_chunks=layers)
-        calls = layers * (zero3_modules_per_layer(m) if plan.zero3_fetch == "module" else 1)
+        # FSDP2 wraps the rest of the model (embedding, final norm, LM head) as one more module, the
+        # root, gathered and reduced like a layer (executor.parallelize.apply_fsdp, torchtitan);
+        # under a pipeline, torch.distributed.pipelining defers FSDP2's reduce and reshard, which
+        # only torchtitan's rule (_fsdp_under_pipeline) follows
+        root = 1 if fsdp2 and plan.pp == 1 else 0
+        calls = layers * (zero3_modules_per_layer(m) if plan.zero3_fetch == "module" else 1) + root
         pb = param_wire_bytes(plan)
-        gathers_bwd = param_gathers_per_microbatch(plan) - 1
+        gathers_bwd = param_gathers_per_microbatch(plan, fsdp2) - 1
         if plan.zero3_fetch == "module_sync":  # each linear's own bytes (analytic.zero3_sync)
             parts = submodule_shares(m)
             calls = layers * len(parts)
@@ -149,7 +158,7 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = Non
         sync = [CollectiveCall("reducescatter grads", "reducescatter", ax, grad_bytes / calls, calls)]
         if hybrid:
             sync.append(CollectiveCall("allreduce grads across replicas", "allreduce", "dp_replica",
-                                       grad_bytes / shard / layers, layers))
+                                       grad_bytes / shard / (layers + root), layers + root))
         return DataParallelTraffic(fwd_gathers=fwd, bwd_gathers=bwd, microbatch_grad_sync=tuple(sync),
                                    gather_chunks=layers)
 

@@ -49,22 +49,23 @@ def _merged(a: DataParallelTraffic, b: DataParallelTraffic) -> DataParallelTraff
                    post_step_behind_forward=a.post_step_behind_forward or b.post_step_behind_forward)
 
 
-def data_parallel_traffic(m: ModelSpec, plan: ParallelPlan, stage: int) -> DataParallelTraffic:
-    """Every data-parallel collective of one GPU of ``stage`` in one step, dense and expert."""
+def data_parallel_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, fsdp2: bool = False) -> DataParallelTraffic:
+    """Every data-parallel collective of one GPU of ``stage`` in one step, dense and expert
+    (``fsdp2``: as :func:`simdist.analytic.data_parallel.dp_traffic`)."""
     experts = expert_params_per_rank(m, plan, stage) if m.is_moe else 0
     if not experts and plan.cp == 1:
-        return dp_traffic(m, plan, stage)
+        return dp_traffic(m, plan, stage, fsdp2=fsdp2)
     n = params_per_rank(m, plan, stage)
     dense_plan = replace(plan, dp=plan.dp * plan.cp, dp_shard=plan.dp_shard * plan.cp, cp=1)
     dense_axes = {"dp": "dp_cp", "dp_shard": "dp_shard_cp"} if plan.cp > 1 else {}
     if plan.cp > 1 and not plan.hybrid_sharding:
         dense_axes["dp_shard"] = "dp_cp"
-    dense = _on(dp_traffic(m, dense_plan, stage, n=n - experts), dense_axes)
+    dense = _on(dp_traffic(m, dense_plan, stage, n=n - experts, fsdp2=fsdp2), dense_axes)
     if not experts:
         return dense
     edp = expert_data_parallel_size(plan)
     expert_plan = replace(plan, dp=edp, dp_shard=edp, cp=1)
-    expert = _on(dp_traffic(m, expert_plan, stage, n=experts), {"dp": "edp", "dp_shard": "edp"})
+    expert = _on(dp_traffic(m, expert_plan, stage, n=experts, fsdp2=fsdp2), {"dp": "edp", "dp_shard": "edp"})
     if dense_plan.dp == 1:
         return expert
     return _merged(dense, expert)

@@ -19,11 +19,12 @@ from simdist.analytic.collectives import (
     layout_for_axis,
 )
 from simdist.analytic.cost import CostModel
+from simdist.analytic.fsdp2 import copy_ops, runs_fsdp2
 from simdist.analytic.moe import dispatch_overlapped, overlap_stretch, paired_hidden, wire_factor
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.frozen import frozen
 from simdist.spec.plan import ParallelPlan
-from simdist.spec.profile import HOOK_LAYERS, PIPELINE_TERMS, profile_layers, wait_keys
+from simdist.spec.profile import HOOK_LAYERS, TRANSFER_TERMS, profile_layers, wait_keys
 from simdist.spec.scenario import Scenario
 
 
@@ -94,6 +95,17 @@ class OpTimer:
         self.recompute_extra = framework_overhead(sc, cost, recompute=True)
         self.sync_wait = sync_wait_fraction(sc, cost)
         self.call_wait = sync_call_wait(sc, cost)
+        self.fsdp2 = runs_fsdp2(sc.plan, cost.profile)
+
+    def fsdp2_copies(self, params: int) -> tuple[PassTime, PassTime]:
+        """What an FSDP2 module of ``params`` parameters (on this rank, before sharding) adds
+        to the forward and the backward of a micro-batch where it computes (simdist.analytic.
+        fsdp2: the copy-out on a GPU, every copy on a CPU); nothing for other plans."""
+        if not self.fsdp2 or params <= 0:
+            return ZERO_PASS, ZERO_PASS
+        fwd, bwd = copy_ops(self.sc.plan, params, on_cpu=self.cost.profile is not None
+                            and self.cost.profile.backend == "gloo")
+        return self.passes(fwd), self.passes(bwd)
 
     def _slowdown(self, userbuffers: str | None) -> float:
         """How much slower a kernel runs beside a collective it hides: NCCL's share
@@ -274,15 +286,17 @@ def sync_call_wait(sc: Scenario, cost: CostModel) -> float:
     """Fixed wait per collective call of a layer's op lists (TP, CP and expert-parallel; a ring's
     send/receive counts twice, as simdist.analytic.cpu_syncs counts sync points) that a
     calibration profile measured for this plan's software layers (``sync_point_waits_s``; the
-    pipeline's is per pipeline transfer, :func:`transfer_wait`); 0 otherwise."""
+    pipeline's layers' are per pipeline transfer, :func:`transfer_wait`); 0 otherwise."""
     per_call = cost.profile.sync_point_waits_s if cost.profile else {}
-    return sum(per_call.get(k, 0.0) for k in wait_keys(sc.plan) if k != PIPELINE_TERMS)
+    return sum(per_call.get(k, 0.0) for k in wait_keys(sc.plan) if k not in TRANSFER_TERMS)
 
 
-def transfer_wait(cost: CostModel) -> float:
+def transfer_wait(sc: Scenario, cost: CostModel) -> float:
     """Fixed wait per pipeline transfer (activation or gradient between stages) that a
-    calibration profile measured (``sync_point_waits_s["pipeline"]``): on gloo the receiving
-    rank sleeps in the transfer and is woken when it completes, a cost of each transfer whatever
-    the micro-batch's compute, which a share of compute would price wrongly at other sizes; 0
-    without a profile."""
-    return cost.profile.sync_point_waits_s.get(PIPELINE_TERMS, 0.0) if cost.profile else 0.0
+    calibration profile measured for this plan's pipeline layers (``sync_point_waits_s`` of
+    :data:`simdist.spec.profile.TRANSFER_TERMS`: the pipeline's, and the multi-chunk schedules'
+    on top): on gloo the receiving rank sleeps in the transfer and is woken when it completes, a
+    cost of each transfer whatever the micro-batch's compute, which a share of compute would
+    price wrongly at other sizes; 0 without a profile."""
+    per_call = cost.profile.sync_point_waits_s if cost.profile else {}
+    return sum(per_call.get(k, 0.0) for k in wait_keys(sc.plan) if k in TRANSFER_TERMS)

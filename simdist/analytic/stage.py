@@ -36,6 +36,7 @@ from simdist.analytic.cost import CostModel, grad_buffer_pass_bytes, optimizer_b
 from simdist.analytic.cpu_optimizer import per_tensor_optimizer_time, ps_worker_time
 from simdist.analytic.data_parallel import DataParallelTraffic
 from simdist.analytic.dp_groups import data_parallel_traffic
+from simdist.analytic.fsdp2 import layer_params_on_rank, root_params_on_rank, runs_fsdp2
 from simdist.analytic.memory import (
     StageMemory,
     model_state_bytes,
@@ -209,9 +210,12 @@ def model_passes(sc: Scenario, cost: CostModel, net: Network) -> ModelPasses:
     m, plan = sc.model, sc.plan
     timer = OpTimer(sc, cost, net)
     kinds_passes = tuple((k, layer_passes(timer, k)) for k, _ in model_kind_counts(m))
-    embedding = (timer.passes(embedding_ops(m, plan, "fwd")), timer.passes(embedding_ops(m, plan, "bwd")))
-    head = (timer.passes(head_ops(m, plan, "fwd")) + timer.passes(mtp_ops(m, plan, "fwd")),
-            timer.passes(head_ops(m, plan, "bwd")) + timer.passes(mtp_ops(m, plan, "bwd")))
+    emb_copy = timer.fsdp2_copies(root_params_on_rank(m, plan, first=True, last=False))
+    head_copy = timer.fsdp2_copies(root_params_on_rank(m, plan, first=False, last=True))
+    embedding = (timer.passes(embedding_ops(m, plan, "fwd")) + emb_copy[0],
+                 timer.passes(embedding_ops(m, plan, "bwd")) + emb_copy[1])
+    head = (timer.passes(head_ops(m, plan, "fwd")) + timer.passes(mtp_ops(m, plan, "fwd")) + head_copy[0],
+            timer.passes(head_ops(m, plan, "bwd")) + timer.passes(mtp_ops(m, plan, "bwd")) + head_copy[1])
     return ModelPasses(kinds_passes, embedding, head)
 
 
@@ -235,7 +239,7 @@ def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True,
     sync = sync_of or (lambda c, s: stage_sync(sc, c, cost, s))
     kinds = tuple(_describe_stage(sc, ctx, cost, passes, embedding, head, stage_chunks(sc, s), s, sync(ctx, s))
                   for s in firsts)
-    send = pipeline_send(sc, net, transfer_wait(cost))
+    send = pipeline_send(sc, net, transfer_wait(sc, cost))
     return StepDescription(sc, cost, net, layer, embedding, head, send, kinds, kind_of, kinds_passes)
 
 
@@ -260,7 +264,8 @@ def layer_passes(timer: OpTimer, kind: LayerKind = DENSE) -> LayerPasses:
     for a layer of ``kind`` (simdist.analytic.variants)."""
     m, plan = timer.sc.model, timer.sc.plan
     fwd, bwd = timer.pair(layer_ops(m, plan, "fwd", kind), layer_ops(m, plan, "bwd", kind))
-    return LayerPasses(fwd, bwd, timer.recompute(recompute_ops(m, plan, kind)))
+    copy_fwd, copy_bwd = timer.fsdp2_copies(layer_params_on_rank(m, plan, kind.moe))
+    return LayerPasses(fwd + copy_fwd, bwd + copy_bwd, timer.recompute(recompute_ops(m, plan, kind)))
 
 
 def stage_chunks(sc: Scenario, stage: int) -> tuple[Chunk, ...]:
@@ -360,7 +365,8 @@ SyncOf = Callable[[CommContext, int], tuple[DataParallelTraffic, float]]
 def stage_sync(sc: Scenario, ctx: CommContext, cost: CostModel, stage: int) -> tuple[DataParallelTraffic, float]:
     """A stage's data-parallel traffic, each call timed alone, and its GPU optimizer step: they
     read the stage's parameters, the rank grid and the ZeRO stage, not the micro-batch's shape."""
-    traffic = data_parallel_traffic(sc.model, sc.plan, stage).timed(ctx, compute_slowdown(cost.profile))
+    fsdp2 = runs_fsdp2(sc.plan, cost.profile)
+    traffic = data_parallel_traffic(sc.model, sc.plan, stage, fsdp2).timed(ctx, compute_slowdown(cost.profile))
     wait = cost.profile.dp_step_wait_s if cost.profile else 0.0
     if wait and traffic.step_grad_sync:  # the fixed wait once per step at the gradient sync (profile v5)
         *rest, last = traffic.step_grad_sync  # on its last calls: the training thread blocks on them

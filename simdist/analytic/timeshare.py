@@ -60,8 +60,10 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     ranks = competing_ranks(described, full.step_time)
     if profile.coschedule_wait_s > 0 and ranks > profile.cores:  # sync points whose peers are descheduled
         from simdist.analytic.cpu_syncs import sync_points
+        from simdist.analytic.fsdp2 import runs_fsdp2
 
-        points = max(sync_points(scenario, s) for s in range(scenario.plan.pp))
+        fsdp2 = runs_fsdp2(scenario.plan, profile)
+        points = max(sync_points(scenario, s, fsdp2) for s in range(scenario.plan.pp))
         coschedule = points * (1 - profile.cores / ranks) * profile.coschedule_wait_s
     factor = max(1.0, (max(full.step_time, share * busy) + coschedule) / full.step_time)
     return profile.slowed(factor), factor

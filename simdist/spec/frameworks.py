@@ -38,7 +38,8 @@ this module only says which rule a plan gets, so the executor and the simulator 
   the attention outputs), torchao float8 with tensorwise dynamic scaling (torchtitan
   @ba24697, torchtitan/float8.py, parallelize_llama.py); with pipeline parallelism FSDP2 neither
   reshards after forward nor reduces before the last micro-batch (torch.distributed.pipelining
-  stage.backward_maybe_with_nosync); elementwise ops eager (its train configs' ``compile = false``:
+  stage.backward_maybe_with_nosync); FSDP2's copies around each collective and no gather for the
+  forward that full recompute reruns (simdist.analytic.fsdp2); elementwise ops eager (its train configs' ``compile = false``:
   simdist.analytic.eager); context parallelism through PyTorch's ``context_parallel`` over SDPA,
   which its Llama calls after repeating K/V to every query head (simdist.analytic.context).
 - ``deepspeed``: DeepSpeed ZeRO defaults: ``reduce_bucket_size`` 5e8 elements, each submodule's
@@ -75,6 +76,9 @@ class Framework:
     selective_recompute: str  # "attention-core" | "op-level"
     fp8_recipe: str  # "te-default" (Transformer Engine's, by GPU) or a recipe name
     fsdp_pipeline_no_sync: bool = False  # FSDP under PP: gather once, reduce at the last micro-batch
+    # ZeRO-3 as FSDP2 (fully_shard): per-parameter shards copied to and from flat buffers around each
+    # collective (simdist.analytic.fsdp2), and no gather again for the forward that recompute reruns
+    fsdp2: bool = False
     attention_kernel: str = "flash2"  # plan.attention_kernel when unset: "flash2" | "cudnn" | "triton"
     fused_elementwise: bool = True  # plan.fused_elementwise when unset (torchtitan: compile off by default)
     overlap_p2p: bool = False  # interleaved schedule: the sender does not wait for its sends (isend/irecv)
@@ -105,7 +109,7 @@ FRAMEWORKS: dict[str, Framework] = {
                       description="NeMo 2 / Megatron-Bridge performance recipes"),
     "pytorch": Framework("pytorch", "ddp", "attention-core", "tensorwise", cross_entropy="torch",
                          recompute_early_stop=True, description="PyTorch DDP / FSDP defaults"),
-    "torchtitan": Framework("torchtitan", "ddp", "op-level", "tensorwise", fsdp_pipeline_no_sync=True,
+    "torchtitan": Framework("torchtitan", "ddp", "op-level", "tensorwise", fsdp_pipeline_no_sync=True, fsdp2=True,
                             fused_elementwise=False, sdpa_context_parallel=True, cross_entropy="torch",
                             recompute_early_stop=True, description="torchtitan (FSDP2, per-op selective AC, torchao float8)"),
     "deepspeed": Framework("deepspeed", "deepspeed", "attention-core", "te-default", cross_entropy="torch",

@@ -281,7 +281,10 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
 
 
 BASE_TERMS = "base"  # the key of terms every plan pays (sync_wait_fractions: the plain plans' own waits)
-PIPELINE_TERMS = "pipeline"  # its sync_point_waits_s entry is per pipeline transfer, not per collective call
+# layers whose sync_point_waits_s entry is per pipeline transfer, not per collective call: the sync
+# points they add are the stages' sends and receives (several chunks per rank add transfers, a
+# split backward adds none), whatever each micro-batch computes
+TRANSFER_TERMS = ("pipeline", "multichunk")
 # FSDP2's layers: their cost is in the hooks around each wrapped module's forward and backward,
 # which skip the forward that activation checkpointing runs again inside backward (FSDP2's
 # pre-forward hook returns at once in the pre-backward state: the pre-backward hook has unsharded

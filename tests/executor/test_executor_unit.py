@@ -176,3 +176,31 @@ def test_module_layout_is_what_parallelize_addresses():
                  "layers.0.mlp.gate", "layers.0.mlp.up", "layers.0.mlp.down", "layers.0.attn_norm",
                  "layers.0.mlp_norm", "final_norm", "lm_head"):
         assert name in names
+
+
+def test_a_ranks_training_thread_gets_a_core_of_its_own_on_one_machine(monkeypatch):
+    """executor.hostload.pin_training_thread: local rank i on the i-th allowed core, only when the
+    job runs on this machine alone with no more ranks than cores; the calling thread only."""
+    import os
+    import threading
+
+    from executor.hostload import pin_training_thread
+
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("one core: nothing to pin to")
+
+    def in_thread(rank: int, local_world: int, world: int) -> tuple[int | None, list[int]]:
+        monkeypatch.setenv("LOCAL_RANK", str(rank))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world))
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        out: list = []
+        t = threading.Thread(target=lambda: out.extend([pin_training_thread(), sorted(os.sched_getaffinity(0))]))
+        t.start()
+        t.join()
+        return out[0], out[1]
+
+    assert in_thread(1, 2, 2) == (allowed[1], [allowed[1]])
+    assert in_thread(0, 2, 4) == (None, allowed)  # several nodes: their local ranks share cores here
+    assert in_thread(0, len(allowed) + 1, len(allowed) + 1) == (None, allowed)  # they time-share
+    assert sorted(os.sched_getaffinity(0)) == allowed  # this thread left as it was

@@ -1,0 +1,82 @@
+"""The copies FSDP2 runs beside its collectives, on the stream (or thread) that computes.
+
+FSDP2 (``fully_shard``, per-parameter sharding; torch.distributed.fsdp._fully_shard, torch 2.13)
+keeps every parameter as its own shard, so each all-gather and reduce-scatter of a module's
+parameters is wrapped in copies between the per-parameter tensors and one flat buffer:
+
+- all-gather copy-in (``foreach_all_gather``): the rank's shards copied into the flat input,
+  on the all-gather copy-in stream;
+- copy-out (``FSDPParamGroup.wait_for_unshard`` -> ``foreach_all_gather_copy_out``,
+  ``split_with_sizes_copy``): the gathered output copied into each parameter's unsharded storage,
+  on the current stream, the one that computes, which waits for it;
+- reduce-scatter copy-in (``foreach_reduce`` -> ``foreach_reduce_scatter_copy_in``,
+  ``chunk_cat``): the unsharded gradients copied into the reduce-scatter input, on the
+  reduce-scatter stream.
+
+Each reads and writes its bytes once. On a GPU only the copy-out is on the compute stream; on a
+CPU there are no streams and all three run on the training thread (measured with torch.profiler
+on ``scenarios/local-zero3-fit.yaml``, 2 ranks on gloo: ``fsdp::split_with_sizes_copy``,
+``fsdp::all_gather_copy_in`` and ``fsdp::chunk_cat`` took 25, 26 and 17 ms of its 0.45 s step).
+A micro-batch gathers a module before its forward and again before its backward; the forward
+that full recompute runs again inside backward does not gather (FSDP2's pre-forward hook returns
+at once in the pre-backward state; the executor's census counts two gathers per micro-batch).
+
+Flat-parameter implementations (FSDP1, DeepSpeed ZeRO-3, Megatron-FSDP) gather into the buffer
+the parameters are views of and copy nothing, so this applies to the plans that run FSDP2:
+torchtitan's (``framework: torchtitan``) and the executor's, whose CPU runs a gloo profile prices.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from simdist.analytic.compression import grad_wire_bytes, param_wire_bytes
+from simdist.analytic.ops import Compute
+from simdist.analytic.params import (
+    ParamCount,
+    embedding_params,
+    head_params,
+    layer_params,
+    routed_params,
+)
+from simdist.spec.frameworks import framework_of
+
+
+def runs_fsdp2(plan: Any, profile: Any) -> bool:
+    """Whether the plan's ZeRO-3 runs as FSDP2: torchtitan's, or the executor's (a profile
+    measured on gloo is the executor's CPU runs)."""
+    if plan.zero_stage != 3 or plan.axis_size(plan.shard_axis) <= 1 or plan.uses_parameter_servers:
+        return False
+    return framework_of(plan.framework).fsdp2 or (profile is not None and profile.backend == "gloo")
+
+
+def copy_ops(plan: Any, params: int, on_cpu: bool) -> tuple[tuple[Compute, ...], tuple[Compute, ...]]:
+    """The copies of one FSDP2 module holding ``params`` parameters on this rank (before
+    sharding) that run where it computes: (before its forward, before its backward)."""
+    unsharded = params * param_wire_bytes(plan)
+    out = Compute("fsdp2 copy-out", "memory", bytes=2 * unsharded)
+    if not on_cpu:
+        return (out,), (out,)
+    shard = Compute("fsdp2 copy-in", "memory", bytes=2 * unsharded / plan.axis_size(plan.shard_axis))
+    grads = Compute("fsdp2 grad copy-in", "memory", bytes=2 * params * grad_wire_bytes(plan, sharded=True))
+    return (shard, out), (shard, out, grads)
+
+
+def layer_params_on_rank(m: Any, plan: Any, moe: bool) -> int:
+    """One layer's parameters on one rank before sharding: dense ones split over tp, routed
+    experts over ep and etp (simdist.analytic.params.params_per_rank's rule)."""
+    whole = layer_params(m, moe)
+    if not moe:
+        return whole.per_tp_rank(plan.tp)
+    routed = routed_params(m)
+    dense = ParamCount(whole.sharded - routed.sharded, whole.replicated - routed.replicated)
+    return dense.per_tp_rank(plan.tp) + routed.per_tp_rank(plan.etp) // plan.ep
+
+
+def root_params_on_rank(m: Any, plan: Any, first: bool, last: bool) -> int:
+    """The embedding (first stage) and the LM head (last stage) on one rank: the root module
+    that FSDP2 gathers besides the layers."""
+    n = embedding_params(m).per_tp_rank(plan.tp) if first else 0
+    if last:
+        n += head_params(m, separate_copy=plan.pp > 1).per_tp_rank(plan.tp)
+    return n
