@@ -37,9 +37,8 @@ def pin_training_thread() -> int | None:
     among the cores the process may use) when the job runs on this machine alone and its ranks
     do not outnumber those cores, as CPU launchers bind each instance to its cores (PyTorch's
     ``torch.backends.xeon.run_cpu``, Intel's launcher). Unbound, Linux places the training threads
-    itself and, as they wake each other at every transfer, now and then on the same core: on 2
-    cores, 2-rank tiny-pp-1f1b runs waited 1.6-3.2 ms a step for a core in most runs unbound and
-    0.1-0.4 ms in most runs bound (12 and 8.6 ms median steps, 2026-11-28). Threads made before
+    itself and, as they wake each other at every sync point, now and then on the same core (on 2
+    cores, 2026-11-28: tiny-zero1 29-34 ms a step unbound, 12-15 ms bound). Threads made before
     (gloo's, at init_process_group and new_group) keep every core. Returns the core, or None
     when the thread is left unbound (more ranks than cores, several nodes, one core)."""
     try:
