@@ -236,10 +236,17 @@ def shard_experts(module: nn.Module, groups: ExpertGroups) -> None:
 
 
 def sync_expert_grads(modules: list[nn.Module], group: Any, dp: int) -> None:
-    """Sum the expert gradients over the expert-data-parallel group, divide by dp."""
-    for module in modules:
-        for name, p in module.named_parameters():
-            if "experts_" in name and p.grad is not None:
-                if group is not None:
-                    dist.all_reduce(p.grad, group=group)
-                p.grad.div_(dp)
+    """Sum the expert gradients over the expert-data-parallel group in one all-reduce of one
+    flat buffer (a bucket, as Megatron-Core's DDP keeps the expert gradients in their own buffer
+    and DDP buckets the dense ones; simdist.analytic.dp_groups prices it so), divide by dp."""
+    grads = [p.grad for module in modules for name, p in module.named_parameters()
+             if "experts_" in name and p.grad is not None]
+    if group is not None and grads:
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+    for g in grads:
+        g.div_(dp)

@@ -13,7 +13,7 @@ from simdist.analytic.collectives import Network, collective_time, layout_for_ax
 from simdist.analytic.context import kv_block_bytes
 from simdist.analytic.flops import model_flops_per_token
 from simdist.analytic.memory import model_state_bytes
-from simdist.analytic.moe import dispatch_bytes, wire_factor
+from simdist.analytic.moe import TOKEN_COUNTS, dispatch_bytes, wire_factor
 from simdist.analytic.params import (
     expert_params_per_rank,
     params_per_rank,
@@ -162,13 +162,35 @@ def test_sliding_window_and_mtp_flops():
 # --- dispatch ---------------------------------------------------------------------------------
 
 
+def test_dropless_alltoall_dispatch_gathers_the_token_counts_first():
+    """Megatron-Core's alltoall dispatcher (and the executor's) all-gathers every rank's tokens per
+    expert before the host reads them, once per MoE forward; the backward reuses the splits, a
+    padded (capacity) plan needs no counts, DeepEP's flex dispatch exchanges them in its kernel."""
+    def counts(ops):
+        return [op for op in ops if getattr(op, "name", "") == TOKEN_COUNTS]
+
+    moe = LayerKind(True, False)
+    sc = make("qwen3-30b-a3b", nodes=2, ep=16, global_batch_size=1024)
+    m, plan = sc.model, sc.plan
+    fwd = layer_ops(m, plan, "fwd", moe)
+    (op,) = counts(fwd)
+    assert (op.collective, op.axis, op.bytes) == ("allgather", "ep", 16 * m.num_experts * 8)
+    names = [getattr(o, "name", "") for o in fwd]
+    assert names.index(TOKEN_COUNTS) < names.index("dispatcher host sync") < names.index("alltoall ep dispatch")
+    assert counts(layer_ops(m, plan, "bwd", moe)) == []
+    flex = make("qwen3-30b-a3b", nodes=2, ep=16, global_batch_size=1024, moe_dispatcher="flex")
+    assert counts(layer_ops(flex.model, flex.plan, "fwd", moe)) == []
+    padded = make({"preset": "qwen3-30b-a3b", "moe_capacity_factor": 1.0}, nodes=2, ep=16, global_batch_size=1024)
+    assert counts(layer_ops(padded.model, padded.plan, "fwd", moe)) == []
+
+
 def test_dispatch_bytes_and_alltoall_on_the_topology():
     sc = make("qwen3-30b-a3b", nodes=2, ep=16, global_batch_size=1024)
     m, plan = sc.model, sc.plan
     ops = layer_ops(m, plan, "fwd", LayerKind(True, False))
     t = m.seq_length * plan.micro_batch_size
     assert dispatch_bytes(m, plan) == t * m.experts_per_token * m.hidden_size * 2
-    assert comm_bytes(ops, "ep") == 2 * dispatch_bytes(m, plan)  # dispatch + combine
+    assert comm_bytes(ops, "ep", "alltoall") == 2 * dispatch_bytes(m, plan)  # dispatch + combine
     net = Network.of(sc.cluster)
     g = layout_for_axis(sc.cluster, plan, "ep")
     one_node = layout_for_axis(make("qwen3-30b-a3b", nodes=1, ep=8).cluster, make("qwen3-30b-a3b", nodes=1, ep=8).plan, "ep")

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simdist.analytic.data_parallel import dp_traffic
+from simdist.analytic.dp_groups import data_parallel_traffic
 from simdist.analytic.ops import Comm, embedding_ops, head_ops
 from simdist.analytic.variants import layer_ops, recompute_ops
 from simdist.spec.layers import layer_kind
@@ -65,7 +65,7 @@ def sync_points(sc: Any, stage: int, fsdp2: bool = False) -> int:
     if plan.uses_parameter_servers:
         once += 2  # push the gradients, pull the parameters
     elif plan.dp > 1:
-        dp = dp_traffic(m, plan, stage, fsdp2=fsdp2)
+        dp = data_parallel_traffic(m, plan, stage, fsdp2)  # the dense and the expert parameters' calls
         per_mb += sum(c.calls for c in dp.fwd_gathers + dp.bwd_gathers + dp.microbatch_grad_sync)
         once += sum(c.calls for c in dp.step_grad_sync + dp.post_step_gathers)
     return plan.num_microbatches * per_mb + once

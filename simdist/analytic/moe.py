@@ -318,6 +318,9 @@ def expert_bias_ops(m: ModelSpec, plan: ParallelPlan, rows: float, experts: int,
                     bytes=passes * rows * m.hidden_size * plan.element_bytes, batch=per_expert * experts + more)]
 
 
+TOKEN_COUNTS = "allgather ep token counts"  # blocking, before the host reads them: never hidden
+
+
 def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
     """Router, permute, dispatch, local experts, combine, unpermute (items 1-5 of the module
     docstring), in forward order; backward runs the same steps with gradients, GEMMs twice."""
@@ -334,8 +337,12 @@ def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
     ops: list[Op] = []
     ops += _grouped("router", t, m.num_experts, h, 1, bwd, plan, fp8_plan=False)
     ops.append(_mem("router top-k" + suffix, scale * 3 * t * m.num_experts * 4))
-    if not bwd:  # dropless: the tokens per expert read on the host (simdist.analytic.host)
-        ops += [Compute("dispatcher host sync", "sync")] * host.syncs_per_forward(m, plan)
+    if not bwd and host.syncs_per_forward(m, plan):  # dropless: the tokens per expert read on the host
+        if ep > 1 and plan.moe_dispatcher == "alltoall":  # every rank's counts gathered first (the
+            # alltoall dispatcher's preprocess in Megatron-Core, gather_from_sequence_parallel_region
+            # over the tp x ep group; executor.moe's all_gather): tiny, its latency a sync point
+            ops.append(Comm(TOKEN_COUNTS, "allgather", "ep", ep * m.num_experts * 8))
+        ops += [Compute("dispatcher host sync", "sync")] * host.syncs_per_forward(m, plan)  # simdist.analytic.host
     ops.append(_mem("permute" + suffix, scale * (1 + k) * t * h * e))
     if ep > 1:
         if plan.moe_dispatcher == "allgather":

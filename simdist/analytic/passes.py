@@ -20,7 +20,13 @@ from simdist.analytic.collectives import (
 )
 from simdist.analytic.cost import CostModel
 from simdist.analytic.fsdp2 import copy_ops, runs_fsdp2
-from simdist.analytic.moe import dispatch_overlapped, overlap_stretch, paired_hidden, wire_factor
+from simdist.analytic.moe import (
+    TOKEN_COUNTS,
+    dispatch_overlapped,
+    overlap_stretch,
+    paired_hidden,
+    wire_factor,
+)
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.frozen import frozen
 from simdist.spec.plan import ParallelPlan
@@ -184,6 +190,9 @@ class OpTimer:
                     prev = op
                 continue
             t = self.comm(op)
+            if op.name == TOKEN_COUNTS:  # the host waits for it: exposed, not a dispatch to pair
+                ep += t
+                continue
             if op.axis == "ep":  # expert all-to-all: exposed unless another micro-batch hides it
                 ep += t
                 segments.append(compute + tp + cp - sum(segments))

@@ -152,6 +152,8 @@ def mtp_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
     return one * m.mtp_layers
 
 
-def comm_bytes(op_list: tuple[Op, ...], axis: str) -> float:
-    """Bytes of the collectives over ``axis`` in an op list (the S of each, summed)."""
-    return sum(op.bytes for op in op_list if isinstance(op, Comm) and op.axis == axis)
+def comm_bytes(op_list: tuple[Op, ...], axis: str, collective: str | None = None) -> float:
+    """Bytes of the collectives over ``axis`` in an op list (the S of each, summed), of one kind
+    (``collective``) or all."""
+    return sum(op.bytes for op in op_list if isinstance(op, Comm) and op.axis == axis
+               and collective in (None, op.collective))

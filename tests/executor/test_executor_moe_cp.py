@@ -25,6 +25,7 @@ from executor.launch import run_command  # noqa: E402
 from executor.model import build_model  # noqa: E402
 from executor.moe import MoE  # noqa: E402
 from executor.train import reference_losses  # noqa: E402
+from simdist.analytic.cpu_syncs import sync_points  # noqa: E402
 from simdist.analytic.memory import model_state_bytes  # noqa: E402
 from simdist.analytic.params import stage_layers, total_params  # noqa: E402
 from simdist.analytic.variants import comm_bytes, layer_ops  # noqa: E402
@@ -55,7 +56,7 @@ def simulated_alltoall_bytes(sc: Scenario) -> float:
     micro-batch of a step (balanced routing), averaged over the stages as the measurement
     averages over the ranks (every stage has as many)."""
     m, plan = sc.model, sc.plan
-    per_stage = [sum(comm_bytes(layer_ops(m, plan, phase, layer_kind(m, i)), "ep")
+    per_stage = [sum(comm_bytes(layer_ops(m, plan, phase, layer_kind(m, i)), "ep", "alltoall")
                      for i in stage_layers(m, plan, s) for phase in ("fwd", "bwd")) for s in range(plan.pp)]
     return sum(per_stage) / plan.pp * plan.num_microbatches
 
@@ -71,6 +72,15 @@ def test_expert_parallel_runs_match_one_process_and_the_simulator(tmp_path, name
         assert (r["params"], r["grads"], r["optimizer"]) == (want["params"], want["grads"], want["optimizer"])
     # the mean over ranks of what each sends (uneven per rank, exact summed over the group)
     assert m["comm_bytes_per_step"]["all_to_all"] == pytest.approx(simulated_alltoall_bytes(sc), rel=1e-12)
+    # the sync points of a rank without a pipeline, as the simulator counts them: per MoE layer and
+    # micro-batch the token counts' all-gather, dispatch and combine forward and backward; the
+    # dense gradients' bucket and the experts' (one flat buffer over their own group, when it has
+    # more than one rank) once a step
+    if sc.plan.pp == 1:
+        (census,) = [c for c in m["collectives_per_rank"] if c["rank"] == 0]
+        calls = sum(v["count"] for v in census.values() if isinstance(v, dict))
+        assert calls == sync_points(sc, 0, fsdp2=True)
+        assert census["all_reduce"]["count"] == 1 + (sc.plan.dp * sc.plan.cp // sc.plan.ep > 1)
 
 
 @pytest.mark.distributed
