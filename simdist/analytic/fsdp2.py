@@ -42,12 +42,16 @@ from simdist.analytic.params import (
 from simdist.spec.frameworks import framework_of
 
 
+def on_cpu(profile: Any) -> bool:
+    """A profile measured on gloo: the executor's CPU runs, one thread per rank, no streams."""
+    return profile is not None and profile.backend == "gloo"
+
+
 def runs_fsdp2(plan: Any, profile: Any) -> bool:
-    """Whether the plan's ZeRO-3 runs as FSDP2: torchtitan's, or the executor's (a profile
-    measured on gloo is the executor's CPU runs)."""
+    """Whether the plan's ZeRO-3 runs as FSDP2: torchtitan's, or the executor's (:func:`on_cpu`)."""
     if plan.zero_stage != 3 or plan.axis_size(plan.shard_axis) <= 1 or plan.uses_parameter_servers:
         return False
-    return framework_of(plan.framework).fsdp2 or (profile is not None and profile.backend == "gloo")
+    return framework_of(plan.framework).fsdp2 or on_cpu(profile)
 
 
 def copy_ops(plan: Any, params: int, on_cpu: bool) -> tuple[tuple[Compute, ...], tuple[Compute, ...]]:

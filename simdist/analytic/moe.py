@@ -337,12 +337,13 @@ def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
     ops: list[Op] = []
     ops += _grouped("router", t, m.num_experts, h, 1, bwd, plan, fp8_plan=False)
     ops.append(_mem("router top-k" + suffix, scale * 3 * t * m.num_experts * 4))
-    if not bwd and host.syncs_per_forward(m, plan):  # dropless: the tokens per expert read on the host
+    reads = 0 if bwd else host.syncs_per_forward(m, plan)  # dropless: the tokens per expert read on the host
+    if reads:
         if ep > 1 and plan.moe_dispatcher == "alltoall":  # every rank's counts gathered first (the
             # alltoall dispatcher's preprocess in Megatron-Core, gather_from_sequence_parallel_region
             # over the tp x ep group; executor.moe's all_gather): tiny, its latency a sync point
             ops.append(Comm(TOKEN_COUNTS, "allgather", "ep", ep * m.num_experts * 8))
-        ops += [Compute("dispatcher host sync", "sync")] * host.syncs_per_forward(m, plan)  # simdist.analytic.host
+        ops += [Compute("dispatcher host sync", "sync")] * reads  # simdist.analytic.host
     ops.append(_mem("permute" + suffix, scale * (1 + k) * t * h * e))
     if ep > 1:
         if plan.moe_dispatcher == "allgather":

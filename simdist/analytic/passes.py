@@ -19,7 +19,7 @@ from simdist.analytic.collectives import (
     layout_for_axis,
 )
 from simdist.analytic.cost import CostModel
-from simdist.analytic.fsdp2 import copy_ops, runs_fsdp2
+from simdist.analytic.fsdp2 import copy_ops, on_cpu, runs_fsdp2
 from simdist.analytic.moe import (
     TOKEN_COUNTS,
     dispatch_overlapped,
@@ -109,8 +109,7 @@ class OpTimer:
         fsdp2: the copy-out on a GPU, every copy on a CPU); nothing for other plans."""
         if not self.fsdp2 or params <= 0:
             return ZERO_PASS, ZERO_PASS
-        fwd, bwd = copy_ops(self.sc.plan, params, on_cpu=self.cost.profile is not None
-                            and self.cost.profile.backend == "gloo")
+        fwd, bwd = copy_ops(self.sc.plan, params, on_cpu=on_cpu(self.cost.profile))
         return self.passes(fwd), self.passes(bwd)
 
     def _slowdown(self, userbuffers: str | None) -> float:
