@@ -43,8 +43,9 @@ def pin_training_thread() -> int | None:
     when the thread is left unbound (more ranks than cores, several nodes, one core)."""
     try:
         allowed = sorted(os.sched_getaffinity(0))
-        local_rank, local_world, world = (int(os.environ.get(k, "1" if k != "LOCAL_RANK" else "0"))
-                                          for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        world = int(os.environ.get("WORLD_SIZE", str(local_world)))
         if len(allowed) < 2 or world != local_world or local_world > len(allowed):
             return None
         core = allowed[local_rank]

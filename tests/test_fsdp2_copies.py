@@ -9,6 +9,7 @@ from simdist.analytic.collectives import Network
 from simdist.analytic.cost import CostModel
 from simdist.analytic.data_parallel import dp_traffic, param_gathers_per_microbatch
 from simdist.analytic.fsdp2 import copy_ops, layer_params_on_rank, root_params_on_rank, runs_fsdp2
+from simdist.analytic.offload import offload_traffic
 from simdist.analytic.params import layer_params, params_per_rank
 from simdist.analytic.passes import OpTimer
 from simdist.predict import predict
@@ -34,6 +35,8 @@ def test_who_runs_fsdp2():
         assert not runs_fsdp2(llama(framework).plan, None), framework
     assert runs_fsdp2(llama(None).plan, gloo_profile())  # the executor's CPU runs
     assert not runs_fsdp2(llama("torchtitan", zero_stage=1).plan, None)
+    # context-parallel ranks hold the same weights: FSDP shards over dp x cp (memory.shard_group)
+    assert runs_fsdp2(llama("torchtitan", dp=1, cp=8).plan, None)
 
 
 def test_copies_read_and_write_the_module_once_each():
@@ -77,9 +80,12 @@ def test_copy_out_joins_the_compute_of_torchtitan_fsdp():
 def test_fsdp2_does_not_gather_again_for_the_recomputed_forward():
     plan = llama("torchtitan").plan
     assert plan.recompute == "full"
-    assert param_gathers_per_microbatch(plan) == 2
-    assert param_gathers_per_microbatch(llama(None).plan) == 3
-    assert param_gathers_per_microbatch(llama(None).plan, fsdp2=True) == 2
+    assert param_gathers_per_microbatch(plan, runs_fsdp2(plan, None)) == 2
+    assert param_gathers_per_microbatch(llama(None).plan, runs_fsdp2(llama(None).plan, None)) == 3
+    offloaded = load_scenario(SCENARIOS / "llama2-70b-zero3-offload-2xa100.yaml")  # full recompute
+    for framework, gathers in (("torchtitan", 2), (None, 3)):  # parameter offload fetches as often
+        plan = replace(offloaded.plan, framework=framework)
+        assert offload_traffic(offloaded.model, plan, offloaded.cluster, 0).gathers == gathers, framework
     sc = llama(None)
     once = dp_traffic(sc.model, sc.plan, 0, fsdp2=True).step_bytes(sc.plan.num_microbatches)
     twice = dp_traffic(sc.model, sc.plan, 0).step_bytes(sc.plan.num_microbatches)

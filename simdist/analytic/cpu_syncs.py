@@ -13,14 +13,15 @@ simdist.analytic.timeshare.competing_ranks). So each sync point costs about
 with more ranks than cores (``coschedule_wait_s``: the wait of a sync point when no peer is
 running; 3.1 ms fitted on the 2-core machine this was written on, about two slices: a collective
 waits for every member of its group, and a woken peer then finishes its own part first).
-The waits add up over the step's sync points; gloo's collectives and point-to-point transfers
-are each one (measured on the shared 2-core machine this was written on: 0.9-1.7 ms of
-unexplained wait per collective call at 4 ranks on 2 cores, against 0.1-0.3 ms at 2 ranks).
+The waits add up over the step's sync points: each of gloo's collectives (measured on the
+shared 2-core machine this was written on: 0.9-1.7 ms of unexplained wait per collective call at
+4 ranks on 2 cores, against 0.1-0.3 ms at 2 ranks), and of a point-to-point transfer the
+receive (gloo sends a small message without its peer running).
 
 The count follows the op lists the model times: the TP, CP and expert-parallel collectives of
-every layer's forward and backward (and recompute) per micro-batch, the pipeline's sends and
-receives of each chunk per micro-batch, the data-parallel collectives (simdist.analytic.
-data_parallel) and a parameter server's push and pull.
+every layer's forward and backward (and recompute) per micro-batch, the pipeline's receives of
+each chunk per micro-batch, the dense and expert data-parallel collectives (simdist.analytic.
+dp_groups) and a parameter server's push and pull.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _comms(ops: tuple) -> int:
 
 
 def sync_points(sc: Any, stage: int, fsdp2: bool = False) -> int:
-    """Collectives and point-to-point transfers one rank of ``stage`` takes part in per step
+    """Collectives and point-to-point receives one rank of ``stage`` takes part in per step
     (``fsdp2``: ZeRO-3 runs as FSDP2, simdist.analytic.fsdp2.runs_fsdp2)."""
     m, plan = sc.model, sc.plan
     chunks = stage_layer_ranges(m.num_layers, plan.pp, plan.virtual_pipeline_stages)[stage]

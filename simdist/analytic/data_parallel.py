@@ -41,13 +41,12 @@ def zero3_modules_per_layer(m: ModelSpec) -> int:
     return 4 + (3 if m.mlp == "swiglu" else 2)
 
 
-def param_gathers_per_microbatch(plan: ParallelPlan, fsdp2: bool = False) -> int:
+def param_gathers_per_microbatch(plan: ParallelPlan, fsdp2: bool) -> int:
     """Times a micro-batch needs each layer's full parameters (ZeRO-3 / FSDP gathers, parameter
     offload uploads): its forward, its backward, and the recomputed forward under full
-    recompute, except under FSDP2 (``fsdp2``, or the plan's framework), whose pre-forward hook
-    does not gather again in the pre-backward state (simdist.analytic.fsdp2)."""
-    again = plan.recompute == "full" and not (fsdp2 or framework_of(plan.framework).fsdp2)
-    return 3 if again else 2
+    recompute, except under FSDP2 (``fsdp2``: simdist.analytic.fsdp2.runs_fsdp2), whose
+    pre-forward hook does not gather again in the pre-backward state."""
+    return 3 if plan.recompute == "full" and not fsdp2 else 2
 
 
 @frozen(slots=True)

@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from simdist.analytic.compression import grad_wire_bytes, param_wire_bytes
+from simdist.analytic.memory import shard_group
 from simdist.analytic.ops import Compute
 from simdist.analytic.params import (
     ParamCount,
@@ -40,16 +41,13 @@ from simdist.analytic.params import (
     routed_params,
 )
 from simdist.spec.frameworks import framework_of
-
-
-def on_cpu(profile: Any) -> bool:
-    """A profile measured on gloo: the executor's CPU runs, one thread per rank, no streams."""
-    return profile is not None and profile.backend == "gloo"
+from simdist.spec.profile import on_cpu
 
 
 def runs_fsdp2(plan: Any, profile: Any) -> bool:
-    """Whether the plan's ZeRO-3 runs as FSDP2: torchtitan's, or the executor's (:func:`on_cpu`)."""
-    if plan.zero_stage != 3 or plan.axis_size(plan.shard_axis) <= 1 or plan.uses_parameter_servers:
+    """Whether the plan's ZeRO-3 runs as FSDP2: torchtitan's, or the executor's (a gloo profile,
+    :func:`simdist.spec.profile.on_cpu`)."""
+    if plan.zero_stage != 3 or shard_group(plan) <= 1 or plan.uses_parameter_servers:
         return False
     return framework_of(plan.framework).fsdp2 or on_cpu(profile)
 
@@ -61,7 +59,7 @@ def copy_ops(plan: Any, params: int, on_cpu: bool) -> tuple[tuple[Compute, ...],
     out = Compute("fsdp2 copy-out", "memory", bytes=2 * unsharded)
     if not on_cpu:
         return (out,), (out,)
-    shard = Compute("fsdp2 copy-in", "memory", bytes=2 * unsharded / plan.axis_size(plan.shard_axis))
+    shard = Compute("fsdp2 copy-in", "memory", bytes=2 * unsharded / shard_group(plan))
     grads = Compute("fsdp2 grad copy-in", "memory", bytes=2 * params * grad_wire_bytes(plan, sharded=True))
     return (shard, out), (shard, out, grads)
 

@@ -53,7 +53,7 @@ from collections.abc import Iterable
 
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
-from simdist.spec.profile import CalibrationProfile
+from simdist.spec.profile import CalibrationProfile, on_cpu
 
 SYNC_ROUND_TRIP_S = 10e-6
 HOST_ISSUE_S = 11e-6
@@ -89,6 +89,6 @@ def drain_gap(overlapped: bool, profile: CalibrationProfile | None = None) -> fl
     none when another micro-batch's kernels are queued beside it (``overlapped``: the dispatch
     paired with another micro-batch's pass) or on CPUs under a gloo profile (the host runs the
     ops itself: there is no queue to drain)."""
-    if overlapped or (profile is not None and profile.backend == "gloo"):
+    if overlapped or on_cpu(profile):
         return 0.0
     return DISPATCHER_GAP_S

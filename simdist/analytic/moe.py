@@ -45,7 +45,7 @@ from simdist.spec.cluster import ClusterSpec
 from simdist.spec.frameworks import expert_bias
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
-from simdist.spec.profile import CalibrationProfile
+from simdist.spec.profile import CalibrationProfile, on_cpu
 
 
 def active_ffn_flops_per_token(m: ModelSpec) -> float:
@@ -162,7 +162,7 @@ def overlap_stretch(plan: ParallelPlan, cluster: ClusterSpec, profile: Calibrati
     CPUs under a gloo profile only the SM share applies (no HBM is shared)."""
     c = dispatcher_sms(plan, cluster)
     share = c / max(1, cluster.gpu.sms - c)
-    if (profile is not None and profile.backend == "gloo") or not plan.ep_comm_overlap:
+    if on_cpu(profile) or not plan.ep_comm_overlap:
         return share
     return max(share, OVERLAP_STRETCH)
 

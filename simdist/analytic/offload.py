@@ -9,6 +9,7 @@ from __future__ import annotations
 from simdist.analytic.collectives import LINK_EFFICIENCY, node_gpus
 from simdist.analytic.cost import cpu_optimizer_time
 from simdist.analytic.data_parallel import param_gathers_per_microbatch
+from simdist.analytic.fsdp2 import runs_fsdp2
 from simdist.analytic.memory import optimizer_shard_params, state_bytes
 from simdist.analytic.overlap import grad_buckets
 from simdist.analytic.params import params_per_rank, stage_num_layers
@@ -43,6 +44,7 @@ class OffloadTraffic:
     cpu_params_node: float = 0.0  # parameters the node's CPU updates per step
     gather_chunks: int = 1  # parameter fetches are prefetched layer by layer
     down_buckets: int = 1  # pcie_down_per_step goes down in the gradient buckets (overlap.grad_buckets)
+    gathers: int = 2  # parameter fetches per micro-batch: forward, backward (and a recomputed forward)
 
     @property
     def used(self) -> bool:
@@ -77,8 +79,9 @@ def offload_traffic(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, stag
         if off.optimizer == "nvme":
             # fp32 master + optimizer states + fp32 gradient read in and written back per step
             nvme_step = 2 * shard * gpn * (b.optimizer + 4.0)
+    # the executor refuses offload, so only a framework runs it as FSDP2 (FSDP2's CPUOffloadPolicy)
+    gathers = param_gathers_per_microbatch(plan, runs_fsdp2(plan, None))
     if off.params != "none":
-        gathers = param_gathers_per_microbatch(plan)
         up_mb = gathers * pshard * pb
         if off.optimizer == "none":
             down_step += pshard * pb  # the GPU optimizer's updated 16-bit shard goes back
@@ -86,7 +89,7 @@ def offload_traffic(m: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, stag
             nvme_mb = gathers * pshard * pb * gpn
             nvme_step += pshard * pb * gpn  # updated parameters written once
     return OffloadTraffic(down_mb, down_step, up_mb, up_step, nvme_mb, nvme_step, cpu, layers,
-                          grad_buckets(down_step, plan))
+                          grad_buckets(down_step, plan), gathers)
 
 
 @frozen(slots=True)

@@ -22,7 +22,7 @@ from simdist.spec.frameworks import (
     framework_of,
 )
 from simdist.spec.plan import ParallelPlan
-from simdist.spec.profile import CalibrationProfile
+from simdist.spec.profile import CalibrationProfile, on_cpu
 
 
 def bucket_bytes(plan: ParallelPlan) -> float:
@@ -137,7 +137,7 @@ def compute_slowdown(profile: CalibrationProfile | None) -> float:
     """The slowdown of compute beside a collective for a scenario priced with ``profile``: none
     under a profile measured with gloo on CPUs (no SMs are shared), else NCCL's
     (:data:`OVERLAP_COMPUTE_SLOWDOWN`)."""
-    return 0.0 if profile is not None and profile.backend == "gloo" else OVERLAP_COMPUTE_SLOWDOWN
+    return 0.0 if on_cpu(profile) else OVERLAP_COMPUTE_SLOWDOWN
 
 
 def chunked_buckets_exposed(t_bucket: float, groups: Sequence[tuple[float, float, int]]) -> float:

@@ -19,7 +19,7 @@ from simdist.analytic.collectives import (
     layout_for_axis,
 )
 from simdist.analytic.cost import CostModel
-from simdist.analytic.fsdp2 import copy_ops, on_cpu, runs_fsdp2
+from simdist.analytic.fsdp2 import copy_ops, runs_fsdp2
 from simdist.analytic.moe import (
     TOKEN_COUNTS,
     dispatch_overlapped,
@@ -30,7 +30,7 @@ from simdist.analytic.moe import (
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.frozen import frozen
 from simdist.spec.plan import ParallelPlan
-from simdist.spec.profile import HOOK_LAYERS, TRANSFER_TERMS, profile_layers, wait_keys
+from simdist.spec.profile import HOOK_LAYERS, TRANSFER_TERMS, on_cpu, profile_layers, wait_keys
 from simdist.spec.scenario import Scenario
 
 

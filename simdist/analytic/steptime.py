@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from simdist.analytic.collectives import Network
 from simdist.analytic.cost import CostModel
-from simdist.analytic.data_parallel import DataParallelTimes, dp_times, param_gathers_per_microbatch
+from simdist.analytic.data_parallel import DataParallelTimes, dp_times
 from simdist.analytic.dualpipe import dualpipe_time
 from simdist.analytic.overlap import bucketed_exposed, prefetch_exposed
 from simdist.analytic.param_server import async_staleness_steps
@@ -96,7 +96,7 @@ def offload_per_microbatch(s: StageDescription, plan: ParallelPlan, t_fwd: float
         combined = max(dp.bwd_exposed, prefetch_exposed(down, chunks, t_bwd), rs_tail + down / chunks)
         extra += combined - dp.bwd_exposed
     if t.up_per_microbatch:
-        gathers = param_gathers_per_microbatch(plan)
+        gathers = tr.gathers
         up_f, up_b = t.up_per_microbatch / gathers, t.up_per_microbatch * (gathers - 1) / gathers
         f = max(dp.fwd_exposed, prefetch_exposed(up_f, chunks, t_fwd), (up_f + dp.gather_fwd) / chunks)
         b = max(dp.bwd_exposed, prefetch_exposed(up_b, chunks, t_bwd))

@@ -24,6 +24,7 @@ from simdist.analytic.collectives import CommContext, Network, grid
 from simdist.analytic.cost import CostModel
 from simdist.analytic.data_parallel import DataParallelTraffic
 from simdist.analytic.flops import model_flops_per_step
+from simdist.analytic.fsdp2 import runs_fsdp2
 from simdist.analytic.memory import model_state_bytes, stage_memory
 from simdist.analytic.runtime_memory import runtime_memory
 from simdist.analytic.stage import ModelPasses, StepDescription, describe, model_passes, stage_sync
@@ -37,7 +38,6 @@ from simdist.search.results import PlanResult
 from simdist.search.space import Candidate, Constraints, Enumeration, candidate_of
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.consistency import own_problems
-from simdist.spec.frameworks import framework_of
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan, unchecked_replace
 from simdist.spec.profile import CalibrationProfile
@@ -214,12 +214,12 @@ class Evaluator:
         slow-downs), and whether a DualPipe schedule hides the expert all-to-all. A calibration
         profile's per-layer terms follow the software layers, which read the schedule, the
         chunks and the ZeRO stage too (simdist.spec.profile.profile_layers): with one, nothing
-        is shared. FSDP2's copies join a ZeRO-3 plan's passes (simdist.analytic.fsdp2)."""
+        is shared."""
         key = (plan.micro_batch_size, plan.sequence_parallel, plan.recompute, plan.dualpipe, *grid(plan))
         if self.cost.profile is not None:
             key += (plan.schedule, plan.virtual_pipeline_stages, plan.zero_stage)
-        elif framework_of(plan.framework).fsdp2:
-            key += (plan.zero_stage,)
+        else:  # FSDP2's copies join the passes of the plans that run it (simdist.analytic.fsdp2)
+            key += (runs_fsdp2(plan, None),)
         return key
 
     def des(self, plan: ParallelPlan) -> Prediction:

@@ -51,7 +51,6 @@ from simdist.analytic.collectives import CollectiveCall, node_gpus
 from simdist.analytic.data_parallel import (
     DataParallelTraffic,
     contention_stretch,
-    param_gathers_per_microbatch,
 )
 from simdist.analytic.ops import Comm, Op
 from simdist.analytic.passes import ZERO_PASS, PassTime
@@ -207,7 +206,7 @@ def _offload_work(plan: ParallelPlan, gpn: int, s: StageDescription) -> dict[str
     up = xfer(f"parameters from {plan.offload.params}", ("pcie_up", t.pcie_up_per_microbatch),
               ("nvme", t.nvme_per_microbatch / gpn))
     if up is not None:  # one forward gather and (gathers - 1) in backward, per layer
-        gathers = param_gathers_per_microbatch(plan)
+        gathers = s.offload.gathers
         out["up_fwd_per_layer"] = up.scaled(1 / (gathers * layers))
         out["up_bwd_per_layer"] = up.scaled((gathers - 1) / (gathers * layers))
     nvme_step = t.nvme_per_step / gpn

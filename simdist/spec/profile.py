@@ -208,6 +208,12 @@ def _below_smallest(points: list[tuple[float, float]], size: float) -> float:
     return max(size, 1.0) / (fixed + slope * max(size, 1.0))
 
 
+def on_cpu(profile: CalibrationProfile | None) -> bool:
+    """Whether ``profile`` was measured with gloo: the executor's CPU runs, one training thread
+    per rank doing everything itself (no streams, no SMs, no queue of kernels)."""
+    return profile is not None and profile.backend == "gloo"
+
+
 def local_processes(scenario: Any) -> int:
     """Processes a run of ``scenario`` starts on one machine: every rank of a local cluster
     (its "nodes" are torchrun agents on this host), plus the parameter servers."""
