@@ -36,7 +36,7 @@ import torch
 
 from executor.checks import as_run
 from executor.faults import read_events
-from executor.hostload import training_thread_cpus
+from executor.hostload import training_thread_cpus, transport_threads
 from executor.timeline import timeline_of
 from simdist.spec.measurement import Measurement
 from simdist.spec.scenario import Scenario
@@ -195,6 +195,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "torch_num_threads": torch.get_num_threads(),
         "training_thread_cpus": training_thread_cpus(),  # executor.hostload.pin_training_thread
+        "gloo_transport_threads": transport_threads(),  # executor.hostload.idle_transport_threads
     }
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)

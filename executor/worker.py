@@ -197,7 +197,7 @@ class Worker:
         m, plan = scenario.model, scenario.plan
         self.reports_progress = plan_rank == plan.world_size - 1
         if device.type == "cpu":
-            pin_training_thread()  # after every process group: gloo's threads keep every core
+            pin_training_thread()  # after every process group: gloo's threads keep every core, its transport idles
         tracer = Tracer(self.args.trace, self.rank, cuda=device.type == "cuda")
         probe = StepProbe(pm, cuda=device.type == "cuda", tracer=tracer)
         warmup, steps, total = self.args.warmup, self.args.steps, self.total_steps()

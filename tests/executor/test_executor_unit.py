@@ -204,3 +204,45 @@ def test_a_ranks_training_thread_gets_a_core_of_its_own_on_one_machine(monkeypat
     assert in_thread(0, 2, 4) == (None, allowed)  # several nodes: their local ranks share cores here
     assert in_thread(0, len(allowed) + 1, len(allowed) + 1) == (None, allowed)  # they time-share
     assert sorted(os.sched_getaffinity(0)) == allowed  # this thread left as it was
+
+
+def test_gloos_transport_threads_yield_to_the_training_threads():
+    """executor.hostload.idle_transport_threads: a thread named as gloo's TCP loop gets the idle
+    policy, other threads keep theirs, and transport_threads counts both (what the measurement
+    records)."""
+    import ctypes
+    import ctypes.util
+    import os
+    import threading
+
+    from executor.hostload import GLOO_TRANSPORT_THREAD, idle_transport_threads, transport_threads
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    if not hasattr(os, "SCHED_IDLE") or not os.path.isdir("/proc/self/task"):
+        pytest.skip("no Linux scheduling policies here")
+    ready, stop, tids = threading.Event(), threading.Event(), {}
+
+    def named(name: str) -> None:
+        libc.prctl(15, name.encode(), 0, 0, 0)  # PR_SET_NAME: the thread's comm, as gloo names its loop
+        tids[name] = threading.get_native_id()
+        if len(tids) == 2:
+            ready.set()
+        stop.wait(10)
+
+    threads = [threading.Thread(target=named, args=(n,)) for n in (GLOO_TRANSPORT_THREAD, "pt_gloo_runloop")]
+    for t in threads:
+        t.start()
+    try:
+        assert ready.wait(10)
+        before = transport_threads()
+        assert before["threads"] >= 1 and before["idle"] == 0
+        assert idle_transport_threads() == before["threads"]
+        assert os.sched_getscheduler(tids[GLOO_TRANSPORT_THREAD]) == os.SCHED_IDLE
+        assert os.sched_getscheduler(tids["pt_gloo_runloop"]) == os.SCHED_OTHER
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller (the training thread) untouched
+        after = transport_threads()
+        assert after == {"threads": before["threads"], "idle": before["threads"]}
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
