@@ -43,9 +43,8 @@ def pin_training_thread() -> int | None:
     ``torch.backends.xeon.run_cpu``, Intel's launcher). Unbound, Linux places the training threads
     itself and, as they wake each other at every sync point, now and then on the same core (on 2
     cores, 2026-11-28: tiny-zero1 29-34 ms a step unbound, 12-15 ms bound). Threads made before
-    (gloo's, at init_process_group and new_group) keep every core, and gloo's transport threads
-    get the idle policy (:func:`idle_transport_threads`). Returns the core, or None when the
-    thread is left unbound (more ranks than cores, several nodes, one core)."""
+    (gloo's, at init_process_group and new_group) keep every core. Returns the core, or None
+    when the thread is left unbound (more ranks than cores, several nodes, one core)."""
     try:
         allowed = sorted(os.sched_getaffinity(0))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -57,7 +56,6 @@ def pin_training_thread() -> int | None:
         os.sched_setaffinity(0, {core})  # pid 0: the calling thread only
     except (AttributeError, OSError, ValueError, IndexError):
         return None
-    idle_transport_threads()
     return core
 
 
@@ -75,12 +73,13 @@ def idle_transport_threads() -> int:
     its core (``core_wait``) step by step, 0.3-10.8 ms, and the steps spread 8-19 ms. Under
     ``SCHED_IDLE`` the transport thread runs only where no training thread is runnable, so the
     lock holder always runs first; it still gets a core as soon as a rank waits, which is when a
-    transfer's data is needed. A/B, two runs each, 80-100 steps: tiny-pp-1f1b median 8.1-14.1 ->
-    8.4-8.6 ms, tiny-pp-interleaved 20.1-21.5 -> 12.5-13.4 ms, tiny-llama-tp 115-148 -> 110-115
-    ms; tiny-ddp, tiny-fsdp3, tiny-moe-ep, tiny-pp-gpipe and tiny-zero1 within their spread.
-    Called only with the training threads bound (:func:`pin_training_thread`): ranks that
-    time-share the cores keep every core busy, and an idle-policy thread would wait for all of
-    them."""
+    transfer's data is needed. A/B on 2 cores (2026-11-28, two runs each): with the training
+    threads bound, tiny-pp-1f1b median 8.1-14.1 -> 8.4-8.6 ms a step, tiny-pp-interleaved
+    20.1-21.5 -> 12.5-13.4 ms, tiny-llama-tp 115-148 -> 110-115 ms; with ranks time-sharing the
+    cores, tiny-cp (4 ranks) 84 -> 43 ms, tiny-moe-ep-dp 67-69 -> 47-50 ms, tiny-hsdp 105 -> 79 ms,
+    tiny-2d-pp-tp 174-176 -> 112-132 ms, tiny-3d (8 ranks) 358 -> 294 ms; tiny-ddp, tiny-fsdp3,
+    tiny-moe-ep, tiny-pp-gpipe, tiny-zero1 and the parameter-server plans within their spread.
+    Called by every CPU process once its process groups exist (their transport threads too)."""
     count = 0
     try:
         tasks = os.listdir("/proc/self/task")

@@ -57,7 +57,7 @@ from executor.faults import (
     pid_path,
     result_path,
 )
-from executor.hostload import pin_training_thread
+from executor.hostload import idle_transport_threads, pin_training_thread
 from executor.measure import CollectiveCensus, StepProbe
 from executor.report import assemble
 from executor.timeline import Tracer
@@ -196,8 +196,9 @@ class Worker:
               group: dist.ProcessGroup | None, servers: int) -> None:
         m, plan = scenario.model, scenario.plan
         self.reports_progress = plan_rank == plan.world_size - 1
-        if device.type == "cpu":
-            pin_training_thread()  # after every process group: gloo's threads keep every core, its transport idles
+        if device.type == "cpu":  # after every process group: gloo's threads keep every core
+            pin_training_thread()
+            idle_transport_threads()
         tracer = Tracer(self.args.trace, self.rank, cuda=device.type == "cuda")
         probe = StepProbe(pm, cuda=device.type == "cuda", tracer=tracer)
         warmup, steps, total = self.args.warmup, self.args.steps, self.total_steps()
@@ -277,6 +278,7 @@ class Worker:
     def serve(self, scenario: Scenario, server: Any, index: int, device: torch.device, backend: str) -> None:
         total = self.total_steps()
         ckpt = self.checkpointer()
+        idle_transport_threads()  # a server is a CPU process on gloo
         state = TrainState(self.rank, server.shard, server.optimizer, key=f"server{index}")
         start, _ = self.resume(ckpt, state)
         server.send_initial()
