@@ -79,7 +79,7 @@ def idle_transport_threads() -> int:
     cores, tiny-cp (4 ranks) 84 -> 43 ms, tiny-moe-ep-dp 67-69 -> 47-50 ms, tiny-hsdp 105 -> 79 ms,
     tiny-2d-pp-tp 174-176 -> 112-132 ms, tiny-3d (8 ranks) 358 -> 294 ms; tiny-ddp, tiny-fsdp3,
     tiny-moe-ep, tiny-pp-gpipe, tiny-zero1 and the parameter-server plans within their spread.
-    Called by every CPU process once its process groups exist (their transport threads too)."""
+    Called by every CPU process once its process groups exist (:func:`settle_cpu_threads`)."""
     count = 0
     try:
         tasks = os.listdir("/proc/self/task")
@@ -94,6 +94,15 @@ def idle_transport_threads() -> int:
             continue
         count += 1
     return count
+
+
+def settle_cpu_threads(training: bool = True) -> int | None:
+    """Once a CPU process's process groups exist: its training thread on a core of its own when
+    it trains (:func:`pin_training_thread`), gloo's transport threads under the idle policy
+    (:func:`idle_transport_threads`). Returns the training thread's core, or None."""
+    core = pin_training_thread() if training else None
+    idle_transport_threads()
+    return core
 
 
 def transport_threads() -> dict[str, int]:

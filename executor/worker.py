@@ -57,7 +57,7 @@ from executor.faults import (
     pid_path,
     result_path,
 )
-from executor.hostload import idle_transport_threads, pin_training_thread
+from executor.hostload import settle_cpu_threads
 from executor.measure import CollectiveCensus, StepProbe
 from executor.report import assemble
 from executor.timeline import Tracer
@@ -105,9 +105,8 @@ class Worker:
         self.phase = phase
         if step is not None:
             self.step = step
-        write_json_atomic(heartbeat_path(self.run_dir, self.rank),
-                          {"rank": self.rank, "step": self.step, "phase": phase, "time": time.time(),
-                           "attempt": self.attempt})
+        write_json_atomic(heartbeat_path(self.run_dir, self.rank), {"rank": self.rank, "step": self.step,
+                          "phase": phase, "time": time.time(), "attempt": self.attempt})
 
     def event(self, name: str, **extra: Any) -> None:
         append_event(self.run_dir, {"event": name, "rank": self.rank, "attempt": self.attempt,
@@ -197,8 +196,7 @@ class Worker:
         m, plan = scenario.model, scenario.plan
         self.reports_progress = plan_rank == plan.world_size - 1
         if device.type == "cpu":  # after every process group: gloo's threads keep every core
-            pin_training_thread()
-            idle_transport_threads()
+            settle_cpu_threads()
         tracer = Tracer(self.args.trace, self.rank, cuda=device.type == "cuda")
         probe = StepProbe(pm, cuda=device.type == "cuda", tracer=tracer)
         warmup, steps, total = self.args.warmup, self.args.steps, self.total_steps()
@@ -278,7 +276,7 @@ class Worker:
     def serve(self, scenario: Scenario, server: Any, index: int, device: torch.device, backend: str) -> None:
         total = self.total_steps()
         ckpt = self.checkpointer()
-        idle_transport_threads()  # a server is a CPU process on gloo
+        settle_cpu_threads(training=False)  # a server: a CPU process on gloo
         state = TrainState(self.rank, server.shard, server.optimizer, key=f"server{index}")
         start, _ = self.resume(ckpt, state)
         server.send_initial()

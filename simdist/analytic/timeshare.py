@@ -23,7 +23,11 @@ breakdown and the timeline stay consistent with the step time.
 
 Measured on the shared 2-core machine this was written on, 4- and 8-rank runs took 1.0-1.6 x
 (the training threads' CPU time summed over ranks) / (the cores other processes left free): the
-excess is what gloo's own threads compute, which the collectives' cost above accounts for.
+excess is what gloo's own threads compute, which the collectives' cost above accounts for. Much
+of it was gloo's transport thread spinning on a connection's lock (executor.hostload.
+idle_transport_threads); since the executor runs those threads under the idle policy the
+time-shared plans run 20-50% faster, and a transfer progresses only while some rank blocks,
+which the waits above, fitted per sync point, price only roughly (benchmarks/README.md).
 """
 
 from __future__ import annotations
