@@ -32,7 +32,7 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-# the thread gloo's TCP transport runs its epoll loop in (gloo/transport/tcp/loop.cc names it)
+# the name of the thread gloo's TCP transport runs its epoll loop in (its comm in /proc)
 GLOO_TRANSPORT_THREAD = "gloo_tcp_loop"
 
 
@@ -81,19 +81,29 @@ def idle_transport_threads() -> int:
     tiny-moe-ep, tiny-pp-gpipe, tiny-zero1 and the parameter-server plans within their spread.
     Called by every CPU process once its process groups exist (:func:`settle_cpu_threads`)."""
     count = 0
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return 0
-    for tid in tasks:
+    for tid in _transport_tids():
         try:
-            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() != GLOO_TRANSPORT_THREAD:
-                continue
-            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
-        except (AttributeError, OSError, ValueError):
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError):
             continue
         count += 1
     return count
+
+
+def _transport_tids() -> list[int]:
+    """The thread ids of this process's gloo transport threads (none where /proc is missing)."""
+    out = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == GLOO_TRANSPORT_THREAD:
+                out.append(int(tid))
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def settle_cpu_threads(training: bool = True) -> int | None:
@@ -108,19 +118,14 @@ def settle_cpu_threads(training: bool = True) -> int | None:
 def transport_threads() -> dict[str, int]:
     """This process's gloo transport threads: how many, and how many under the idle policy
     (:func:`idle_transport_threads`); zeros where /proc is missing."""
-    out = {"threads": 0, "idle": 0}
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return out
-    for tid in tasks:
+    tids = _transport_tids()
+    idle = 0
+    for tid in tids:
         try:
-            if Path(f"/proc/self/task/{tid}/comm").read_text().strip() == GLOO_TRANSPORT_THREAD:
-                out["threads"] += 1
-                out["idle"] += os.sched_getscheduler(int(tid)) == os.SCHED_IDLE
+            idle += os.sched_getscheduler(tid) == os.SCHED_IDLE
         except (AttributeError, OSError):
             continue
-    return out
+    return {"threads": len(tids), "idle": idle}
 
 
 def training_thread_cpus() -> list[int] | None:

@@ -235,7 +235,8 @@ def test_gloos_transport_threads_yield_to_the_training_threads():
     try:
         assert ready.wait(10)
         before = transport_threads()
-        assert before["threads"] >= 1 and before["idle"] == 0
+        assert before["threads"] >= 1 and before["idle"] < before["threads"]
+        assert os.sched_getscheduler(tids[GLOO_TRANSPORT_THREAD]) == os.SCHED_OTHER
         assert idle_transport_threads() == before["threads"]
         assert os.sched_getscheduler(tids[GLOO_TRANSPORT_THREAD]) == os.SCHED_IDLE
         assert os.sched_getscheduler(tids["pt_gloo_runloop"]) == os.SCHED_OTHER
