@@ -106,13 +106,13 @@ def _transport_tids() -> list[int]:
     return out
 
 
-def settle_cpu_threads(training: bool = True) -> int | None:
+def settle_cpu_threads(training: bool = True) -> None:
     """Once a CPU process's process groups exist: its training thread on a core of its own when
     it trains (:func:`pin_training_thread`), gloo's transport threads under the idle policy
-    (:func:`idle_transport_threads`). Returns the training thread's core, or None."""
-    core = pin_training_thread() if training else None
+    (:func:`idle_transport_threads`)."""
+    if training:
+        pin_training_thread()
     idle_transport_threads()
-    return core
 
 
 def transport_threads() -> dict[str, int]:

@@ -295,8 +295,7 @@ def sync_call_wait(sc: Scenario, cost: CostModel) -> float:
     send/receive counts twice, as simdist.analytic.cpu_syncs counts sync points) that a
     calibration profile measured for this plan's software layers (``sync_point_waits_s``; the
     pipeline's layers' are per pipeline transfer, :func:`transfer_wait`); 0 otherwise."""
-    per_call = cost.profile.sync_point_waits_s if cost.profile else {}
-    return sum(per_call.get(k, 0.0) for k in wait_keys(sc.plan) if k not in TRANSFER_TERMS)
+    return _point_waits(sc, cost, per_transfer=False)
 
 
 def transfer_wait(sc: Scenario, cost: CostModel) -> float:
@@ -306,5 +305,11 @@ def transfer_wait(sc: Scenario, cost: CostModel) -> float:
     on top): on gloo the receiving rank sleeps in the transfer and is woken when it completes, a
     cost of each transfer whatever the micro-batch's compute, which a share of compute would
     price wrongly at other sizes; 0 without a profile."""
-    per_call = cost.profile.sync_point_waits_s if cost.profile else {}
-    return sum(per_call.get(k, 0.0) for k in wait_keys(sc.plan) if k in TRANSFER_TERMS)
+    return _point_waits(sc, cost, per_transfer=True)
+
+
+def _point_waits(sc: Scenario, cost: CostModel, per_transfer: bool) -> float:
+    """The profile's ``sync_point_waits_s`` of this plan's layers, those per pipeline transfer or
+    those per collective call."""
+    per_point = cost.profile.sync_point_waits_s if cost.profile else {}
+    return sum(per_point.get(k, 0.0) for k in wait_keys(sc.plan) if (k in TRANSFER_TERMS) == per_transfer)
