@@ -11,8 +11,9 @@ in a pipeline, another stage for the share of the step it computes,
 simdist.analytic.timeshare.competing_ranks). So each sync point costs about
 (1 - cores/ranks) x a wait of the order of a slice, which a calibration profile fits from runs
 with more ranks than cores (``coschedule_wait_s``: the wait of a sync point when no peer is
-running; 3.1 ms fitted on the 2-core machine this was written on, about two slices: a collective
-waits for every member of its group, and a woken peer then finishes its own part first).
+running; 3.1 ms fitted on the 2-core machine this was written on, about two slices, while gloo's
+transport threads spun on the cores; 0.17-0.45 ms since they run under the idle policy and the
+sync-point waits stretch with the work, simdist.analytic.timeshare).
 The waits add up over the step's sync points: each of gloo's collectives (measured on the
 shared 2-core machine this was written on: 0.9-1.7 ms of unexplained wait per collective call at
 4 ranks on 2 cores, against 0.1-0.3 ms at 2 ranks), and of a point-to-point transfer the

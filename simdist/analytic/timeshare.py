@@ -3,38 +3,45 @@
 Ranks beyond the cores share them; each waits for a core while the others compute. When every
 rank is runnable, each gets cores/ranks of one, and everything it does on the CPU stretches by
 ranks/cores (:meth:`simdist.spec.profile.CalibrationProfile.time_share`, relative to the share
-the profile was fitted at). But a rank that waits (a pipeline bubble, the wait at a sync point
-for a slower peer) blocks and gives its core to the others, so idle time is not stretched: it
-fills with other ranks' work. So the step takes the larger of
+the profile was fitted at). A pipeline stage in its bubble waits for its neighbour's
+activations or gradients, blocked, and gives its core to the stages that compute then, so the
+bubble is not stretched: it fills with other stages' work. So the step takes the larger of
 
 - the full-speed step (a prediction with the profile as fitted), and
-- the work that has to share the cores: ranks/cores x each rank's busy time, where busy is the
-  full-speed step less its idle parts (the pipeline bubble and the sync-point waits; on gloo
-  the collectives themselves are CPU work, copies and reductions, so they count as busy).
+- the work that has to share the cores: ranks/cores x each rank's busy time, the full-speed
+  step less its pipeline bubble.
 
 (The processor-sharing view of a CPU-bound parallel program: the step is bounded below by its
-total CPU demand over the cores and by its critical path.) To that come the waits at the sync
-points whose peers the scheduler has not running (simdist.analytic.cpu_syncs), when the
-profile fitted them, counting the ranks that compete for the cores (:func:`competing_ranks`: a
-pipeline stage computes m x its time per micro-batch of the step and waits for its neighbours,
-off the cores, the rest of it). The factor that maps the full-speed
-step to that time is applied to the whole profile (:meth:`CalibrationProfile.slowed`), so the
-breakdown and the timeline stay consistent with the step time.
+total CPU demand over the cores and by its critical path.) The rest of a rank's step at full
+speed, its collectives and the waits at their sync points, is CPU work on gloo: the copies and
+reductions, the transport threads' reads and writes and the kernel's loopback TCP. Measured on
+the 2-core machine this was written on (``tools/cores_busy.py``: ``/proc/stat`` over steady
+steps, 2026-11-28), the cores were 79-89% busy with 2 ranks (tiny-llama-tp, tiny-fsdp3,
+tiny-moe-ep, tiny-ddp: far more than the training threads' own 48-90%), 89-93% with 4 ranks
+(tiny-hsdp, tiny-moe-ep-dp, tiny-2d-tp-dp) and 96-97% with 8 (tiny-3d): the waits of the 2-rank
+step were not time the cores could give to other ranks. (Before the executor ran gloo's
+transport threads under the idle policy, executor.hostload.idle_transport_threads, the model
+let the sync-point waits and the links' latency fill with other ranks' work too; over four
+fresh calibration runs since, that held 15 of 36 time-shared held-out predictions within 15%,
+this 23; benchmarks/README.md.) Where it errs: tiny-3d (8 ranks) is predicted 33-51% too slow,
+and tiny-2d-tp-dp, whose measured median moved between 135-148 and 182-198 ms from one
+calibration run to the next, 34-53% too slow in the fast runs: their ranks' CPU work is less
+than the full-speed step less its bubble. How much of a full-speed step is CPU work, per plan
+kind, is not measured by the calibration.
 
-Measured on the shared 2-core machine this was written on, 4- and 8-rank runs took 1.0-1.6 x
-(the training threads' CPU time summed over ranks) / (the cores other processes left free): the
-excess is what gloo's own threads compute, which the collectives' cost above accounts for. Much
-of it was gloo's transport thread spinning on a connection's lock (executor.hostload.
-idle_transport_threads); since the executor runs those threads under the idle policy the
-time-shared plans run 20-50% faster, and a transfer progresses only while some rank blocks,
-which the waits above, fitted per sync point, price only roughly (benchmarks/README.md).
+To that come the waits at the sync points whose peers the scheduler has not running
+(simdist.analytic.cpu_syncs), when the profile fitted them, counting the ranks that compete for
+the cores (:func:`competing_ranks`: a pipeline stage computes m x its time per micro-batch of
+the step and waits for its neighbours, off the cores, the rest of it). The factor that maps the
+full-speed step to that time is applied to the whole profile (:meth:`CalibrationProfile.slowed`),
+so the breakdown and the timeline stay consistent with the step time.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from simdist.spec.profile import CalibrationProfile, busy_ranks, wait_keys
+from simdist.spec.profile import CalibrationProfile, busy_ranks
 
 
 def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[CalibrationProfile | None, float]:
@@ -53,11 +60,7 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     cluster = scenario.cluster
     described = describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, profile), Network.of(cluster, profile))
     full = reduce_step(described)
-    b = full.breakdown
-    waits = sum(profile.sync_wait_fractions.get(k, 0.0) for k in wait_keys(scenario.plan))
-    idle = b.get("bubble", 0.0) + waits * (b.get("compute", 0.0) + b.get("recompute", 0.0))
-    idle += latency_part(scenario, profile, full.step_time, b.get("bubble", 0.0))
-    busy = max(0.0, full.step_time - idle)
+    busy = max(0.0, full.step_time - full.breakdown.get("bubble", 0.0))
     if full.step_time <= 0:
         return profile.slowed(share), share
     coschedule = 0.0
@@ -90,27 +93,3 @@ def competing_ranks(d: Any, step_s: float) -> float:
         return float(busy_ranks(d.scenario))
     shares = [min(1.0, plan.num_microbatches * t / step_s) for t in totals]
     return busy_ranks(d.scenario) / plan.pp * (1.0 + sum(shares) - max(shares))  # the busiest: all its step
-
-
-def latency_part(scenario: Any, profile: CalibrationProfile, step_time: float, bubble: float) -> float:
-    """The part of the full-speed step that is the links' latency and the profile's fixed wait
-    per collective call (the step less the same step on links without latency, without those
-    waits), outside the pipeline bubble (``bubble``: the full step's; the caller counts it
-    whole, and the latencies lengthen it too): on gloo a rank sleeps in the transport for them,
-    its core free for another rank, while the bandwidth part (copies, reductions) is CPU work."""
-    from dataclasses import replace
-
-    from simdist.analytic.collectives import Network
-    from simdist.analytic.cost import CostModel
-    from simdist.analytic.stage import describe
-    from simdist.analytic.steptime import reduce_step
-    from simdist.spec.profile import LinkFit
-
-    quick = replace(profile, links={k: LinkFit(latency_s=0.0, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s)
-                                    for k, v in profile.links.items()}, sync_point_waits_s={},
-                    dp_step_wait_s=0.0)
-    cluster = scenario.cluster
-    no_latency = reduce_step(describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, quick),
-                                      Network.of(cluster, quick)))
-    # outside the bubble, which the caller counts whole (a shorter stage also shortens the bubble)
-    return max(0.0, (step_time - bubble) - (no_latency.step_time - no_latency.breakdown.get("bubble", 0.0)))

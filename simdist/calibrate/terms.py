@@ -128,7 +128,8 @@ def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[Calibrat
     plain = [r for r in runs if not r.layers]
     phased = all(r.has_phases for r in runs)  # else (e.g. GPU runs, no exposed-comm phase) fit step times
     if plain and phased:
-        profile = fit_waits(fit_plain(profile, plain), BASE_TERMS, plain)
+        profile = fit_plain(profile, plain)  # (the compute phases: CPU time, never shared)
+        profile = fit_waits(profile, BASE_TERMS, [r for r in plain if not _time_shared(r, profile)])
         bounds.append(Bound("the per-op overhead (s)", profile.kernel_overhead_s or 0.0, *OVERHEAD_RANGE))
         bounds.append(Bound("the executor's compute rate over the microbenchmarks'", profile.compute_scale,
                             *SCALE_RANGE, upper_only=False))

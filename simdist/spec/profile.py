@@ -234,8 +234,8 @@ def time_share_note(scenario: Any, profile: CalibrationProfile, factor: float) -
     n = busy_ranks(scenario)
     return (f"{n} ranks time-share the profiled machine's {profile.cores} cores ({profile.time_share(n):.2g}x its "
             f"share at calibration, {max(1, profile.ranks)} ranks): the step is priced {factor:.2g}x the "
-            "full-speed one (the ranks' busy time stretched; bubbles, sync waits and the links' latency fill with other "
-            "ranks' work" + (f"; {profile.coschedule_wait_s * 1e3:.2g} ms at each sync point whose peers are descheduled"
+            "full-speed one (all of each rank's step stretched but its pipeline bubble, which fills with other stages' "
+            "work" + (f"; {profile.coschedule_wait_s * 1e3:.2g} ms at each sync point whose peers are descheduled"
                              if profile.coschedule_wait_s else "") + ")")
 
 
