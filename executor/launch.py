@@ -330,7 +330,8 @@ def summary(m: Measurement, out: str | None) -> str:
         f"{m.steps} measured steps",
         f"  step time     {m.step_time_s:.4f} s (median)",
         "  phases        " + "  ".join(f"{k} {fmt(m.phase(k))}" for k in ("forward", "backward", "optimizer", "comm"))
-        + " s" + ("" if m.phase("core_wait") is None else f"  (waiting for a CPU core {fmt(m.phase('core_wait'))} s)"),
+        + " s" + ("" if m.phase("core_wait") is None else f"  (waiting for a CPU core {fmt(m.phase('core_wait'))} s)")
+        + ("" if m.phase("helper_threads") is None else f"; gloo's threads' CPU {fmt(m.phase('helper_threads'))} s"),
         f"  losses        {', '.join(f'{x:.4f}' for x in m.losses)}",
         f"  memory peak   {m.peak_gib * 1024:.2f} MiB",
     ]

@@ -33,6 +33,10 @@ wall - CPU time of the step is the exposed communication (collective and pipelin
 on an oversubscribed host also the wait for a core), and forward / backward / optimizer are the
 CPU times of those phases. Where Linux reports it (:func:`executor.timeline.run_delay_s`), the
 wait for a core is measured apart (``core_wait``) and ``comm`` is only the wait for peers.
+``helper_threads`` is not a part of the step's wall time but the CPU time the process's other
+threads used during it (``time.process_time`` less the training thread's): gloo's transport
+threads and the process group's workers moving and reducing the collectives' data, CPU work that
+competes for the cores when ranks outnumber them (simdist.analytic.timeshare).
 Forward is timed with hooks on each model chunk (so a pipeline's
 interleaved forwards are caught); in a pipeline, backward is the schedule's CPU time minus
 forward. On CUDA, phases are wall times with a synchronize at each boundary and ``comm`` is not
@@ -275,6 +279,7 @@ class StepTimes:
     wall: float = 0.0
     cpu: float = 0.0
     core_wait: float | None = None  # runnable but not running (schedstat run_delay)
+    helper_threads: float = 0.0  # CPU time of the process's other threads (gloo's) meanwhile
     phases_wall: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     phases_cpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
@@ -349,12 +354,13 @@ class StepProbe(Probe):
         self.gathered = GatheredParams(self.pm) if instrument else None
         wall0, cpu0 = self._now()
         self.spans.begin(wall0)
-        delay0 = run_delay_s()
+        delay0, process0 = run_delay_s(), time.process_time()
         yield self.times
         wall1, cpu1 = self._now()
-        delay1 = run_delay_s()
+        delay1, process1 = run_delay_s(), time.process_time()
         self.times.wall = wall1 - wall0
         self.times.cpu = cpu1 - cpu0
+        self.times.helper_threads = max(0.0, (process1 - process0) - self.times.cpu)
         if delay0 is not None and delay1 is not None:
             self.times.core_wait = max(0.0, delay1 - delay0)
 
@@ -373,4 +379,4 @@ class StepProbe(Probe):
         core = None if t.core_wait is None else min(waited, t.core_wait)
         return {"forward": forward, "backward": backward, "optimizer": optimizer,
                 "comm": waited - (core or 0.0), "core_wait": core,
-                "other": max(0.0, t.cpu - forward - backward - optimizer)}
+                "other": max(0.0, t.cpu - forward - backward - optimizer), "helper_threads": t.helper_threads}

@@ -90,7 +90,7 @@ def assemble(scenario: Scenario, ranks: list[dict[str, Any]], servers: list[dict
     losses = [sum(r["losses"][i] for r in replicas) / len(replicas) for i in range(steps)]
     mid = _median_index(step_times)
     phases: dict[str, float | None] = {}
-    for key in ("forward", "backward", "optimizer", "comm", "core_wait", "other"):
+    for key in ("forward", "backward", "optimizer", "comm", "core_wait", "other", "helper_threads"):
         vals = [r["phases"][mid].get(key) for r in ranks]
         phases[key] = None if any(v is None for v in vals) else sum(vals) / len(vals)
     per_rank = []

@@ -175,7 +175,7 @@ def test_collective_census_of_pipelines_and_tensor_parallel(measure):
 def test_a_measurement_keeps_its_timeline_core_waits_and_the_machines_load(measure):
     """Every run keeps the median step's phase spans per rank (seconds from the step's start,
     inside the step), splits what is not CPU time into the wait for a core and the wait for
-    peers, and says how busy the machine was."""
+    peers, counts the CPU time of the process's other threads, and says how busy the machine was."""
     scenario, m = measure("tiny-fsdp3")
     timeline = m["timeline"]
     assert timeline["step_time_s"] == m["step_times_s"][timeline["step"]]
@@ -187,6 +187,8 @@ def test_a_measurement_keeps_its_timeline_core_waits_and_the_machines_load(measu
         assert all(0 <= a <= b <= timeline["step_time_s"] * 1.01 for _, a, b in r["spans"])
         assert r["epoch"] > 1.6e9  # the step's start on the wall clock
     assert m["phases_s"]["core_wait"] is not None and m["phases_s"]["core_wait"] >= 0
+    for r in m["phases_per_rank_s"]:  # gloo's threads moved the parameters' gathers: CPU beside the training thread's
+        assert 0 < r["helper_threads"] < m["step_times_s"][timeline["step"]] * 2
     host = m["host"]
     assert host["cores"] >= 1 and host["ours_cores"] > 0 and host["others_cores"] >= 0
     assert m["as_run"] == {}  # fp32: every plan field ran as written
