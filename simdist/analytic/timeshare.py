@@ -27,7 +27,8 @@ this 23; benchmarks/README.md.) Where it errs: tiny-3d (8 ranks) is predicted 33
 and tiny-2d-tp-dp, whose measured median moved between 135-148 and 182-198 ms from one
 calibration run to the next, 34-53% too slow in the fast runs: their ranks' CPU work is less
 than the full-speed step less its bubble. How much of a full-speed step is CPU work, per plan
-kind, is not measured by the calibration.
+kind, is not priced yet; the executor records it since (the training thread's CPU time and its
+process's other threads', ``phases_s.helper_threads``).
 
 To that come the waits at the sync points whose peers the scheduler has not running
 (simdist.analytic.cpu_syncs), when the profile fitted them, counting the ranks that compete for
