@@ -5,7 +5,7 @@
 Starts ``simdist run FILE`` (as many processes as the plan has), waits ``--after`` seconds
 for start-up and the first steps, then reads ``/proc/stat`` over ``--window`` seconds of steady
 steps and prints the share of that time the cores were busy (user, nice, system, irq, softirq,
-steal) and idle. Compare it with the training threads' own share (the measurement's forward +
+steal: executor.hostload.busy_seconds) and idle. Compare it with the training threads' own share (the measurement's forward +
 backward + optimizer + other CPU time per rank, x ranks / (cores x step)): what lies between is
 CPU work of other threads and of the kernel (gloo's transport, loopback TCP), what lies above
 is time no rank could use. Linux only; run it on a quiet machine, nothing else running.
@@ -20,14 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-
-
-def cpu_times() -> dict[str, int]:
-    """The machine's CPU time so far, in ticks, by kind (the ``cpu`` line of /proc/stat)."""
-    values = Path("/proc/stat").read_text().splitlines()[0].split()[1:1 + len(FIELDS)]
-    return dict(zip(FIELDS, map(int, values), strict=True))
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -36,6 +28,7 @@ def main() -> int:
     ap.add_argument("--after", type=float, default=7.0, help="seconds to wait before reading (start-up)")
     ap.add_argument("--window", type=float, default=3.0, help="seconds of steady steps to read")
     args = ap.parse_args()
+    from executor.hostload import busy_seconds, machine_cpus
     from executor.launch import total_processes
     from simdist.spec.scenario import load_scenario
 
@@ -46,19 +39,19 @@ def main() -> int:
                                 "--out", str(Path(tmp) / "run.json"), "--no-store"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(args.after)
-        before = cpu_times()
+        busy0, wall0 = busy_seconds(), time.monotonic()
         time.sleep(args.window)
-        after = cpu_times()
+        busy1, wall1 = busy_seconds(), time.monotonic()
         finished = run.poll() is not None
         run.wait()
     if finished:
         print(f"{args.scenario}: the run ended before the window closed; give it more --steps", file=sys.stderr)
         return 1
-    d = {k: after[k] - before[k] for k in FIELDS}
-    total = sum(d.values()) or 1
-    idle = (d["idle"] + d["iowait"]) / total
-    print(f"{args.scenario}: cores busy {1 - idle:.2f} (user {d['user'] / total:.2f}, system {d['system'] / total:.2f}, "
-          f"softirq {d['softirq'] / total:.2f}), idle {idle:.2f}")
+    if busy0 is None or busy1 is None:
+        print("no /proc/stat here: Linux only", file=sys.stderr)
+        return 1
+    busy = (busy1 - busy0) / ((wall1 - wall0) * machine_cpus())
+    print(f"{args.scenario}: cores busy {busy:.2f}, idle {1 - busy:.2f}")
     return 0
 
 

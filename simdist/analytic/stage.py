@@ -210,16 +210,18 @@ def model_passes(sc: Scenario, cost: CostModel, net: Network) -> ModelPasses:
     m, plan = sc.model, sc.plan
     timer = OpTimer(sc, cost, net)
     kinds_passes = tuple((k, layer_passes(timer, k)) for k, _ in model_kind_counts(m))
-    # FSDP2's root module: one per chunk, so without a pipeline the embedding and the head are one
-    # module, gathered (and copied) once before the forward and once before the backward, which
-    # starts at the head
-    one_root = plan.pp == 1
-    emb_copy = timer.fsdp2_copies(root_params_on_rank(m, plan, first=True, last=one_root))
-    head_copy = emb_copy if one_root else timer.fsdp2_copies(root_params_on_rank(m, plan, first=False, last=True))
+    # FSDP2's root module, one per chunk: without a pipeline the embedding and the head are one
+    # module, gathered (and copied) once before the forward, at the embedding, and once before the
+    # backward, which starts at the head
+    if plan.pp == 1:
+        root = timer.fsdp2_copies(root_params_on_rank(m, plan, first=True, last=True))
+        emb_copy, head_copy = (root[0], ZERO_PASS), (ZERO_PASS, root[1])
+    else:
+        emb_copy = timer.fsdp2_copies(root_params_on_rank(m, plan, first=True, last=False))
+        head_copy = timer.fsdp2_copies(root_params_on_rank(m, plan, first=False, last=True))
     embedding = (timer.passes(embedding_ops(m, plan, "fwd")) + emb_copy[0],
-                 timer.passes(embedding_ops(m, plan, "bwd")) + (ZERO_PASS if one_root else emb_copy[1]))
-    head = (timer.passes(head_ops(m, plan, "fwd")) + timer.passes(mtp_ops(m, plan, "fwd"))
-            + (ZERO_PASS if one_root else head_copy[0]),
+                 timer.passes(embedding_ops(m, plan, "bwd")) + emb_copy[1])
+    head = (timer.passes(head_ops(m, plan, "fwd")) + timer.passes(mtp_ops(m, plan, "fwd")) + head_copy[0],
             timer.passes(head_ops(m, plan, "bwd")) + timer.passes(mtp_ops(m, plan, "bwd")) + head_copy[1])
     return ModelPasses(kinds_passes, embedding, head)
 
