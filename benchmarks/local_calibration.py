@@ -78,9 +78,11 @@ def processes(path: Path) -> int:
     return total_processes(load_scenario(path))
 
 
-def measure(path: Path, db: str, steps: int, min_runs: int, max_runs: int) -> tuple[list[float], list[dict], str]:
+def measure(path: Path, db: str, steps: int, min_runs: int, max_runs: int,
+            baseline: float) -> tuple[list[float], list[dict], str]:
     """Run a held-out plan until its median is stable, each run sized to about a second of steps
-    (simdist.calibrate.repeat's rules); the runs that count go to the run store."""
+    (simdist.calibrate.repeat's rules); the runs that count go to the run store. The doubt note
+    compares the host's speed with ``baseline``, the profile's (Repeated.doubt)."""
     from simdist.calibrate.repeat import repeat_sized
     from simdist.cli.run import store_measurement
     from simdist.spec.measurement import load_measurement
@@ -100,7 +102,7 @@ def measure(path: Path, db: str, steps: int, min_runs: int, max_runs: int) -> tu
 
     rep = repeat_sized(path.stem, once, steps, keep=lambda m: store_measurement(m, str(path), db),
                        min_runs=min_runs, max_runs=max_runs)
-    return rep.medians, [dict(m.extras.get("host") or {}) for m in rep.runs], rep.doubt(_cores()) or ""
+    return rep.medians, [dict(m.extras.get("host") or {}) for m in rep.runs], rep.doubt(_cores(), baseline) or ""
 
 
 def _cores() -> int:
@@ -109,14 +111,14 @@ def _cores() -> int:
     return cores()
 
 
-def stored_doubt(store, path: Path) -> str:
+def stored_doubt(store, path: Path, baseline: float) -> str:
     """The doubt note of a held-out plan's stored runs (simdist.calibrate.repeat.Repeated.doubt)."""
     from simdist.calibrate.repeat import Repeated
     from simdist.spec.measurement import Measurement
     from simdist.spec.scenario import load_scenario
 
     runs = tuple(Measurement.from_dict(r.payload) for r in store.runs("measurement", load_scenario(path).hash()))
-    return (Repeated(path.stem, runs, True, "stored").doubt(_cores()) or "") if runs else ""
+    return (Repeated(path.stem, runs, True, "stored").doubt(_cores(), baseline) or "") if runs else ""
 
 
 def _workers(path: Path) -> int:
@@ -192,10 +194,13 @@ def main() -> int:
                   if p.stem.startswith(("local-", "tiny-")) and p.stem not in FIT_BUNDLED)
     if args.only:
         held = [p for p in held if p.stem in args.only]
+    from simdist.spec.profile import load_profile
+
+    baseline = load_profile(profile).reference_cpu_s
     rows = []
     for path in held:
         try:
-            medians, hosts, doubt = measure(path, db, args.steps, args.min_runs, args.max_runs)
+            medians, hosts, doubt = measure(path, db, args.steps, args.min_runs, args.max_runs, baseline)
         except RuntimeError as exc:
             print(f"{path.stem}: not measured ({exc})", flush=True)
             continue
@@ -224,7 +229,8 @@ def print_doubted(held: list[dict]) -> None:
     doubted = [r for r in held if r.get("doubt")]
     if doubted:
         print(f"{len(doubted)} held-out measurement(s) in doubt (their runs' compute fell in two groups on a quiet "
-              "machine): " + ", ".join(f"{r['scenario']} {r['error']:+.1%}" for r in doubted))
+              "machine, or the host ran at another speed than during the fit): "
+              + ", ".join(f"{r['scenario']} {r['error']:+.1%}" for r in doubted))
 
 
 def stored(files: list[Path], db: str) -> list[Path]:
@@ -251,14 +257,15 @@ def repredict(out: Path, profile: str, before: str | None = None, fit: list[Path
     runs = stored_fit_runs(RunStore(out / "runs.db"), [str(p) for p in fit or []])
     # the fitted rows are simdist calibrate's own checks (the medians the fit reads, predict's engine)
     was = fit_checks(load_profile(before), runs) if before else [None] * len(runs)
+    baseline = load_profile(profile).reference_cpu_s
     for run, check, old in zip(runs, fit_checks(load_profile(profile), runs), was, strict=True):
         rows.append({"scenario": check.name, "role": "fit", "median_s": check.measured, "spread": check.spread,
                      "ranks": check.processes, "predicted_s": check.predicted, "before_s": old and old.predicted,
-                     "kind": "+".join(run.layers) or "ddp", "doubt": run.repeated.doubt(_cores()) or ""})
+                     "kind": "+".join(run.layers) or "ddp", "doubt": run.repeated.doubt(_cores(), baseline) or ""})
     store = RunStore(out / "runs.db")
     for row in json.loads((out / "report.json").read_text()):
         path = REPO / "scenarios" / f"{row['scenario']}.yaml"
-        row["doubt"] = stored_doubt(store, path)
+        row["doubt"] = stored_doubt(store, path, baseline)
         old = predict(path, before)[0] if before else row.get("predicted_s")
         row["predicted_s"], row["kind"] = predict(path, profile)
         rows.append({**row, "role": "held", "before_s": old})

@@ -350,7 +350,9 @@ def summary(m: Measurement, out: str | None) -> str:
     host = x.get("host") or {}
     if host.get("others_cores") is not None:
         lines.append(f"  machine       {host['cores']} cores; other processes used {host['others_cores']:.2f} of them "
-                     f"during the run (load average {', '.join(f'{v:.2f}' for v in host.get('loadavg') or [])})")
+                     f"during the run (load average {', '.join(f'{v:.2f}' for v in host.get('loadavg') or [])})"
+                     + (f"; a fixed reference workload took {ref * 1e3:.2f} ms of CPU per rank (the host's speed)"
+                        if (ref := (x.get("environment") or {}).get("reference_cpu_s")) else ""))
     if out:
         lines.append(f"  measurement   {out}")
     return "\n".join(lines)

@@ -37,6 +37,11 @@ wait for a core is measured apart (``core_wait``) and ``comm`` is only the wait 
 threads used during it (``time.process_time`` less the training thread's): gloo's transport
 threads and the process group's workers moving and reducing the collectives' data, CPU work that
 competes for the cores when ranks outnumber them (simdist.analytic.timeshare).
+``environment.reference_cpu_s`` is the host's speed at the time of the run: the training thread's
+CPU time for a fixed workload (:func:`reference_cpu_s`), the same on every run, so that runs of
+one calibration made while the host ran slower (a phase the load figures do not show: no other
+process, no steal, yet every rank's compute 10-40% slower, measured 2026-11-28) can be told
+apart (simdist.calibrate.honesty).
 Forward is timed with hooks on each model chunk (so a pipeline's
 interleaved forwards are caught); in a pipeline, backward is the schedule's CPU time minus
 forward. On CUDA, phases are wall times with a synchronize at each boundary and ``comm`` is not
@@ -61,6 +66,31 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from executor.parallelize import ParallelModel
 from executor.timeline import Spans, Tracer, run_delay_s
 from executor.train import Probe
+
+# --- the host's speed ------------------------------------------------------------------------
+
+REFERENCE_REPS = 7
+
+
+def reference_cpu_s(reps: int = REFERENCE_REPS) -> float:
+    """CPU seconds (``time.thread_time``) the calling thread takes for a fixed workload: a chain
+    of eight 256 x 256 x 256 fp32 GEMMs, each followed by a GELU and an add (the ops a tiny plan's
+    step is made of, about 4 ms on a 2020s x86 core), the least of ``reps`` repeats. CPU time, not
+    wall time, so that ranks waiting for a core (more ranks than cores) do not count it; the least
+    of the repeats, so that one interrupted repeat does not. Its own generator: the global RNG,
+    and so the run's losses, are untouched."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(256, 256, generator=g) / 16
+    x0 = torch.randn(256, 256, generator=g)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.thread_time()
+        x = x0
+        for _ in range(8):
+            x = torch.nn.functional.gelu(x @ w) + x
+        best = min(best, time.thread_time() - t0)
+    return best
+
 
 # --- model states ---------------------------------------------------------------------------
 

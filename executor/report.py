@@ -139,7 +139,7 @@ def assemble(scenario: Scenario, ranks: list[dict[str, Any]], servers: list[dict
         "collectives_per_rank": [{"rank": r["rank"], **r["collectives"]} for r in ranks],
         "phases_per_rank_s": [{"rank": r["rank"], **r["phases"][mid]} for r in ranks],
         "max_rss_gib_per_rank": [r["max_rss_bytes"] / GIB for r in ranks],
-        "environment": environment(device),
+        "environment": {**environment(device), **reference_speed(ranks)},
         "timeline": timeline_of(ranks, mid, step_times),
         "as_run": as_run(scenario, device.type),  # plan fields run another way (executor.fields)
     }
@@ -183,6 +183,13 @@ def ps_summary(plan: Any, ranks: list[dict[str, Any]], servers: list[dict[str, A
                       "histogram": {str(k): v for k, v in sorted(staleness.items())}},
         "per_server": servers,
     }
+
+
+def reference_speed(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """``reference_cpu_s``: the median over the ranks of their reference workload's CPU time
+    (executor.measure.reference_cpu_s, the host's speed during the run); {} on a GPU."""
+    seen = [r["reference_cpu_s"] for r in ranks if r.get("reference_cpu_s")]
+    return {"reference_cpu_s": statistics.median(seen)} if seen else {}
 
 
 def environment(device: torch.device) -> dict[str, Any]:

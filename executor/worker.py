@@ -58,7 +58,7 @@ from executor.faults import (
     result_path,
 )
 from executor.hostload import settle_cpu_threads
-from executor.measure import CollectiveCensus, StepProbe
+from executor.measure import CollectiveCensus, StepProbe, reference_cpu_s
 from executor.report import assemble
 from executor.timeline import Tracer
 from executor.train import DEFAULT_SEED, train_step
@@ -195,8 +195,10 @@ class Worker:
               group: dist.ProcessGroup | None, servers: int) -> None:
         m, plan = scenario.model, scenario.plan
         self.reports_progress = plan_rank == plan.world_size - 1
+        reference = None
         if device.type == "cpu":  # after every process group: gloo's threads keep every core
             settle_cpu_threads()
+            reference = reference_cpu_s()  # the host's speed now (executor.measure)
         tracer = Tracer(self.args.trace, self.rank, cuda=device.type == "cuda")
         probe = StepProbe(pm, cuda=device.type == "cuda", tracer=tracer)
         warmup, steps, total = self.args.warmup, self.args.steps, self.total_steps()
@@ -261,6 +263,7 @@ class Worker:
             "model_state": {**(probe.model_state or {}), "params_gathered": gathered},
             "activation_bytes": saved,
             "collectives": census.result(),
+            "reference_cpu_s": reference,
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "cuda_peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             "data_parallel": pm.data_parallel,

@@ -118,17 +118,21 @@ def test_compare_reports_errors_per_quantity(tmp_path):
 
 def test_runs_and_compare_cli(tmp_path):
     db = tmp_path / "runs.db"
-    prof = fit_profile(synthetic_bench())
+    from dataclasses import replace
+
+    prof = replace(fit_profile(synthetic_bench()), reference_cpu_s=4e-3)  # the host's speed at the fit
     prof.save(tmp_path / "p.json")
     d = local_scenario()
     sc = scenario_from_dict(d)
-    RunStore(db).add("measurement", measurement(scenario_hash=sc.hash()), yaml.safe_dump(d))
+    slower = {"environment": {"reference_cpu_s": 5e-3}}  # measured while the host ran 25% slower
+    RunStore(db).add("measurement", measurement(scenario_hash=sc.hash(), **slower), yaml.safe_dump(d))
     RunStore(db).add("measurement", measurement(name="broken", scenario_hash="bad", step_time_s=-1.0), yaml.safe_dump(d))
     r = run_cli("runs", "--db", str(db))
     assert r.returncode == 0 and sc.hash() in r.stdout
     r = run_cli("compare", "--db", str(db), "--profile", str(tmp_path / "p.json"), "--html", str(tmp_path / "c.html"))
     assert r.returncode == 0, r.stderr
     assert "step_time_s" in r.stdout and (tmp_path / "c.html").stat().st_size > 1000
+    assert "the host ran 25% slower than during the fit runs" in r.stdout
     # a stored payload that is not a measurement is named and skipped, never half-used
     assert "skipped broken (run 2): measurement.step_time_s: must be a positive number of seconds" in r.stderr
 

@@ -11,7 +11,7 @@ from conftest import measurement, run_cli
 from test_calibration import local_scenario, synthetic_bench
 
 from simdist.calibrate.fit import fit_profile
-from simdist.calibrate.honesty import FLOOR, Bound, FitCheck, refusal
+from simdist.calibrate.honesty import FLOOR, HOST_DRIFT, Bound, FitCheck, model_limits, refusal
 from simdist.calibrate.repeat import Repeated, repeat_sized, repeat_until_stable, sized_steps
 from simdist.calibrate.terms import FitRun, fit_checks, fit_terms, with_honesty
 from simdist.predict import predict
@@ -107,6 +107,50 @@ def test_a_quiet_repeatable_run_the_fit_misses_is_named_a_model_limit_not_noise(
     noisy = replace(limit, spread=0.12)  # its repeats disagree by more than half the miss: noise is possible
     text = "\n".join(refusal([noisy], [], cores=2))
     assert "a limit of the model" not in text and "calibrate again when the machine is quiet" in text
+
+
+def test_a_fit_run_made_while_the_host_ran_slower_refuses_the_fit_and_is_not_called_a_model_limit():
+    """The host's speed (a fixed workload's CPU time, executor.measure.reference_cpu_s) is compared
+    across the fit runs: run G of 2026-11-28 (benchmarks/README.md) had fit-hsdp's compute 40%
+    slower, with no other process, and its profile predicted the 2-rank plans up to 48% too slow.
+    A run HOST_DRIFT beyond the runs' median refuses the fit and is named, even when its repeats
+    agree (which would otherwise read as the model's limit); within it the fit stands."""
+    quiet = [FitCheck(f"fit-{k}", measured=0.05, predicted=0.051, spread=0.03, runs=3, cores=2, others_cores=0.01,
+                      reference=4.0e-3 + 0.02e-3 * k) for k in range(4)]
+    slow = FitCheck("fit-hsdp", measured=0.148, predicted=0.095, spread=0.04, runs=3, cores=2, others_cores=0.02,
+                    reference=5.6e-3)
+    text = "\n".join(refusal([*quiet, slow], [], cores=2))
+    assert "fit-hsdp: the host ran 39% slower during it than during the other fit runs" in text
+    assert "5.60 ms of CPU time per rank against their median 4.04 ms" in text
+    assert "a limit of the model" not in text and "calibrate again when the machine is quiet" in text
+    assert model_limits([*quiet, slow]) == []  # repeatable, quiet, missed: yet the host explains it
+    assert model_limits([*quiet, replace(slow, reference=4.0e-3)]) != []  # the same miss at the host's speed
+    fine = replace(slow, reference=4.04e-3 * (1 + 0.9 * HOST_DRIFT), predicted=0.149)
+    assert refusal([*quiet, fine], [], cores=2) == []
+    unknown = [replace(c, reference=0.0) for c in [*quiet, slow]]  # runs from before the executor measured it
+    assert "host ran" not in "\n".join(refusal(unknown, [], cores=2))
+
+
+def test_the_profile_keeps_the_hosts_speed_and_held_out_runs_at_another_speed_are_in_doubt():
+    """with_honesty stores the fit runs' median reference time (profile v6); a held-out series
+    whose reference differs by more than HOST_DRIFT is in doubt, naming how much slower or faster;
+    within it, or unknown on either side, it is not."""
+    profile = fit_profile(synthetic_bench())
+    checks = [FitCheck(f"r{k}", measured=1.0, predicted=1.0, spread=0.01, runs=3, reference=r)
+              for k, r in enumerate((4.1e-3, 3.9e-3, 4.0e-3, 0.0))]
+    honest = with_honesty(profile, checks)
+    assert honest.reference_cpu_s == 4.0e-3  # the median of those that measured it
+    assert CalibrationProfile.from_dict(json.loads(json.dumps(honest.to_dict()))).reference_cpu_s == 4.0e-3
+
+    def series(reference: float) -> Repeated:
+        env = {"environment": {"reference_cpu_s": reference}}
+        return Repeated("h", (m(0.05, **env), m(0.051, **env), m(0.049, **env)), True, "stable")
+
+    note = series(5.0e-3).doubt(cores=2, baseline=honest.reference_cpu_s)
+    assert note is not None and note.startswith("the host ran 25% slower than during the fit runs")
+    assert "faster" in (series(3.2e-3).doubt(cores=2, baseline=4.0e-3) or "")
+    assert series(4.0e-3 * (1 + 0.9 * HOST_DRIFT)).doubt(cores=2, baseline=4.0e-3) is None
+    assert series(5.0e-3).doubt(cores=2) is None  # a profile that did not record it
 
 
 # --- fitting each software layer from its own runs ----------------------------------------------------
@@ -228,6 +272,8 @@ def test_version_1_profiles_still_load_and_version_2_round_trips(tmp_path):
     v4 = {**old, "version": 4, "sync_point_waits_s": {"tp": 3e-4}}  # before the gradient-sync wait (v5)
     (tmp_path / "v4.json").write_text(json.dumps(v4))
     assert load_profile(tmp_path / "v4.json").dp_step_wait_s == 0.0
+    (tmp_path / "v5.json").write_text(json.dumps({**old, "version": 5, "dp_step_wait_s": 2e-3}))
+    assert load_profile(tmp_path / "v5.json").reference_cpu_s == 0.0  # before the host's speed was kept (v6)
     v2 = replace(fit_profile({**synthetic_bench(), "cores": 2}), spreads={"dp": 0.05}, error_band=0.08)
     v2.save(tmp_path / "v2.json")
     assert load_profile(tmp_path / "v2.json") == v2 and v2.cores == 2 and v2.ranks == 2

@@ -8,7 +8,13 @@ A fit is refused, and no profile written, when
   run-to-run spread (never less than :data:`FLOOR`): the terms cannot reproduce even their own
   data, so they will not predict anything else;
 - other processes used a sizeable part of the cores during a run (:data:`BUSY_SHARE` of them,
-  executor.hostload): the run measured that moment's sharing, not the machine.
+  executor.hostload): the run measured that moment's sharing, not the machine;
+- the host itself ran slower or faster during a run than during the others (:data:`HOST_DRIFT`):
+  a fixed workload timed by CPU time on every rank (executor.measure.reference_cpu_s) took
+  another time than the fit runs' median. On the 2-core guest simdist was calibrated on, whole
+  calibration runs had phases where every rank's compute took 10-40% more CPU time with no other
+  process running and no steal time reported (benchmarks/README.md): the load figures do not show
+  such a phase, the reference workload does.
 
 The message names the run that was noisiest (the CPU other processes used during it, the share
 of each step its ranks waited for a core, the spread of its medians, the load average) and what
@@ -23,6 +29,7 @@ from simdist.frozen import frozen
 
 FLOOR = 0.05  # the smallest error a fit is held to: two medians of a few steps rarely agree closer
 BUSY_SHARE = 0.2  # other processes using more than this share of the cores make a run noisy
+HOST_DRIFT = 0.15  # a run whose reference workload took this much more or less CPU time ran on another host
 CORE_WAIT_SHARE = 0.10  # with no more ranks than cores, waiting this share of a step for a core is noise
 
 
@@ -62,6 +69,7 @@ class FitCheck:
     processes: int = 2
     cores: int = 0
     loadavg: tuple[float, ...] | None = None
+    reference: float = 0.0  # the host's reference workload, CPU seconds (median of the runs); 0 = unknown
 
     @property
     def error(self) -> float:
@@ -84,6 +92,23 @@ class FitCheck:
         return share + wait + self.spread
 
 
+def host_drift(reference: float, baseline: float) -> float:
+    """How much slower (> 0) or faster (< 0) the host ran than at ``baseline``: the ratio of the
+    reference workload's CPU times less 1; 0 when either is unknown."""
+    return reference / baseline - 1.0 if reference > 0 and baseline > 0 else 0.0
+
+
+def reference_baseline(checks: list[FitCheck]) -> float:
+    """The fit runs' median reference time (0 when none measured it)."""
+    seen = sorted(c.reference for c in checks if c.reference > 0)
+    return seen[(len(seen) - 1) // 2] if seen else 0.0
+
+
+def drift_note(drift: float) -> str:
+    return (f"the host ran {abs(drift):.0%} {'slower' if drift > 0 else 'faster'} than during the fit runs (a fixed "
+            "workload took that much more CPU time on every rank)") if abs(drift) > HOST_DRIFT else ""
+
+
 def refusal(checks: list[FitCheck], bounds: list[Bound], cores: int) -> list[str]:
     """Every reason to refuse the fit, then the noisiest run and what to do; [] when it stands."""
     reasons = []
@@ -100,6 +125,12 @@ def refusal(checks: list[FitCheck], bounds: list[Bound], cores: int) -> list[str
         if c.busy:
             reasons.append(f"{c.name}: other processes used {c.others_cores:.2g} of the {c.cores} cores while it ran, "
                            "so it measured that moment's sharing, not the machine")
+    drifted = _drifted(checks)
+    for c, drift in drifted.items():
+        reasons.append(f"{c.name}: the host ran {abs(drift):.0%} {'slower' if drift > 0 else 'faster'} during it than "
+                       f"during the other fit runs (a fixed workload took {c.reference * 1e3:.2f} ms of CPU time per "
+                       f"rank against their median {reference_baseline(checks) * 1e3:.2f} ms; no other process "
+                       "needs to run for this), so it measured another machine")
     if not reasons:
         return []
     worst = max(checks, key=lambda c: c.noise) if checks else None
@@ -111,7 +142,7 @@ def refusal(checks: list[FitCheck], bounds: list[Bound], cores: int) -> list[str
                    "reproduce them, a limit of the model, not the machine's noise, which a quieter machine will not "
                    "fix; fit without them (the other layers' terms stand) and see docs/calibration.md")
     noisy = any(b.hit for b in bounds) or any(abs(c.error) > c.allowed and c not in limits for c in checks) \
-        or any(c.busy for c in checks)
+        or any(c.busy for c in checks) or bool(drifted)
     if worst is not None and noisy:
         load = f", load average {', '.join(f'{x:.2f}' for x in worst.loadavg)}" if worst.loadavg else ""
         out.append(f"the noisiest run was {worst.name}: other processes used {worst.others_cores:.2g} of the "
@@ -127,5 +158,13 @@ def model_limits(checks: list[FitCheck]) -> list[FitCheck]:
     """The fitted runs missed beyond their spread although nothing disturbed them: other
     processes left the cores alone and their repeated runs agree to within half the miss. Their
     miss is the model's, not noise."""
+    drifted = _drifted(checks)
     return [c for c in checks if abs(c.error) > c.allowed and not c.busy and c.runs > 1
-            and c.spread <= abs(c.error) / 2]
+            and c.spread <= abs(c.error) / 2 and c not in drifted]
+
+
+def _drifted(checks: list[FitCheck]) -> dict[FitCheck, float]:
+    """The fit runs whose host ran :data:`HOST_DRIFT` slower or faster than the fit runs' median."""
+    base = reference_baseline(checks)
+    drifts = {c: host_drift(c.reference, base) for c in checks}
+    return {c: d for c, d in drifts.items() if abs(d) > HOST_DRIFT}

@@ -34,7 +34,7 @@ from dataclasses import replace
 import yaml
 
 from simdist.calibrate.fit import OVERHEAD_RANGE, SYNC_WAIT_MAX, fit_overhead
-from simdist.calibrate.honesty import Bound, FitCheck
+from simdist.calibrate.honesty import Bound, FitCheck, reference_baseline
 from simdist.calibrate.phases import SCALE_RANGE, fit_coschedule, fit_layer, fit_plain, fit_waits
 from simdist.calibrate.repeat import Repeated
 from simdist.frozen import frozen
@@ -198,15 +198,18 @@ def fit_checks(profile: CalibrationProfile, runs: list[FitRun]) -> list[FitCheck
         out.append(FitCheck(name=r.name, measured=r.measured()["step_time_s"], predicted=r.predicted_step(profile),
                             spread=rep.spread, runs=len(rep.runs), core_wait=rep.core_wait,
                             others_cores=rep.others_cores, processes=local_processes(r.scenario),
-                            cores=profile.cores, loadavg=tuple(rep.loadavg) if rep.loadavg else None))
+                            cores=profile.cores, loadavg=tuple(rep.loadavg) if rep.loadavg else None,
+                            reference=rep.reference))
     return out
 
 
 def with_honesty(profile: CalibrationProfile, checks: list[FitCheck]) -> CalibrationProfile:
-    """The profile with the spreads, core waits and error band of the runs it was fitted on."""
+    """The profile with the spreads, core waits and error band of the runs it was fitted on, and the
+    host's speed during them (honesty.reference_baseline)."""
     band = max([max(c.spread, abs(c.error)) for c in checks], default=0.0)
     return replace(profile,
                    spreads={**profile.spreads, **{c.name: c.spread for c in checks}},
                    core_waits={**profile.core_waits, **{c.name: c.core_wait for c in checks}},
                    residuals={**profile.residuals, **{f"fitted run {c.name} |error|": abs(c.error) for c in checks}},
-                   error_band=max(profile.error_band, band))
+                   error_band=max(profile.error_band, band),
+                   reference_cpu_s=reference_baseline(checks) or profile.reference_cpu_s)

@@ -33,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from simdist.calibrate.compare import compare_stored, comparison_figure
+    from simdist.calibrate.honesty import drift_note
     from simdist.calibrate.store import RunStore
     from simdist.spec.files import write_text_atomic
     from simdist.table import table
@@ -45,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
     phases = traces(store, profile, args.scenario, args.trace) if args.trace else {}
     if args.json:
         print(json.dumps([{"name": c.name, "scenario_hash": c.scenario_hash, "measured": c.measured,
-                           "predicted": c.predicted, "spread": c.spread,
+                           "predicted": c.predicted, "spread": c.spread, "host_drift": c.host_drift,
                            **({"phases": phases[c.scenario_hash]} if c.scenario_hash in phases else {})}
                           for c in comps], indent=2))
     elif not comps:
@@ -68,6 +69,10 @@ def main(args: argparse.Namespace) -> int:
                 e = f"{predicted / measured - 1:+.1%}" if measured > 0 else ""
                 rows.append([c.name, f"timeline {phase} s", measured, predicted, e, ""])
         print(table(["scenario", "quantity", "measured", "predicted", "error", "run spread"], rows, align="llrrrr"))
+        for c in comps:
+            note = drift_note(c.host_drift)
+            if note:
+                print(f"note: {c.name}: {note}; its error measures the host as much as the model")
     if args.html and comps:
         write_text_atomic(args.html, comparison_figure(comps).to_html(include_plotlyjs="cdn"))
         print(f"wrote {args.html}", file=sys.stderr)

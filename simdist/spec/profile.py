@@ -40,8 +40,13 @@ thread), it waits a fixed time beyond the transfers. The plain plans' runs tell 
 the share of compute: a tiny model and a large one pay the same few milliseconds there (the
 fixed part of the noise, Hoefler et al. SC'10, at the one point a DDP step waits for its peers).
 
-Versions 1 to 4 still load (the new fields take their defaults: no cores known, no band,
-no optimizer term, no per-call wait).
+Version 6 adds the host's speed during the fit runs (``reference_cpu_s``: the median over them
+of the CPU time a fixed workload took on each rank, executor.measure.reference_cpu_s), so that a
+measurement made later on a slower or faster host is told apart from a wrong prediction
+(:func:`host_drift`).
+
+Versions 1 to 5 still load (the new fields take their defaults: no cores known, no band,
+no optimizer term, no per-call wait, no host speed).
 """
 
 from __future__ import annotations
@@ -56,8 +61,8 @@ from simdist.errors import Problem, ScenarioError
 from simdist.frozen import frozen
 from simdist.spec.files import read_json_object, write_json_atomic
 
-PROFILE_VERSION = 5
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+PROFILE_VERSION = 6
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 
 @frozen(kw_only=True)
@@ -111,6 +116,8 @@ class CalibrationProfile:
     sync_point_waits_s: dict[str, float] = field(default_factory=dict)
     # v5: wait once a step at the data-parallel gradient sync (module docstring), fitted on the plain plans
     dp_step_wait_s: float = 0.0
+    # v6: the host's speed during the fit runs (module docstring); 0 = not measured
+    reference_cpu_s: float = 0.0
 
     def efficiency(self, kind: str, size: float) -> float | None:
         """Interpolated efficiency for an op of ``kind`` and ``size``, or None if not fitted."""

@@ -196,6 +196,8 @@ def test_a_measurement_keeps_its_timeline_core_waits_and_the_machines_load(measu
     assert len(cpus) == 1 or host["cores"] < 2
     transport = m["environment"]["gloo_transport_threads"]  # and gloo's transport under the idle policy
     assert transport["threads"] >= 1 and transport["idle"] == transport["threads"]
+    # the host's speed: a fixed workload's CPU time, far below a step's compute (8 GEMMs of 256^3)
+    assert 0 < m["environment"]["reference_cpu_s"] < m["phases_s"]["forward"] + m["phases_s"]["backward"] + 0.05
 
 
 @pytest.mark.distributed

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from executor.data import first_sample, replica_batch, sample_tokens, token_batch  # noqa: E402
-from executor.measure import SavedActivations, collective_kind  # noqa: E402
+from executor.measure import SavedActivations, collective_kind, reference_cpu_s  # noqa: E402
 from executor.model import Transformer, build_model, lm_loss, stage_module  # noqa: E402
 from executor.parallelize import chunk_layers  # noqa: E402
 from executor.train import reference_losses  # noqa: E402
@@ -247,3 +247,18 @@ def test_gloos_transport_threads_yield_to_the_training_threads():
         stop.set()
         for t in threads:
             t.join()
+
+
+def test_the_hosts_reference_workload_leaves_the_runs_random_state_alone():
+    """reference_cpu_s times its fixed workload by CPU time with its own generator: the global RNG,
+    which seeds a run's initialisation and data, is where it was, so a run's losses do not depend
+    on it; more repeats can only lower the least time."""
+    import torch
+
+    torch.manual_seed(7)
+    state = torch.get_rng_state()
+    one = reference_cpu_s(reps=1)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert 0 < one < 5.0
+    g = torch.Generator().manual_seed(0)  # and its workload is the same every time
+    assert torch.equal(torch.randn(4, generator=g), torch.randn(4, generator=torch.Generator().manual_seed(0)))
