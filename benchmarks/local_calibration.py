@@ -79,7 +79,7 @@ def processes(path: Path) -> int:
 
 
 def measure(path: Path, db: str, steps: int, min_runs: int, max_runs: int,
-            baseline: float) -> tuple[list[float], list[dict], str]:
+            baseline) -> tuple[list[float], list[dict], str]:
     """Run a held-out plan until its median is stable, each run sized to about a second of steps
     (simdist.calibrate.repeat's rules); the runs that count go to the run store. The doubt note
     compares the host's speed with ``baseline``, the profile's (Repeated.doubt)."""
@@ -111,7 +111,7 @@ def _cores() -> int:
     return cores()
 
 
-def stored_doubt(store, path: Path, baseline: float) -> str:
+def stored_doubt(store, path: Path, baseline) -> str:
     """The doubt note of a held-out plan's stored runs (simdist.calibrate.repeat.Repeated.doubt)."""
     from simdist.calibrate.repeat import Repeated
     from simdist.spec.measurement import Measurement
@@ -196,7 +196,7 @@ def main() -> int:
         held = [p for p in held if p.stem in args.only]
     from simdist.spec.profile import load_profile
 
-    baseline = load_profile(profile).reference_cpu_s
+    baseline = load_profile(profile).host_speed
     rows = []
     for path in held:
         try:
@@ -257,7 +257,7 @@ def repredict(out: Path, profile: str, before: str | None = None, fit: list[Path
     runs = stored_fit_runs(RunStore(out / "runs.db"), [str(p) for p in fit or []])
     # the fitted rows are simdist calibrate's own checks (the medians the fit reads, predict's engine)
     was = fit_checks(load_profile(before), runs) if before else [None] * len(runs)
-    baseline = load_profile(profile).reference_cpu_s
+    baseline = load_profile(profile).host_speed
     for run, check, old in zip(runs, fit_checks(load_profile(profile), runs), was, strict=True):
         rows.append({"scenario": check.name, "role": "fit", "median_s": check.measured, "spread": check.spread,
                      "ranks": check.processes, "predicted_s": check.predicted, "before_s": old and old.predicted,

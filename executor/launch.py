@@ -351,8 +351,9 @@ def summary(m: Measurement, out: str | None) -> str:
     if host.get("others_cores") is not None:
         lines.append(f"  machine       {host['cores']} cores; other processes used {host['others_cores']:.2f} of them "
                      f"during the run (load average {', '.join(f'{v:.2f}' for v in host.get('loadavg') or [])})"
-                     + (f"; a fixed reference workload took {ref * 1e3:.2f} ms of CPU per rank (the host's speed)"
-                        if (ref := (x.get("environment") or {}).get("reference_cpu_s")) else ""))
+                     + (f"; the host's speed: reference GEMMs {env['reference_cpu_s'] * 1e3:.2f} ms, small ops "
+                        f"{env['reference_ops_cpu_s'] * 1e3:.2f} ms of CPU per rank"
+                        if (env := x.get("environment") or {}).get("reference_ops_cpu_s") else ""))
     if out:
         lines.append(f"  measurement   {out}")
     return "\n".join(lines)

@@ -120,11 +120,11 @@ def test_runs_and_compare_cli(tmp_path):
     db = tmp_path / "runs.db"
     from dataclasses import replace
 
-    prof = replace(fit_profile(synthetic_bench()), reference_cpu_s=4e-3)  # the host's speed at the fit
+    prof = replace(fit_profile(synthetic_bench()), reference_cpu_s=2.7e-3, reference_ops_cpu_s=3e-3)  # at the fit
     prof.save(tmp_path / "p.json")
     d = local_scenario()
     sc = scenario_from_dict(d)
-    slower = {"environment": {"reference_cpu_s": 5e-3}}  # measured while the host ran 25% slower
+    slower = {"environment": {"reference_cpu_s": 2.7e-3, "reference_ops_cpu_s": 3.75e-3}}  # small ops 25% slower
     RunStore(db).add("measurement", measurement(scenario_hash=sc.hash(), **slower), yaml.safe_dump(d))
     RunStore(db).add("measurement", measurement(name="broken", scenario_hash="bad", step_time_s=-1.0), yaml.safe_dump(d))
     r = run_cli("runs", "--db", str(db))

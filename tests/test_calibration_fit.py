@@ -11,7 +11,15 @@ from conftest import measurement, run_cli
 from test_calibration import local_scenario, synthetic_bench
 
 from simdist.calibrate.fit import fit_profile
-from simdist.calibrate.honesty import FLOOR, HOST_DRIFT, Bound, FitCheck, model_limits, refusal
+from simdist.calibrate.honesty import (
+    FLOOR,
+    HOST_DRIFT,
+    Bound,
+    FitCheck,
+    HostSpeed,
+    model_limits,
+    refusal,
+)
 from simdist.calibrate.repeat import Repeated, repeat_sized, repeat_until_stable, sized_steps
 from simdist.calibrate.terms import FitRun, fit_checks, fit_terms, with_honesty
 from simdist.predict import predict
@@ -110,47 +118,48 @@ def test_a_quiet_repeatable_run_the_fit_misses_is_named_a_model_limit_not_noise(
 
 
 def test_a_fit_run_made_while_the_host_ran_slower_refuses_the_fit_and_is_not_called_a_model_limit():
-    """The host's speed (a fixed workload's CPU time, executor.measure.reference_cpu_s) is compared
-    across the fit runs: run G of 2026-11-28 (benchmarks/README.md) had fit-hsdp's compute 40%
-    slower, with no other process, and its profile predicted the 2-rank plans up to 48% too slow.
-    A run HOST_DRIFT beyond the runs' median refuses the fit and is named, even when its repeats
-    agree (which would otherwise read as the model's limit); within it the fit stands."""
+    """The host's speed (two fixed workloads' CPU time, executor.measure.reference_cpu_s) is
+    compared across the fit runs: in run G of 2026-11-28 (benchmarks/README.md) fit-hsdp's
+    compute took 40% more CPU time, with no other process, and its profile predicted the 2-rank
+    plans up to 48% too slow. A run whose small-op workload took HOST_DRIFT more than the runs'
+    median refuses the fit and is named, even when its repeats agree (which would otherwise read
+    as the model's limit); within it the fit stands; runs that did not measure it are not judged."""
     quiet = [FitCheck(f"fit-{k}", measured=0.05, predicted=0.051, spread=0.03, runs=3, cores=2, others_cores=0.01,
-                      reference=4.0e-3 + 0.02e-3 * k) for k in range(4)]
+                      reference=HostSpeed(2.7e-3, 3.0e-3 + 0.02e-3 * k)) for k in range(4)]
     slow = FitCheck("fit-hsdp", measured=0.148, predicted=0.095, spread=0.04, runs=3, cores=2, others_cores=0.02,
-                    reference=5.6e-3)
+                    reference=HostSpeed(2.72e-3, 4.2e-3))
     text = "\n".join(refusal([*quiet, slow], [], cores=2))
-    assert "fit-hsdp: the host ran 39% slower during it than during the other fit runs" in text
-    assert "5.60 ms of CPU time per rank against their median 4.04 ms" in text
+    assert "fit-hsdp: the host ran 38% slower during it than during the other fit runs" in text
+    assert "GEMMs 2.72 ms, small ops 4.20 ms of CPU time per rank, their median GEMMs 2.70 ms, small ops 3.04 ms" in text
     assert "a limit of the model" not in text and "calibrate again when the machine is quiet" in text
     assert model_limits([*quiet, slow]) == []  # repeatable, quiet, missed: yet the host explains it
-    assert model_limits([*quiet, replace(slow, reference=4.0e-3)]) != []  # the same miss at the host's speed
-    fine = replace(slow, reference=4.04e-3 * (1 + 0.9 * HOST_DRIFT), predicted=0.149)
+    assert model_limits([*quiet, replace(slow, reference=HostSpeed(2.7e-3, 3.0e-3))]) != []  # at the host's speed
+    fine = replace(slow, reference=HostSpeed(2.7e-3, 3.04e-3 * (1 + 0.9 * HOST_DRIFT)), predicted=0.149)
     assert refusal([*quiet, fine], [], cores=2) == []
-    unknown = [replace(c, reference=0.0) for c in [*quiet, slow]]  # runs from before the executor measured it
+    unknown = [replace(c, reference=HostSpeed()) for c in [*quiet, slow]]  # runs from before the executor measured it
     assert "host ran" not in "\n".join(refusal(unknown, [], cores=2))
 
 
 def test_the_profile_keeps_the_hosts_speed_and_held_out_runs_at_another_speed_are_in_doubt():
-    """with_honesty stores the fit runs' median reference time (profile v6); a held-out series
-    whose reference differs by more than HOST_DRIFT is in doubt, naming how much slower or faster;
-    within it, or unknown on either side, it is not."""
+    """with_honesty stores the fit runs' median of each reference workload (profile v6); a
+    held-out series whose workload moved by more than HOST_DRIFT (either one: GEMMs or small ops)
+    is in doubt, naming how much slower or faster; within it, or unknown on either side, not."""
     profile = fit_profile(synthetic_bench())
-    checks = [FitCheck(f"r{k}", measured=1.0, predicted=1.0, spread=0.01, runs=3, reference=r)
-              for k, r in enumerate((4.1e-3, 3.9e-3, 4.0e-3, 0.0))]
+    checks = [FitCheck(f"r{k}", measured=1.0, predicted=1.0, spread=0.01, runs=3, reference=HostSpeed(g, o))
+              for k, (g, o) in enumerate(((2.8e-3, 3.1e-3), (2.6e-3, 2.9e-3), (2.7e-3, 3.0e-3), (0.0, 0.0)))]
     honest = with_honesty(profile, checks)
-    assert honest.reference_cpu_s == 4.0e-3  # the median of those that measured it
-    assert CalibrationProfile.from_dict(json.loads(json.dumps(honest.to_dict()))).reference_cpu_s == 4.0e-3
+    assert (honest.reference_cpu_s, honest.reference_ops_cpu_s) == (2.7e-3, 3.0e-3)  # the medians of those measured
+    assert CalibrationProfile.from_dict(json.loads(json.dumps(honest.to_dict()))).host_speed == HostSpeed(2.7e-3, 3.0e-3)
 
-    def series(reference: float) -> Repeated:
-        env = {"environment": {"reference_cpu_s": reference}}
+    def series(gemm: float, ops: float) -> Repeated:
+        env = {"environment": {"reference_cpu_s": gemm, "reference_ops_cpu_s": ops}}
         return Repeated("h", (m(0.05, **env), m(0.051, **env), m(0.049, **env)), True, "stable")
 
-    note = series(5.0e-3).doubt(cores=2, baseline=honest.reference_cpu_s)
+    note = series(2.7e-3, 3.75e-3).doubt(cores=2, baseline=honest.host_speed)
     assert note is not None and note.startswith("the host ran 25% slower than during the fit runs")
-    assert "faster" in (series(3.2e-3).doubt(cores=2, baseline=4.0e-3) or "")
-    assert series(4.0e-3 * (1 + 0.9 * HOST_DRIFT)).doubt(cores=2, baseline=4.0e-3) is None
-    assert series(5.0e-3).doubt(cores=2) is None  # a profile that did not record it
+    assert "faster" in (series(2.1e-3, 3.0e-3).doubt(cores=2, baseline=honest.host_speed) or "")
+    assert series(2.7e-3 * (1 + 0.9 * HOST_DRIFT), 3.0e-3).doubt(cores=2, baseline=honest.host_speed) is None
+    assert series(2.7e-3, 3.75e-3).doubt(cores=2) is None  # a profile that did not record it
 
 
 # --- fitting each software layer from its own runs ----------------------------------------------------

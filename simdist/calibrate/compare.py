@@ -28,7 +28,7 @@ class Comparison:
     measured: dict[str, float]  # quantity -> value (seconds or GiB)
     predicted: dict[str, float]
     spread: float  # relative run-to-run spread of the measured step times (max-min)/median
-    host_drift: float = 0.0  # how much slower (> 0) the host ran than when the profile was fitted (honesty.host_drift)
+    host_drift: float = 0.0  # how much slower (> 0) the host ran than when the profile was fitted (honesty.HostSpeed)
 
     def error(self, key: str) -> float | None:
         m, p = self.measured.get(key), self.predicted.get(key)
@@ -111,13 +111,12 @@ def measured_quantities(m: Measurement) -> dict[str, float]:
 def compare_one(meas: Measurement | Mapping[str, Any], scenario_yaml: str, profile: CalibrationProfile | None,
                 base_dir: str = ".") -> Comparison:
     """One measurement (or its JSON object, validated here) against the prediction of its scenario."""
-    from simdist.calibrate.honesty import host_drift
-    from simdist.calibrate.repeat import reference_cpu
+    from simdist.calibrate.repeat import host_speed
     from simdist.spec.scenario import scenario_from_dict
 
     m = meas if isinstance(meas, Measurement) else Measurement.from_dict(meas)
     sc = scenario_from_dict(as_run_dict(yaml.safe_load(scenario_yaml), m.extras.get("as_run") or {}), base_dir)
-    drift = host_drift(reference_cpu(m), profile.reference_cpu_s) if profile is not None else 0.0
+    drift = host_speed(m).drift(profile.host_speed) if profile is not None else 0.0
     return Comparison(m.name, m.scenario_hash, measured_quantities(m), predicted_quantities(sc, profile), m.spread,
                       drift)
 

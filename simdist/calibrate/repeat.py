@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import field, replace
 from typing import Any
 
-from simdist.calibrate.honesty import BUSY_SHARE, drift_note, host_drift
+from simdist.calibrate.honesty import BUSY_SHARE, UNKNOWN_SPEED, HostSpeed, drift_note, median_speed
 from simdist.frozen import frozen
 from simdist.spec.measurement import Measurement
 
@@ -96,13 +96,13 @@ class Repeated:
     def _computes(self) -> list[float]:
         return sorted(c for c in (compute_phase(m) for m in self.runs) if c is not None and c > 0)
 
-    def doubt(self, cores: int, baseline: float = 0.0) -> str | None:
+    def doubt(self, cores: int, baseline: HostSpeed = UNKNOWN_SPEED) -> str | None:
         """A note when the measured median is in doubt rather than the prediction; None else:
 
         - the runs' compute falls in two groups (:data:`COMPUTE_GAP`) though other processes left
           the cores alone (at most honesty.BUSY_SHARE of ``cores``): the same work took unlike times;
-        - the host ran slower or faster than at ``baseline``, the reference workload's CPU time
-          during the fit runs (the profile's ``reference_cpu_s``; honesty.HOST_DRIFT)."""
+        - the host ran slower or faster than at ``baseline``, its speed during the fit runs (the
+          profile's, :meth:`CalibrationProfile.host_speed`; honesty.HOST_DRIFT)."""
         notes = []
         gap = self.compute_gap
         if gap > COMPUTE_GAP and not (cores > 0 and self.others_cores > BUSY_SHARE * cores):
@@ -110,17 +110,15 @@ class Repeated:
             cut = max(range(1, len(values)), key=lambda i: values[i] / values[i - 1])
             notes.append(f"compute {1 + gap:.2f}x between runs ({len(values) - cut} of {len(values)} slow) on a quiet "
                          "machine: the measurement is in doubt")
-        drift = drift_note(host_drift(self.reference, baseline))
+        drift = drift_note(self.reference.drift(baseline))
         if drift:
             notes.append(drift + ": the measurement is of another machine")
         return "; ".join(notes) or None
 
     @property
-    def reference(self) -> float:
-        """The host's speed over the runs: the median of their reference workload's CPU time
-        (``environment.reference_cpu_s``, executor.measure); 0 when no run measured it."""
-        seen = [r for r in (reference_cpu(m) for m in self.runs) if r > 0]
-        return statistics.median(seen) if seen else 0.0
+    def reference(self) -> HostSpeed:
+        """The host's speed over the runs: each reference workload's median CPU time."""
+        return median_speed([host_speed(m) for m in self.runs])
 
     @property
     def loadavg(self) -> list[float] | None:
@@ -143,8 +141,10 @@ def compute_phase(m: Measurement) -> float | None:
     return sum(parts) + (m.phase("other") or 0.0)  # type: ignore[arg-type]
 
 
-def reference_cpu(m: Measurement) -> float:
-    return float((m.extras.get("environment") or {}).get("reference_cpu_s") or 0.0)
+def host_speed(m: Measurement) -> HostSpeed:
+    """The run's reference workloads' CPU times (``environment``, executor.measure.reference_cpu_s)."""
+    env = m.extras.get("environment") or {}
+    return HostSpeed(float(env.get("reference_cpu_s") or 0.0), float(env.get("reference_ops_cpu_s") or 0.0))
 
 
 def others_cores(m: Measurement) -> float:

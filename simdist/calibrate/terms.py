@@ -34,7 +34,7 @@ from dataclasses import replace
 import yaml
 
 from simdist.calibrate.fit import OVERHEAD_RANGE, SYNC_WAIT_MAX, fit_overhead
-from simdist.calibrate.honesty import Bound, FitCheck, reference_baseline
+from simdist.calibrate.honesty import Bound, FitCheck, HostSpeed, reference_baseline
 from simdist.calibrate.phases import SCALE_RANGE, fit_coschedule, fit_layer, fit_plain, fit_waits
 from simdist.calibrate.repeat import Repeated
 from simdist.frozen import frozen
@@ -212,4 +212,10 @@ def with_honesty(profile: CalibrationProfile, checks: list[FitCheck]) -> Calibra
                    core_waits={**profile.core_waits, **{c.name: c.core_wait for c in checks}},
                    residuals={**profile.residuals, **{f"fitted run {c.name} |error|": abs(c.error) for c in checks}},
                    error_band=max(profile.error_band, band),
-                   reference_cpu_s=reference_baseline(checks) or profile.reference_cpu_s)
+                   **_speed(reference_baseline(checks), profile))
+
+
+def _speed(measured: HostSpeed, profile: CalibrationProfile) -> dict[str, float]:
+    """The profile's host-speed fields: the fit runs' where they measured it, else kept."""
+    return {"reference_cpu_s": measured.gemm or profile.reference_cpu_s,
+            "reference_ops_cpu_s": measured.ops or profile.reference_ops_cpu_s}

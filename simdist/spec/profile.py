@@ -40,10 +40,10 @@ thread), it waits a fixed time beyond the transfers. The plain plans' runs tell 
 the share of compute: a tiny model and a large one pay the same few milliseconds there (the
 fixed part of the noise, Hoefler et al. SC'10, at the one point a DDP step waits for its peers).
 
-Version 6 adds the host's speed during the fit runs (``reference_cpu_s``: the median over them
-of the CPU time a fixed workload took on each rank, executor.measure.reference_cpu_s), so that a
-measurement made later on a slower or faster host is told apart from a wrong prediction
-(:func:`host_drift`).
+Version 6 adds the host's speed during the fit runs (``reference_cpu_s`` and
+``reference_ops_cpu_s``: the median over them of the CPU time two fixed workloads took on each
+rank, executor.measure.reference_cpu_s), so that a measurement made later on a slower or faster
+host is told apart from a wrong prediction (simdist.calibrate.honesty.HostSpeed).
 
 Versions 1 to 5 still load (the new fields take their defaults: no cores known, no band,
 no optimizer term, no per-call wait, no host speed).
@@ -116,8 +116,9 @@ class CalibrationProfile:
     sync_point_waits_s: dict[str, float] = field(default_factory=dict)
     # v5: wait once a step at the data-parallel gradient sync (module docstring), fitted on the plain plans
     dp_step_wait_s: float = 0.0
-    # v6: the host's speed during the fit runs (module docstring); 0 = not measured
+    # v6: the host's speed during the fit runs (module docstring): GEMMs, small ops; 0 = not measured
     reference_cpu_s: float = 0.0
+    reference_ops_cpu_s: float = 0.0
 
     def efficiency(self, kind: str, size: float) -> float | None:
         """Interpolated efficiency for an op of ``kind`` and ``size``, or None if not fitted."""
@@ -177,6 +178,13 @@ class CalibrationProfile:
         lo, hi = step_time_s * (1 - self.error_band), step_time_s * (1 + self.error_band)
         return (f"error band: step time {step_time_s:.4g} s +/-{self.error_band:.0%} ({lo:.4g} to {hi:.4g} s), the "
                 f"largest run-to-run spread or fit residual of the {len(self.spreads)} run(s) the profile was fitted on")
+
+    @property
+    def host_speed(self) -> Any:
+        """The host's speed during the fit runs (simdist.calibrate.honesty.HostSpeed)."""
+        from simdist.calibrate.honesty import HostSpeed
+
+        return HostSpeed(self.reference_cpu_s, self.reference_ops_cpu_s)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

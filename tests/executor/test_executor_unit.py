@@ -249,16 +249,14 @@ def test_gloos_transport_threads_yield_to_the_training_threads():
             t.join()
 
 
-def test_the_hosts_reference_workload_leaves_the_runs_random_state_alone():
-    """reference_cpu_s times its fixed workload by CPU time with its own generator: the global RNG,
-    which seeds a run's initialisation and data, is where it was, so a run's losses do not depend
-    on it; more repeats can only lower the least time."""
+def test_the_hosts_reference_workloads_leave_the_runs_random_state_alone():
+    """reference_cpu_s times its two fixed workloads by CPU time with its own generator: the
+    global RNG, which seeds a run's initialisation and data, is where it was, so a run's losses do
+    not depend on it."""
     import torch
 
     torch.manual_seed(7)
     state = torch.get_rng_state()
-    one = reference_cpu_s(reps=1)
+    times = reference_cpu_s(reps=1)
     assert torch.equal(torch.get_rng_state(), state)
-    assert 0 < one < 5.0
-    g = torch.Generator().manual_seed(0)  # and its workload is the same every time
-    assert torch.equal(torch.randn(4, generator=g), torch.randn(4, generator=torch.Generator().manual_seed(0)))
+    assert set(times) == {"reference_cpu_s", "reference_ops_cpu_s"} and all(0 < t < 5.0 for t in times.values())
