@@ -37,11 +37,6 @@ wait for a core is measured apart (``core_wait``) and ``comm`` is only the wait 
 threads used during it (``time.process_time`` less the training thread's): gloo's transport
 threads and the process group's workers moving and reducing the collectives' data, CPU work that
 competes for the cores when ranks outnumber them (simdist.analytic.timeshare).
-``environment.reference_cpu_s`` is the host's speed at the time of the run: the training thread's
-CPU time for a fixed workload (:func:`reference_cpu_s`), the same on every run, so that runs of
-one calibration made while the host ran slower (a phase the load figures do not show: no other
-process, no steal, yet every rank's compute 10-40% slower, measured 2026-11-28) can be told
-apart (simdist.calibrate.honesty).
 Forward is timed with hooks on each model chunk (so a pipeline's
 interleaved forwards are caught); in a pipeline, backward is the schedule's CPU time minus
 forward. On CUDA, phases are wall times with a synchronize at each boundary and ``comm`` is not
@@ -66,55 +61,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from executor.parallelize import ParallelModel
 from executor.timeline import Spans, Tracer, run_delay_s
 from executor.train import Probe
-
-# --- the host's speed ------------------------------------------------------------------------
-
-REFERENCE_REPS = 7
-
-
-def reference_cpu_s(reps: int = REFERENCE_REPS) -> dict[str, float]:
-    """CPU seconds (``time.thread_time``) the calling thread takes for two fixed workloads, each
-    the least of ``reps`` repeats (one interrupted repeat does not count):
-
-    - ``reference_cpu_s``: a chain of eight 256 x 256 x 256 fp32 GEMMs, each followed by a GELU
-      and an add: the kernels' own speed (2.6-2.8 ms on the 2-core machine it was written on,
-      both ranks running it at once);
-    - ``reference_ops_cpu_s``: twenty forward and backward passes of four 32-wide linear layers
-      on 8 rows: the cost of each op's dispatch and autograd bookkeeping, which is most of a tiny
-      plan's step.
-
-    CPU time, not wall time, so that ranks waiting for a core (more ranks than cores) do not
-    count it. Its own generator: the global RNG, and so the run's losses, are untouched."""
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(256, 256, generator=g) / 16
-    x0 = torch.randn(256, 256, generator=g)
-    small_w = (torch.randn(32, 32, generator=g) / 6).requires_grad_()
-    small_x = torch.randn(8, 32, generator=g)
-
-    def gemms() -> None:
-        x = x0
-        for _ in range(8):
-            x = torch.nn.functional.gelu(x @ w) + x
-
-    def ops() -> None:
-        for _ in range(20):
-            x = small_x
-            for _ in range(4):
-                x = torch.nn.functional.gelu(x @ small_w) + x
-            x.sum().backward()
-        small_w.grad = None
-
-    return {"reference_cpu_s": _least_cpu(gemms, reps), "reference_ops_cpu_s": _least_cpu(ops, reps)}
-
-
-def _least_cpu(fn: Any, reps: int) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.thread_time()
-        fn()
-        best = min(best, time.thread_time() - t0)
-    return best
-
 
 # --- model states ---------------------------------------------------------------------------
 

@@ -187,7 +187,7 @@ def ps_summary(plan: Any, ranks: list[dict[str, Any]], servers: list[dict[str, A
 
 def reference_speed(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """The host's speed during the run: the median over the ranks of each reference workload's
-    CPU time (executor.measure.reference_cpu_s); {} on a GPU."""
+    CPU time (executor.hostload.reference_cpu_s); {} on a GPU."""
     refs = [r["reference_cpu_s"] for r in ranks if r.get("reference_cpu_s")]
     return {key: statistics.median(x[key] for x in refs) for key in refs[0]} if refs else {}
 

@@ -19,15 +19,15 @@ number is ``TORCHELASTIC_RESTART_COUNT``. The i-th ``--fault`` fires on attempt 
 appends its start, resume, failure and hang to ``events.jsonl`` in the run directory, from which
 rank 0 measures the restart time (:func:`executor.report.restart_history`).
 
-Timeouts: the process groups (the mesh's sub-groups too, see
-:func:`executor.parallelize.build_mesh`) are created with a generous timeout
-(:data:`SETUP_TIMEOUT_S`, or ``--pg-timeout`` if longer) for start-up, resume and checkpoint
-saves, whose length depends on how busy the machine is; once every rank has passed a barrier
-after them (so the first rank ready never waits on a slower one with the short timeout), training
-steps hold ``--pg-timeout``, so that a hung peer is detected quickly (torchtitan shortens its timeouts after
-the first step the same way). Process life (torch 2.13 on CPU/gloo, measured): every worker ends with
-flush + ``destroy_process_group`` + ``os._exit`` (a plain interpreter exit sometimes aborts
-after destroy_process_group on gloo, and torchrun then reports the job failed).
+Timeouts: the process groups (the mesh's sub-groups too, :func:`executor.parallelize.build_mesh`)
+get a generous timeout (:data:`SETUP_TIMEOUT_S`, or ``--pg-timeout`` if longer) for start-up,
+resume and checkpoint saves, whose length depends on how busy the machine is; once every rank has
+passed a barrier after them (so the first rank ready never waits on a slower one with the short
+timeout), training steps hold ``--pg-timeout``, so that a hung peer is detected quickly (torchtitan
+shortens its timeouts after the first step the same way). Process life (torch 2.13 on CPU/gloo,
+measured): every worker ends with flush + ``destroy_process_group`` + ``os._exit`` (a plain
+interpreter exit sometimes aborts after destroy_process_group on gloo, and torchrun then reports
+the job failed).
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ from executor.faults import (
     pid_path,
     result_path,
 )
-from executor.hostload import settle_cpu_threads
-from executor.measure import CollectiveCensus, StepProbe, reference_cpu_s
+from executor.hostload import settle_cpu_threads, start_cpu_rank
+from executor.measure import CollectiveCensus, StepProbe
 from executor.report import assemble
 from executor.timeline import Tracer
 from executor.train import DEFAULT_SEED, train_step
@@ -195,10 +195,7 @@ class Worker:
               group: dist.ProcessGroup | None, servers: int) -> None:
         m, plan = scenario.model, scenario.plan
         self.reports_progress = plan_rank == plan.world_size - 1
-        reference = None
-        if device.type == "cpu":  # after every process group: gloo's threads keep every core
-            settle_cpu_threads()
-            reference = reference_cpu_s()  # the host's speed now (executor.measure)
+        reference = start_cpu_rank() if device.type == "cpu" else None  # after every process group
         tracer = Tracer(self.args.trace, self.rank, cuda=device.type == "cuda")
         probe = StepProbe(pm, cuda=device.type == "cuda", tracer=tracer)
         warmup, steps, total = self.args.warmup, self.args.steps, self.total_steps()

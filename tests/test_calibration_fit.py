@@ -118,7 +118,7 @@ def test_a_quiet_repeatable_run_the_fit_misses_is_named_a_model_limit_not_noise(
 
 
 def test_a_fit_run_made_while_the_host_ran_slower_refuses_the_fit_and_is_not_called_a_model_limit():
-    """The host's speed (two fixed workloads' CPU time, executor.measure.reference_cpu_s) is
+    """The host's speed (two fixed workloads' CPU time, executor.hostload.reference_cpu_s) is
     compared across the fit runs: in run G of 2026-11-28 (benchmarks/README.md) fit-hsdp's
     compute took 40% more CPU time, with no other process, and its profile predicted the 2-rank
     plans up to 48% too slow. A run whose small-op workload took HOST_DRIFT more than the runs'

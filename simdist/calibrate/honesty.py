@@ -10,7 +10,7 @@ A fit is refused, and no profile written, when
 - other processes used a sizeable part of the cores during a run (:data:`BUSY_SHARE` of them,
   executor.hostload): the run measured that moment's sharing, not the machine;
 - the host itself ran slower or faster during a run than during the others (:data:`HOST_DRIFT`):
-  fixed workloads timed by CPU time on every rank (executor.measure.reference_cpu_s: GEMMs, and
+  fixed workloads timed by CPU time on every rank (executor.hostload.reference_cpu_s: GEMMs, and
   many small ops) took another time than the fit runs' median. On the 2-core guest simdist was calibrated on, whole
   calibration runs had phases where every rank's compute took 10-40% more CPU time with no other
   process running and no steal time reported (benchmarks/README.md): the load figures do not show
@@ -26,6 +26,7 @@ the model's, and a quieter machine would not change it.
 from __future__ import annotations
 
 from simdist.frozen import frozen
+from simdist.spec.profile import HostSpeed
 
 FLOOR = 0.05  # the smallest error a fit is held to: two medians of a few steps rarely agree closer
 BUSY_SHARE = 0.2  # other processes using more than this share of the cores make a run noisy
@@ -54,25 +55,6 @@ class Bound:
         if not self.upper_only and self.value <= self.low * (1 + 0.01 * math.log(self.high / self.low)):
             return "lower"
         return None
-
-
-@frozen
-class HostSpeed:
-    """The host's speed during runs: the CPU time (s) of the executor's two reference workloads
-    (executor.measure.reference_cpu_s): GEMMs, and many small ops with their autograd; 0 = not
-    measured."""
-
-    gemm: float = 0.0
-    ops: float = 0.0
-
-    def drift(self, baseline: HostSpeed) -> float:
-        """How much slower (> 0) or faster (< 0) the host ran than at ``baseline``: the workload
-        whose CPU time moved most, its ratio less 1; 0 when neither side measured it."""
-        ratios = [a / b - 1.0 for a, b in ((self.gemm, baseline.gemm), (self.ops, baseline.ops)) if a > 0 and b > 0]
-        return max(ratios, key=abs, default=0.0)
-
-    def describe(self) -> str:
-        return f"GEMMs {self.gemm * 1e3:.2f} ms, small ops {self.ops * 1e3:.2f} ms"
 
 
 UNKNOWN_SPEED = HostSpeed()

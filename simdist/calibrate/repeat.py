@@ -142,7 +142,7 @@ def compute_phase(m: Measurement) -> float | None:
 
 
 def host_speed(m: Measurement) -> HostSpeed:
-    """The run's reference workloads' CPU times (``environment``, executor.measure.reference_cpu_s)."""
+    """The run's reference workloads' CPU times (``environment``, executor.hostload.reference_cpu_s)."""
     env = m.extras.get("environment") or {}
     return HostSpeed(float(env.get("reference_cpu_s") or 0.0), float(env.get("reference_ops_cpu_s") or 0.0))
 

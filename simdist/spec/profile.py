@@ -42,8 +42,8 @@ fixed part of the noise, Hoefler et al. SC'10, at the one point a DDP step waits
 
 Version 6 adds the host's speed during the fit runs (``reference_cpu_s`` and
 ``reference_ops_cpu_s``: the median over them of the CPU time two fixed workloads took on each
-rank, executor.measure.reference_cpu_s), so that a measurement made later on a slower or faster
-host is told apart from a wrong prediction (simdist.calibrate.honesty.HostSpeed).
+rank, executor.hostload.reference_cpu_s), so that a measurement made later on a slower or faster
+host is told apart from a wrong prediction (:class:`HostSpeed`, simdist.calibrate.honesty).
 
 Versions 1 to 5 still load (the new fields take their defaults: no cores known, no band,
 no optimizer term, no per-call wait, no host speed).
@@ -63,6 +63,25 @@ from simdist.spec.files import read_json_object, write_json_atomic
 
 PROFILE_VERSION = 6
 READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+
+
+@frozen
+class HostSpeed:
+    """The host's speed during runs: the CPU time (s) of the executor's two reference workloads
+    (executor.hostload.reference_cpu_s): GEMMs, and many small ops with their autograd; 0 = not
+    measured."""
+
+    gemm: float = 0.0
+    ops: float = 0.0
+
+    def drift(self, baseline: HostSpeed) -> float:
+        """How much slower (> 0) or faster (< 0) the host ran than at ``baseline``: the workload
+        whose CPU time moved most, its ratio less 1; 0 when neither side measured it."""
+        ratios = [a / b - 1.0 for a, b in ((self.gemm, baseline.gemm), (self.ops, baseline.ops)) if a > 0 and b > 0]
+        return max(ratios, key=abs, default=0.0)
+
+    def describe(self) -> str:
+        return f"GEMMs {self.gemm * 1e3:.2f} ms, small ops {self.ops * 1e3:.2f} ms"
 
 
 @frozen(kw_only=True)
@@ -180,10 +199,8 @@ class CalibrationProfile:
                 f"largest run-to-run spread or fit residual of the {len(self.spreads)} run(s) the profile was fitted on")
 
     @property
-    def host_speed(self) -> Any:
-        """The host's speed during the fit runs (simdist.calibrate.honesty.HostSpeed)."""
-        from simdist.calibrate.honesty import HostSpeed
-
+    def host_speed(self) -> HostSpeed:
+        """The host's speed during the fit runs."""
         return HostSpeed(self.reference_cpu_s, self.reference_ops_cpu_s)
 
     def to_dict(self) -> dict[str, Any]:

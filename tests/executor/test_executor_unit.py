@@ -12,7 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from executor.data import first_sample, replica_batch, sample_tokens, token_batch  # noqa: E402
-from executor.measure import SavedActivations, collective_kind, reference_cpu_s  # noqa: E402
+from executor.hostload import reference_cpu_s  # noqa: E402
+from executor.measure import SavedActivations, collective_kind  # noqa: E402
 from executor.model import Transformer, build_model, lm_loss, stage_module  # noqa: E402
 from executor.parallelize import chunk_layers  # noqa: E402
 from executor.train import reference_losses  # noqa: E402
