@@ -23,12 +23,14 @@ step were not time the cores could give to other ranks. (Before the executor ran
 transport threads under the idle policy, executor.hostload.idle_transport_threads, the model
 let the sync-point waits and the links' latency fill with other ranks' work too; over four
 fresh calibration runs since, that held 15 of 36 time-shared held-out predictions within 15%,
-this 23; benchmarks/README.md.) Where it errs: tiny-3d (8 ranks) is predicted 33-51% too slow,
-and tiny-2d-tp-dp, whose measured median moved between 135-148 and 182-198 ms from one
-calibration run to the next, 34-53% too slow in the fast runs: their ranks' CPU work is less
-than the full-speed step less its bubble. How much of a full-speed step is CPU work, per plan
-kind, is not priced yet; the executor records it since (the training thread's CPU time and its
-process's other threads', ``phases_s.helper_threads``).
+this 23; benchmarks/README.md.) Where it errs: tiny-3d (8 ranks) is predicted 27-51% too slow,
+and tiny-2d-tp-dp 21-35% in the runs since its optimizer is priced as it runs (local shards under
+DDP, simdist.analytic.cpu_optimizer): data-parallel replicas of a TP group fill each other's
+waits, and each rank's CPU demand is less than the full-speed step less its bubble (63 ms of
+a 93 ms step there; measured with one TP group alone, 81 ms of 104). A pipeline's stages and
+FSDP's shard groups do not fill them so (tiny-2d-pp-tp, tiny-hsdp within 2-10%). Which waits
+fill, per plan kind, is not priced yet; the executor records what it needs (the training
+thread's CPU time and its process's other threads', ``phases_s.helper_threads``).
 
 To that come the waits at the sync points whose peers the scheduler has not running
 (simdist.analytic.cpu_syncs), when the profile fitted them, counting the ranks that compete for
