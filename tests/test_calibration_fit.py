@@ -140,7 +140,7 @@ def test_a_fit_run_made_while_the_host_ran_slower_refuses_the_fit_and_is_not_cal
     assert "host ran" not in "\n".join(refusal(unknown, [], cores=2))
 
 
-def test_the_profile_keeps_the_hosts_speed_and_held_out_runs_at_another_speed_are_in_doubt():
+def test_the_profile_keeps_the_hosts_speed_and_held_out_runs_at_another_speed_are_in_doubt(capsys):
     """with_honesty stores the fit runs' median of each reference workload (profile v6); a
     held-out series whose workload moved by more than HOST_DRIFT (either one: GEMMs or small ops)
     is in doubt, naming how much slower or faster; within it, or unknown on either side, not."""
@@ -150,6 +150,10 @@ def test_the_profile_keeps_the_hosts_speed_and_held_out_runs_at_another_speed_ar
     honest = with_honesty(profile, checks)
     assert (honest.reference_cpu_s, honest.reference_ops_cpu_s) == (2.7e-3, 3.0e-3)  # the medians of those measured
     assert CalibrationProfile.from_dict(json.loads(json.dumps(honest.to_dict()))).host_speed == HostSpeed(2.7e-3, 3.0e-3)
+    from simdist.cli.calibrate import _summary
+
+    _summary(honest)  # simdist calibrate's summary names it
+    assert "host speed during the fitted runs: reference GEMMs 2.70 ms, small ops 3.00 ms" in capsys.readouterr().out
 
     def series(gemm: float, ops: float) -> Repeated:
         env = {"environment": {"reference_cpu_s": gemm, "reference_ops_cpu_s": ops}}

@@ -191,3 +191,8 @@ def _summary(profile) -> None:
     for k, link in profile.links.items():
         print(f"link {k}: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
     print(f"error band of predictions: +/-{profile.error_band:.0%} (the largest spread or residual of the fitted runs)")
+    if profile.reference_cpu_s:
+        from simdist.calibrate.honesty import HOST_DRIFT
+
+        print(f"host speed during the fitted runs: reference {profile.host_speed.describe()} of CPU per rank "
+              f"(a run {HOST_DRIFT:.0%} away measured another host: simdist compare flags it)")
