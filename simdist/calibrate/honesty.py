@@ -11,10 +11,12 @@ A fit is refused, and no profile written, when
   executor.hostload): the run measured that moment's sharing, not the machine;
 - the host itself ran slower or faster during a run than during the others (:data:`HOST_DRIFT`):
   fixed workloads timed by CPU time on every rank (executor.hostload.reference_cpu_s: GEMMs, and
-  many small ops) took another time than the fit runs' median. On the 2-core guest simdist was calibrated on, whole
-  calibration runs had phases where every rank's compute took 10-40% more CPU time with no other
-  process running and no steal time reported (benchmarks/README.md): the load figures do not show
-  such a phase, the reference workload does.
+  many small ops with their autograd) took another time than the fit runs' median. On the 2-core
+  guest simdist was calibrated on, calibrations had phases where the tiny plans' compute took
+  10-40% more CPU time with no other process running and no steal time reported
+  (benchmarks/README.md): the load figures do not show such a phase. The GEMM workload did not
+  either (2-4% in the one phase measured with it): the phase slowed the per-op work, which the
+  small-op workload times.
 
 The message names the run that was noisiest (the CPU other processes used during it, the share
 of each step its ranks waited for a core, the spread of its medians, the load average) and what
@@ -31,7 +33,8 @@ from simdist.spec.profile import HostSpeed
 FLOOR = 0.05  # the smallest error a fit is held to: two medians of a few steps rarely agree closer
 BUSY_SHARE = 0.2  # other processes using more than this share of the cores make a run noisy
 HOST_DRIFT = 0.10  # a run whose reference workload took this much more or less CPU time ran on another host
-# (on a steady host the workload's time stays within 5% of its median: 2.57-2.80 ms over 76 runs, 2026-11-28)
+# (on a steady host each workload stays within 6% of its median: GEMMs 2.54-2.84 ms over 330 runs, small ops
+# 2.74-3.08 ms over 165 but one, 2026-11-28: benchmarks/README.md)
 CORE_WAIT_SHARE = 0.10  # with no more ranks than cores, waiting this share of a step for a core is noise
 
 
@@ -112,8 +115,9 @@ def reference_baseline(checks: list[FitCheck]) -> HostSpeed:
 
 
 def drift_note(drift: float) -> str:
-    return (f"the host ran {abs(drift):.0%} {'slower' if drift > 0 else 'faster'} than during the fit runs (fixed "
-            "reference workloads took that much more CPU time on every rank)") if abs(drift) > HOST_DRIFT else ""
+    """A note when ``drift`` (HostSpeed.drift) is beyond :data:`HOST_DRIFT`; "" else."""
+    return (f"the host ran {abs(drift):.0%} {'slower' if drift > 0 else 'faster'} than during the fit runs (by the CPU "
+            "time of fixed reference workloads on every rank)") if abs(drift) > HOST_DRIFT else ""
 
 
 def refusal(checks: list[FitCheck], bounds: list[Bound], cores: int) -> list[str]:

@@ -34,13 +34,14 @@ from dataclasses import replace
 import yaml
 
 from simdist.calibrate.fit import OVERHEAD_RANGE, SYNC_WAIT_MAX, fit_overhead
-from simdist.calibrate.honesty import Bound, FitCheck, HostSpeed, reference_baseline
+from simdist.calibrate.honesty import Bound, FitCheck, reference_baseline
 from simdist.calibrate.phases import SCALE_RANGE, fit_coschedule, fit_layer, fit_plain, fit_waits
 from simdist.calibrate.repeat import Repeated
 from simdist.frozen import frozen
 from simdist.spec.profile import (
     BASE_TERMS,
     CalibrationProfile,
+    HostSpeed,
     busy_ranks,
     local_processes,
     profile_layers,
