@@ -16,7 +16,6 @@ from simdist.calibrate.honesty import (
     HOST_DRIFT,
     Bound,
     FitCheck,
-    HostSpeed,
     model_limits,
     refusal,
 )
@@ -24,7 +23,13 @@ from simdist.calibrate.repeat import Repeated, repeat_sized, repeat_until_stable
 from simdist.calibrate.terms import FitRun, fit_checks, fit_terms, with_honesty
 from simdist.predict import predict
 from simdist.spec.measurement import Measurement
-from simdist.spec.profile import PROFILE_VERSION, CalibrationProfile, load_profile, profile_layers
+from simdist.spec.profile import (
+    PROFILE_VERSION,
+    CalibrationProfile,
+    HostSpeed,
+    load_profile,
+    profile_layers,
+)
 from simdist.spec.scenario import scenario_from_dict
 
 

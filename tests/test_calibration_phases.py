@@ -145,7 +145,8 @@ def test_a_tensor_parallel_optimizer_pays_dtensor_dispatch_unless_ddp_hands_it_l
 
     def per_tensor(**plan) -> float:
         d = local_scenario(**plan)
-        d["cluster"] = {**d["cluster"], "gpus_per_node": plan.get("tp", 1) * plan.get("dp", 1) * plan.get("pp", 1)}
+        d["cluster"] = {**d["cluster"], "gpus_per_node": plan.get("tp", 1) * plan.get("dp", 1) * plan.get("pp", 1)
+                        * plan.get("cp", 1)}
         sc = scenario_from_dict(d)
         return per_tensor_optimizer_time(sc, p, 0) / stage_tensors(sc.model, sc.plan, 0)
 
@@ -155,6 +156,8 @@ def test_a_tensor_parallel_optimizer_pays_dtensor_dispatch_unless_ddp_hands_it_l
     assert per_tensor(tp=2, dp=2, zero_stage=3) == pytest.approx(7e-5)  # FSDP2 on DTensors
     assert per_tensor(tp=2, dp=2, pp=2, virtual_pipeline_stages=2, schedule="interleaved-1f1b",
                       micro_batch_size=1) == pytest.approx(7e-5)  # FSDP2's replicate
+    assert per_tensor(tp=2, cp=2, zero_stage=2) == pytest.approx(7e-5)  # FSDP2 over the context ranks
+    assert per_tensor(tp=2, cp=2) == pytest.approx(2e-5)  # DDP over them
     assert per_tensor(dp=2) == pytest.approx(2e-5)  # no TP: nothing to localize
 
 

@@ -61,18 +61,20 @@ def per_tensor_optimizer_time(sc: Any, profile: Any, stage: int) -> float | None
     profile has no such term (a GPU, or a profile fitted before version 3)."""
     if profile is None or profile.optimizer_tensor_s is None:
         return None
-    local = tp_params_local(sc.plan)
     per = profile.optimizer_tensor_s + sum(profile.optimizer_layer_tensor_s.get(k, 0.0)
-                                           for k in profile_layers(sc.plan) if not (local and k == "tp"))
+                                           for k in optimizer_layers(sc.plan))
     return stage_tensors(sc.model, sc.plan, stage) * max(0.0, per)  # a layer's term may be negative
 
 
-def tp_params_local(plan: Any) -> bool:
-    """Whether a TP plan's optimizer steps plain local tensors: DDP wraps it (module docstring),
-    the data-parallel kinds without FSDP2 (whose ``replicate`` a multi-chunk pipeline runs,
-    profile_layers' "zero2", keeps DTensors)."""
-    return (plan.tp > 1 and plan.dp * plan.cp > 1 and plan.zero_stage <= 1
-            and "zero2" not in profile_layers(plan))
+def optimizer_layers(plan: Any) -> tuple[str, ...]:
+    """The software layers whose per-tensor terms the optimizer step pays: the plan's, less TP's
+    where DDP hands the optimizer plain local shards (module docstring). The executor's DDP
+    (executor.parallelize.data_parallel_kind): data or context parallelism without sharded
+    gradients (FSDP2) and without several chunks per rank or a split backward (FSDP2's replicate)."""
+    layers = profile_layers(plan)
+    ddp = (plan.dp * plan.cp > 1 and not plan.shards_gradients and not plan.uses_parameter_servers
+           and "multichunk" not in layers)
+    return tuple(k for k in layers if k != "tp") if ddp else layers
 
 
 def ps_worker_time(sc: Any, profile: Any, stage: int) -> float:

@@ -27,8 +27,10 @@ the model's, and a quieter machine would not change it.
 
 from __future__ import annotations
 
+import statistics
+
 from simdist.frozen import frozen
-from simdist.spec.profile import HostSpeed
+from simdist.spec.profile import UNKNOWN_SPEED, HostSpeed
 
 FLOOR = 0.05  # the smallest error a fit is held to: two medians of a few steps rarely agree closer
 BUSY_SHARE = 0.2  # other processes using more than this share of the cores make a run noisy
@@ -58,9 +60,6 @@ class Bound:
         if not self.upper_only and self.value <= self.low * (1 + 0.01 * math.log(self.high / self.low)):
             return "lower"
         return None
-
-
-UNKNOWN_SPEED = HostSpeed()
 
 
 @frozen
@@ -101,10 +100,10 @@ class FitCheck:
 
 
 def median_speed(speeds: list[HostSpeed]) -> HostSpeed:
-    """Each workload's median over the runs that measured it."""
+    """Each workload's median (the lower middle) over the runs that measured it."""
     def med(xs: list[float]) -> float:
-        xs = sorted(x for x in xs if x > 0)
-        return xs[(len(xs) - 1) // 2] if xs else 0.0
+        seen = [x for x in xs if x > 0]
+        return statistics.median_low(seen) if seen else 0.0
 
     return HostSpeed(med([x.gemm for x in speeds]), med([x.ops for x in speeds]))
 
@@ -114,10 +113,14 @@ def reference_baseline(checks: list[FitCheck]) -> HostSpeed:
     return median_speed([c.reference for c in checks])
 
 
+def _how_much(drift: float) -> str:
+    return f"{abs(drift):.0%} {'slower' if drift > 0 else 'faster'}"
+
+
 def drift_note(drift: float) -> str:
     """A note when ``drift`` (HostSpeed.drift) is beyond :data:`HOST_DRIFT`; "" else."""
-    return (f"the host ran {abs(drift):.0%} {'slower' if drift > 0 else 'faster'} than during the fit runs (by the CPU "
-            "time of fixed reference workloads on every rank)") if abs(drift) > HOST_DRIFT else ""
+    return (f"the host ran {_how_much(drift)} than during the fit runs (by the CPU time of fixed reference "
+            "workloads on every rank)") if abs(drift) > HOST_DRIFT else ""
 
 
 def refusal(checks: list[FitCheck], bounds: list[Bound], cores: int) -> list[str]:
@@ -136,12 +139,12 @@ def refusal(checks: list[FitCheck], bounds: list[Bound], cores: int) -> list[str
         if c.busy:
             reasons.append(f"{c.name}: other processes used {c.others_cores:.2g} of the {c.cores} cores while it ran, "
                            "so it measured that moment's sharing, not the machine")
-    drifted = _drifted(checks)
+    base = reference_baseline(checks)
+    drifted = _drifted(checks, base)
     for c, drift in drifted.items():
-        reasons.append(f"{c.name}: the host ran {abs(drift):.0%} {'slower' if drift > 0 else 'faster'} during it than "
-                       f"during the other fit runs (its reference workloads took {c.reference.describe()} of CPU time "
-                       f"per rank, their median {reference_baseline(checks).describe()}; no other process needs to "
-                       "run for this), so it measured another machine")
+        reasons.append(f"{c.name}: the host ran {_how_much(drift)} during it than during the other fit runs (its "
+                       f"reference workloads took {c.reference.describe()} of CPU time per rank, their median "
+                       f"{base.describe()}; no other process needs to run for this), so it measured another machine")
     if not reasons:
         return []
     worst = max(checks, key=lambda c: c.noise) if checks else None
@@ -169,13 +172,12 @@ def model_limits(checks: list[FitCheck]) -> list[FitCheck]:
     """The fitted runs missed beyond their spread although nothing disturbed them: other
     processes left the cores alone and their repeated runs agree to within half the miss. Their
     miss is the model's, not noise."""
-    drifted = _drifted(checks)
+    drifted = _drifted(checks, reference_baseline(checks))
     return [c for c in checks if abs(c.error) > c.allowed and not c.busy and c.runs > 1
             and c.spread <= abs(c.error) / 2 and c not in drifted]
 
 
-def _drifted(checks: list[FitCheck]) -> dict[FitCheck, float]:
-    """The fit runs whose host ran :data:`HOST_DRIFT` slower or faster than the fit runs' median."""
-    base = reference_baseline(checks)
+def _drifted(checks: list[FitCheck], base: HostSpeed) -> dict[FitCheck, float]:
+    """The fit runs whose host ran :data:`HOST_DRIFT` slower or faster than ``base``, the fit runs' median."""
     drifts = {c: c.reference.drift(base) for c in checks}
     return {c: d for c, d in drifts.items() if abs(d) > HOST_DRIFT}

@@ -34,10 +34,10 @@ from collections.abc import Callable
 from dataclasses import field, replace
 from typing import Any
 
-from simdist.calibrate.honesty import BUSY_SHARE, UNKNOWN_SPEED, drift_note, median_speed
+from simdist.calibrate.honesty import BUSY_SHARE, drift_note, median_speed
 from simdist.frozen import frozen
 from simdist.spec.measurement import Measurement
-from simdist.spec.profile import HostSpeed
+from simdist.spec.profile import UNKNOWN_SPEED, HostSpeed
 
 COMPUTE_GAP = 0.25  # runs whose sorted compute phases jump by more than this (relative) fall in two groups
 MEASURED_S = 1.0  # s of measured steps a run aims for (module docstring)

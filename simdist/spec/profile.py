@@ -76,12 +76,15 @@ class HostSpeed:
 
     def drift(self, baseline: HostSpeed) -> float:
         """How much slower (> 0) or faster (< 0) the host ran than at ``baseline``: the workload
-        whose CPU time moved most, its ratio less 1; 0 when neither side measured it."""
+        whose CPU time moved most, its ratio less 1; 0 when no workload was measured on both sides."""
         ratios = [a / b - 1.0 for a, b in ((self.gemm, baseline.gemm), (self.ops, baseline.ops)) if a > 0 and b > 0]
         return max(ratios, key=abs, default=0.0)
 
     def describe(self) -> str:
         return f"GEMMs {self.gemm * 1e3:.2f} ms, small ops {self.ops * 1e3:.2f} ms"
+
+
+UNKNOWN_SPEED = HostSpeed()
 
 
 @frozen(kw_only=True)
