@@ -9,7 +9,8 @@ bubble is not stretched: it fills with other stages' work. So the step takes the
 
 - the full-speed step (a prediction with the profile as fitted), and
 - the work that has to share the cores: ranks/cores x each rank's busy time, the full-speed
-  step less its pipeline bubble.
+  step less its pipeline bubble and less what it sleeps in communication that other ranks
+  fill (below).
 
 (The processor-sharing view of a CPU-bound parallel program: the step is bounded below by its
 total CPU demand over the cores and by its critical path.) The rest of a rank's step at full
@@ -19,18 +20,22 @@ the 2-core machine this was written on (``tools/cores_busy.py``: ``/proc/stat`` 
 steps, 2026-11-28), the cores were 79-89% busy with 2 ranks (tiny-llama-tp, tiny-fsdp3,
 tiny-moe-ep, tiny-ddp: far more than the training threads' own 48-90%), 89-93% with 4 ranks
 (tiny-hsdp, tiny-moe-ep-dp, tiny-2d-tp-dp) and 96-97% with 8 (tiny-3d): the waits of the 2-rank
-step were not time the cores could give to other ranks. (Before the executor ran gloo's
+step were mostly not time the cores could give to other ranks. (Before the executor ran gloo's
 transport threads under the idle policy, executor.hostload.idle_transport_threads, the model
 let the sync-point waits and the links' latency fill with other ranks' work too; over four
 fresh calibration runs since, that held 15 of 36 time-shared held-out predictions within 15%,
-this 23; benchmarks/README.md.) Where it errs: tiny-3d (8 ranks) is predicted 27-51% too slow,
-and tiny-2d-tp-dp 21-35% in the runs since its optimizer is priced as it runs (local shards under
-DDP, simdist.analytic.cpu_optimizer): data-parallel replicas of a TP group fill each other's
-waits, and each rank's CPU demand is less than the full-speed step less its bubble (63 ms of
-a 93 ms step there; measured with one TP group alone, 81 ms of 104). A pipeline's stages and
-FSDP's shard groups do not fill them so (tiny-2d-pp-tp, tiny-hsdp within 2-10%). Which waits
-fill, per plan kind, is not priced yet; the executor records what it needs (the training
-thread's CPU time and its process's other threads', ``phases_s.helper_threads``).
+this 23; benchmarks/README.md.)
+
+What a rank sleeps of its communication at full speed, though, is time other ranks can use:
+the layer's sleep share (``CalibrationProfile.sleep_shares``, fitted on the layer's runs with a
+core per rank, simdist.calibrate.phases.fit_sleep) of the communication the model prices for it
+(:data:`SLEEPING_COMM`) leaves the busy time when the rank's stage holds other groups of that
+layer, which run in lock-step with it and fill its sleep: a TP group's data-parallel replicas.
+A pipeline's other stages do not: at a few micro-batches they compute mostly in other slots of
+the schedule (the fill and drain), and the bubble already leaves them the cores. Fitted on the
+tiny TP plan (2 ranks, the ``tiny-llama`` model), a rank sleeps 36-48% of the TP communication
+the model prices (four calibration runs' stores, 2026-11-28); without it the TP x DP plans of 4
+and 8 ranks (tiny-2d-tp-dp, tiny-3d) came out 21-46% too slow (benchmarks/README.md).
 
 To that come the waits at the sync points whose peers the scheduler has not running
 (simdist.analytic.cpu_syncs), when the profile fitted them, counting the ranks that compete for
@@ -63,7 +68,7 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     cluster = scenario.cluster
     described = describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, profile), Network.of(cluster, profile))
     full = reduce_step(described)
-    busy = max(0.0, full.step_time - full.breakdown.get("bubble", 0.0))
+    busy = max(0.0, full.step_time - full.breakdown.get("bubble", 0.0) - slept(scenario, full.breakdown, profile))
     if full.step_time <= 0:
         return profile.slowed(share), share
     coschedule = 0.0
@@ -77,6 +82,27 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
         coschedule = points * (1 - profile.cores / ranks) * profile.coschedule_wait_s
     factor = max(1.0, (max(full.step_time, share * busy) + coschedule) / full.step_time)
     return profile.slowed(factor), factor
+
+
+# software layer -> the breakdown entry of its communication, and the ranks of one of its groups.
+# Expert parallelism stays out: its ranks wait at the dispatch mostly for a peer whose experts got
+# more tokens, work that stays on the step's critical path however the cores are shared (with
+# its fitted share, 0.36-0.41, tiny-moe-ep-dp came out 5-7% faster in each of four calibration
+# runs: -3, -7, -11, +18% -> -10, -14, -17, +13%; benchmarks/README.md)
+SLEEPING_COMM: dict[str, tuple[str, Any]] = {"tp": ("tp_comm", lambda plan: plan.tp)}
+
+
+def slept(scenario: Any, breakdown: dict[str, float], profile: CalibrationProfile) -> float:
+    """The time (s) of a full-speed step that a rank sleeps in the communication of layers whose
+    groups have peers in the same pipeline stage to fill it (module docstring)."""
+    plan = scenario.plan
+    stage_ranks = plan.world_size // plan.pp
+    total = 0.0
+    for layer, share in profile.sleep_shares.items():
+        key, group = SLEEPING_COMM.get(layer, ("", None))
+        if group is not None and stage_ranks > group(plan):
+            total += share * breakdown.get(key, 0.0)
+    return total
 
 
 def competing_ranks(d: Any, step_s: float) -> float:

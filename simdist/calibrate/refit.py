@@ -29,7 +29,7 @@ def microbenchmark_part(profile: CalibrationProfile) -> CalibrationProfile:
     return replace(
         profile, peak_flops=profile.peak_flops / s, memory_bandwidth_bytes_per_s=profile.memory_bandwidth_bytes_per_s / s,
         compute_scale=1.0, kernel_overhead_s=None, framework_overheads_s={}, sync_wait_fractions={}, sync_point_waits_s={}, dp_step_wait_s=0.0,
-        optimizer_tensor_s=None, optimizer_layer_tensor_s={}, coschedule_wait_s=0.0, fitted_from=["microbenchmarks"],
+        optimizer_tensor_s=None, optimizer_layer_tensor_s={}, coschedule_wait_s=0.0, sleep_shares={}, fitted_from=["microbenchmarks"],
         residuals={k: v for k, v in profile.residuals.items() if k.startswith(MICROBENCHMARK_RESIDUALS)},
         spreads={}, core_waits={}, error_band=0.0, terms_from={})
 

@@ -14,7 +14,8 @@ cannot see is the framework around the kernels, so executor runs fit it, phase b
    extra per-op cost (``framework_overheads_s``) and per-tensor optimizer cost, which may be
    below zero (cheaper than plain DDP), then its sync-point waits (a share of compute and,
    where its runs tell them apart, a fixed wait per collective call), from those of its runs
-   whose ranks have a core each;
+   whose ranks have a core each, and the share of its communication they sleep (the TP layer:
+   what time-shared ranks of the same stage fill, simdist.analytic.timeshare);
 3. runs with more ranks than cores then fit the wait at a sync point whose peers are
    descheduled (``coschedule_wait_s``, simdist.analytic.cpu_syncs) on their step times;
 4. a run whose plan adds two unfitted layers at once cannot tell them apart: it is reported.
@@ -33,9 +34,17 @@ from dataclasses import replace
 
 import yaml
 
+from simdist.analytic.timeshare import SLEEPING_COMM
 from simdist.calibrate.fit import OVERHEAD_RANGE, SYNC_WAIT_MAX, fit_overhead
 from simdist.calibrate.honesty import Bound, FitCheck, reference_baseline
-from simdist.calibrate.phases import SCALE_RANGE, fit_coschedule, fit_layer, fit_plain, fit_waits
+from simdist.calibrate.phases import (
+    SCALE_RANGE,
+    fit_coschedule,
+    fit_layer,
+    fit_plain,
+    fit_sleep,
+    fit_waits,
+)
 from simdist.calibrate.repeat import Repeated
 from simdist.frozen import frozen
 from simdist.spec.profile import (
@@ -99,7 +108,7 @@ class FitRun:
 
         rep = self.repeated.representative
         out = {**measured_quantities(rep), "step_time_s": self.repeated.median}
-        for k in ("forward", "backward", "optimizer", "comm", "other", "core_wait"):
+        for k in ("forward", "backward", "optimizer", "comm", "other", "core_wait", "helper_threads"):
             values = [m.phase(k) for m in self.repeated.runs if m.phase(k) is not None]
             if values:
                 out[f"{k}_s"] = statistics.median(values)
@@ -171,6 +180,8 @@ def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[Calibrat
                 if layer in profile.sync_point_waits_s:
                     bounds.append(Bound(f"the {layer} wait per collective call (s)",
                                         profile.sync_point_waits_s[layer], 0.0, COSCHEDULE_MAX))
+                if layer in SLEEPING_COMM:
+                    profile = fit_sleep(profile, layer, own_cores)
             terms_from[layer] = ", ".join(r.name for r in subset)
             fitted.add(layer)
         pending = [r for r in pending if any(x not in fitted for x in r.layers)]

@@ -45,8 +45,15 @@ Version 6 adds the host's speed during the fit runs (``reference_cpu_s`` and
 rank, executor.hostload.reference_cpu_s), so that a measurement made later on a slower or faster
 host is told apart from a wrong prediction (:class:`HostSpeed`, simdist.calibrate.honesty).
 
-Versions 1 to 5 still load (the new fields take their defaults: no cores known, no band,
-no optimizer term, no per-call wait, no host speed).
+Version 7 adds, per software layer, the share of its communication a rank sleeps at full speed
+(``sleep_shares``): the part of the time the model prices for the layer's collectives during
+which neither the rank's training thread nor its other threads (gloo's) run, measured on the
+layer's fit runs with a core per rank (step - training-thread CPU - other threads' CPU - wait
+for a core, over the model's communication time). Ranks that time-share the cores give that
+time to the other ranks of their pipeline stage (:mod:`simdist.analytic.timeshare`).
+
+Versions 1 to 6 still load (the new fields take their defaults: no cores known, no band,
+no optimizer term, no per-call wait, no host speed, no sleep shares).
 """
 
 from __future__ import annotations
@@ -61,8 +68,8 @@ from simdist.errors import Problem, ScenarioError
 from simdist.frozen import frozen
 from simdist.spec.files import read_json_object, write_json_atomic
 
-PROFILE_VERSION = 6
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
+PROFILE_VERSION = 7
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 
 
 @frozen
@@ -141,6 +148,8 @@ class CalibrationProfile:
     # v6: the host's speed during the fit runs (module docstring): GEMMs, small ops; 0 = not measured
     reference_cpu_s: float = 0.0
     reference_ops_cpu_s: float = 0.0
+    # v7: software layer -> share of its communication a rank sleeps at full speed (module docstring)
+    sleep_shares: dict[str, float] = field(default_factory=dict)
 
     def efficiency(self, kind: str, size: float) -> float | None:
         """Interpolated efficiency for an op of ``kind`` and ``size``, or None if not fitted."""
