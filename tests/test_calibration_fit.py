@@ -292,7 +292,10 @@ def test_version_1_profiles_still_load_and_version_2_round_trips(tmp_path):
     assert load_profile(tmp_path / "v4.json").dp_step_wait_s == 0.0
     (tmp_path / "v5.json").write_text(json.dumps({**old, "version": 5, "dp_step_wait_s": 2e-3}))
     assert load_profile(tmp_path / "v5.json").reference_cpu_s == 0.0  # before the host's speed was kept (v6)
-    v2 = replace(fit_profile({**synthetic_bench(), "cores": 2}), spreads={"dp": 0.05}, error_band=0.08)
+    (tmp_path / "v6.json").write_text(json.dumps({**old, "version": 6, "reference_cpu_s": 2.6e-3}))
+    assert load_profile(tmp_path / "v6.json").sleep_shares == {}  # before the sleep shares (v7)
+    v2 = replace(fit_profile({**synthetic_bench(), "cores": 2}), spreads={"dp": 0.05}, error_band=0.08,
+                 sleep_shares={"tp": 0.4})
     v2.save(tmp_path / "v2.json")
     assert load_profile(tmp_path / "v2.json") == v2 and v2.cores == 2 and v2.ranks == 2
 

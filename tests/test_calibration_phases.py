@@ -35,13 +35,16 @@ def truth():
                    optimizer_layer_tensor_s={"tp": 5e-5}, sync_wait_fractions={BASE_TERMS: 0.05, "tp": 0.3})
 
 
-def phased(profile, name: str, cluster: dict | None = None, **plan) -> tuple[dict, FitRun]:
-    """A run whose phases and step are ``profile``'s prediction (as the executor reports them)."""
+def phased(profile, name: str, cluster: dict | None = None, helper_share: float | None = None,
+           **plan) -> tuple[dict, FitRun]:
+    """A run whose phases and step are ``profile``'s prediction (as the executor reports them);
+    with ``helper_share``, its other threads' CPU time is that share of its exposed communication."""
     d = {**local_scenario(**plan), "name": name, **({"cluster": cluster} if cluster else {})}
     q = predicted_quantities(scenario_from_dict(d), profile)
     cpu = predicted_quantities(scenario_from_dict(d), replace(profile, cores=0))  # CPU time: never stretched
     phases = {"forward": cpu["forward_s"], "backward": cpu["backward_s"], "optimizer": cpu["optimizer_s"],
-              "comm": q["comm_s"], "core_wait": 0.0, "other": 0.0}
+              "comm": q["comm_s"], "core_wait": 0.0, "other": 0.0,
+              **({} if helper_share is None else {"helper_threads": helper_share * q["comm_s"]})}
     payload = measurement(name=name, scenario_hash=scenario_from_dict(d).hash(), step_time_s=q["step_time_s"],
                           phases_s=phases)
     runs = (Measurement.from_dict(payload),)
@@ -62,6 +65,7 @@ def test_the_phases_give_back_the_rate_the_overheads_and_the_waits():
     assert fitted.optimizer_layer_tensor_s["tp"] == pytest.approx(5e-5, rel=0.05)
     assert fitted.sync_wait_fractions[BASE_TERMS] == pytest.approx(0.05, rel=0.05, abs=1e-3)
     assert fitted.sync_wait_fractions["tp"] == pytest.approx(0.3, rel=0.05)
+    assert fitted.sleep_shares == {}  # runs without their other threads' CPU time cannot tell what they slept
     assert all(abs(c.error) < 0.01 for c in fit_checks(fitted, runs))
 
 
@@ -244,6 +248,35 @@ def test_a_pipeline_stage_competes_for_the_cores_for_its_share_of_the_step():
         assert competing_ranks(d, sc.plan.num_microbatches * max(totals)) == pytest.approx(2 + 2 * min(totals) / max(totals))
         lighter = time_shared(sc, t)[1]
         assert lighter > time_shared(sc, replace(t, coschedule_wait_s=0.0))[1]  # still waits, less
+
+
+def test_the_fit_finds_the_share_of_its_tp_communication_a_rank_sleeps():
+    """Profile v7: the wall time a TP run's process spent off the cores (exposed communication
+    less its other threads' CPU time), over the communication the fitted profile prices."""
+    t = truth()
+    runs = [phased(t, "small")[1], phased(t, "large", micro_batch_size=8, global_batch_size=16)[1],
+            phased(t, "tp", helper_share=0.3, tp=2)[1]]
+    fitted, bounds, _ = fit_terms(microbenchmark_part(t), runs)
+    assert not [b for b in bounds if b.hit]
+    assert fitted.sleep_shares == {"tp": pytest.approx(0.7, rel=0.02)}  # the plain layer's is not fitted
+
+
+def test_a_tp_groups_sleep_fills_with_its_stages_other_groups_when_the_cores_are_shared():
+    """Ranks beyond the cores: the sleep share of a TP group's communication leaves its busy time
+    when its stage holds other TP groups (data-parallel replicas); a pipeline's other stage, or a
+    plan without TP, leaves the step as it was."""
+    from simdist.analytic.timeshare import slept, time_shared
+    from simdist.spec.scenario import load_scenario
+
+    t = truth()
+    sleeping = replace(t, sleep_shares={"tp": 0.5})
+    for name, fills in (("tiny-2d-tp-dp", True), ("tiny-3d", True), ("tiny-2d-pp-tp", False), ("tiny-hsdp", False)):
+        sc = load_scenario(f"scenarios/{name}.yaml")
+        full = predict(sc, profile=replace(t, cores=0), engine="analytic")
+        asleep = slept(sc, full.breakdown_s, sleeping)
+        assert asleep == (pytest.approx(0.5 * full.breakdown_s["tp_comm"]) if fills else 0.0), name
+        before, after = time_shared(sc, t)[1], time_shared(sc, sleeping)[1]
+        assert (after < before) if fills else (after == before), name
 
 
 def test_ops_below_the_smallest_benchmark_keep_their_fixed_cost():

@@ -279,8 +279,11 @@ def time_share_note(scenario: Any, profile: CalibrationProfile, factor: float) -
     return (f"{n} ranks time-share the profiled machine's {profile.cores} cores ({profile.time_share(n):.2g}x its "
             f"share at calibration, {max(1, profile.ranks)} ranks): the step is priced {factor:.2g}x the "
             "full-speed one (all of each rank's step stretched but its pipeline bubble, which fills with other stages' "
-            "work" + (f"; {profile.coschedule_wait_s * 1e3:.2g} ms at each sync point whose peers are descheduled"
-                             if profile.coschedule_wait_s else "") + ")")
+            "work" + "".join(f", less the {share:.0%} of its {layer} communication it sleeps where other {layer} groups "
+                             "of its stage fill it" for layer, share in profile.sleep_shares.items()
+                             if layer in profile_layers(scenario.plan))
+            + (f"; {profile.coschedule_wait_s * 1e3:.2g} ms at each sync point whose peers are descheduled"
+               if profile.coschedule_wait_s else "") + ")")
 
 
 def profile_layers(plan: Any) -> tuple[str, ...]:
