@@ -34,8 +34,9 @@ layer, which run in lock-step with it and fill its sleep: a TP group's data-para
 A pipeline's other stages do not: at a few micro-batches they compute mostly in other slots of
 the schedule (the fill and drain), and the bubble already leaves them the cores. Fitted on the
 tiny TP plan (2 ranks, the ``tiny-llama`` model), a rank sleeps 36-48% of the TP communication
-the model prices (four calibration runs' stores, 2026-11-28); without it the TP x DP plans of 4
-and 8 ranks (tiny-2d-tp-dp, tiny-3d) came out 21-46% too slow (benchmarks/README.md).
+the model prices (six calibration runs, 2026-11-28); without it the TP x DP plans of 4 and 8
+ranks (tiny-2d-tp-dp, tiny-3d) came out 8-46% too slow in the five whose fit was sound, with it
+-4% to +17% (benchmarks/README.md).
 
 To that come the waits at the sync points whose peers the scheduler has not running
 (simdist.analytic.cpu_syncs), when the profile fitted them, counting the ranks that compete for
