@@ -21,6 +21,7 @@ from simdist.calibrate.honesty import (
 )
 from simdist.calibrate.repeat import Repeated, repeat_sized, repeat_until_stable, sized_steps
 from simdist.calibrate.terms import FitRun, fit_checks, fit_terms, with_honesty
+from simdist.errors import ScenarioError
 from simdist.predict import predict
 from simdist.spec.measurement import Measurement
 from simdist.spec.profile import (
@@ -298,6 +299,13 @@ def test_version_1_profiles_still_load_and_version_2_round_trips(tmp_path):
                  sleep_shares={"tp": 0.4})
     v2.save(tmp_path / "v2.json")
     assert load_profile(tmp_path / "v2.json") == v2 and v2.cores == 2 and v2.ranks == 2
+
+
+def test_a_sleep_share_above_one_is_refused_naming_it(tmp_path):
+    path = tmp_path / "p.json"
+    replace(fit_profile({**synthetic_bench(), "cores": 2}), sleep_shares={"tp": 1.4}).save(path)
+    with pytest.raises(ScenarioError, match=r"--profile\.sleep_shares\.tp: must be a share"):
+        load_profile(path)
 
 
 def test_a_gpu_benchmark_gives_a_gpu_profile():

@@ -50,7 +50,7 @@ Version 7 adds, per software layer, the share of its communication a rank sleeps
 which neither the rank's training thread nor its other threads (gloo's) run, measured on the
 layer's fit runs with a core per rank (step - training-thread CPU - other threads' CPU - wait
 for a core, over the model's communication time). Ranks that time-share the cores give that
-time to the other ranks of their pipeline stage (:mod:`simdist.analytic.timeshare`).
+time to the other groups of the layer in their pipeline stage (:mod:`simdist.analytic.timeshare`).
 
 Versions 1 to 6 still load (the new fields take their defaults: no cores known, no band,
 no optimizer term, no per-call wait, no host speed, no sleep shares).
@@ -367,6 +367,9 @@ def load_profile(path: str | Path) -> CalibrationProfile:
            if isinstance(x, bool) or not math.isfinite(x) or (x < 0 and not where.startswith(RELATIVE_TERMS))]
     if bad:  # NaN or a negative speed would hang or invert the event engine
         raise ScenarioError([Problem(w, "must be a finite number >= 0") for w in bad[:10]])
+    over = [f"--profile.sleep_shares.{k}" for k, v in profile.sleep_shares.items() if v > 1]
+    if over:
+        raise ScenarioError([Problem(w, "must be a share of the communication, at most 1") for w in over])
     return profile
 
 
