@@ -36,10 +36,10 @@ from simdist.analytic.memory_report import memory_assumption
 from simdist.analytic.param_server import async_staleness_steps
 from simdist.analytic.result import StepResult
 from simdist.analytic.stage import StepDescription, describe
-from simdist.analytic.timeshare import time_shared
+from simdist.analytic.timeshare import time_share_note, time_shared
 from simdist.errors import Problem, ScenarioError
 from simdist.results import Prediction, StageMemoryReport, to_gib
-from simdist.spec.profile import CalibrationProfile, time_share_note
+from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import Scenario
 from simdist.spec.suspects import suspect
 from simdist.spec.unsimulated import not_simulated

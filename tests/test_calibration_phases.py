@@ -265,7 +265,7 @@ def test_a_tp_groups_sleep_fills_with_its_stages_other_groups_when_the_cores_are
     """Ranks beyond the cores: the sleep share of a TP group's communication leaves its busy time
     when its stage holds other TP groups (data-parallel replicas); a pipeline's other stage, or a
     plan without TP, leaves the step as it was."""
-    from simdist.analytic.timeshare import slept, time_shared
+    from simdist.analytic.timeshare import slept, time_share_note, time_shared
     from simdist.spec.scenario import load_scenario
 
     t = truth()
@@ -277,6 +277,7 @@ def test_a_tp_groups_sleep_fills_with_its_stages_other_groups_when_the_cores_are
         assert asleep == (pytest.approx(0.5 * full.breakdown_s["tp_comm"]) if fills else 0.0), name
         before, after = time_shared(sc, t)[1], time_shared(sc, sleeping)[1]
         assert (after < before) if fills else (after == before), name
+        assert ("50% of its tp communication it sleeps" in time_share_note(sc, sleeping, after)) == fills, name
 
 
 def test_ops_below_the_smallest_benchmark_keep_their_fixed_cost():

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simdist.spec.profile import CalibrationProfile, busy_ranks
+from simdist.spec.profile import CalibrationProfile, busy_ranks, profile_layers
 
 
 def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[CalibrationProfile | None, float]:
@@ -93,17 +93,30 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
 SLEEPING_COMM: dict[str, tuple[str, Any]] = {"tp": ("tp_comm", lambda plan: plan.tp)}
 
 
+def filled(plan: Any, profile: CalibrationProfile) -> dict[str, float]:
+    """Layer -> the share of its communication a rank sleeps, for the layers whose groups have
+    peers in the same pipeline stage to fill that sleep (module docstring)."""
+    stage_ranks, layers = plan.world_size // plan.pp, profile_layers(plan)
+    return {layer: profile.sleep_shares[layer] for layer, (_, group) in SLEEPING_COMM.items()
+            if profile.sleep_shares.get(layer) and layer in layers and stage_ranks > group(plan)}
+
+
 def slept(scenario: Any, breakdown: dict[str, float], profile: CalibrationProfile) -> float:
-    """The time (s) of a full-speed step that a rank sleeps in the communication of layers whose
-    groups have peers in the same pipeline stage to fill it (module docstring)."""
-    plan = scenario.plan
-    stage_ranks = plan.world_size // plan.pp
-    total = 0.0
-    for layer, share in profile.sleep_shares.items():
-        key, group = SLEEPING_COMM.get(layer, ("", None))
-        if group is not None and stage_ranks > group(plan):
-            total += share * breakdown.get(key, 0.0)
-    return total
+    """The time (s) of a full-speed step (``breakdown``) that a rank sleeps where other ranks fill it."""
+    return sum(share * breakdown.get(SLEEPING_COMM[layer][0], 0.0)
+               for layer, share in filled(scenario.plan, profile).items())
+
+
+def time_share_note(scenario: Any, profile: CalibrationProfile, factor: float) -> str:
+    """The assumption a time-shared prediction states."""
+    n = busy_ranks(scenario)
+    return (f"{n} ranks time-share the profiled machine's {profile.cores} cores ({profile.time_share(n):.2g}x its "
+            f"share at calibration, {max(1, profile.ranks)} ranks): the step is priced {factor:.2g}x the "
+            "full-speed one (all of each rank's step stretched but its pipeline bubble, which fills with other stages' "
+            "work" + "".join(f", and the {share:.0%} of its {layer} communication it sleeps, which the other {layer} "
+                             "groups of its stage fill" for layer, share in filled(scenario.plan, profile).items())
+            + (f"; {profile.coschedule_wait_s * 1e3:.2g} ms at each sync point whose peers are descheduled"
+               if profile.coschedule_wait_s else "") + ")")
 
 
 def competing_ranks(d: Any, step_s: float) -> float:

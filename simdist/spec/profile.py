@@ -273,19 +273,6 @@ def busy_ranks(scenario: Any) -> int:
     return scenario.plan.world_size
 
 
-def time_share_note(scenario: Any, profile: CalibrationProfile, factor: float) -> str:
-    """The assumption a time-shared prediction states (simdist.analytic.timeshare)."""
-    n = busy_ranks(scenario)
-    return (f"{n} ranks time-share the profiled machine's {profile.cores} cores ({profile.time_share(n):.2g}x its "
-            f"share at calibration, {max(1, profile.ranks)} ranks): the step is priced {factor:.2g}x the "
-            "full-speed one (all of each rank's step stretched but its pipeline bubble, which fills with other stages' "
-            "work" + "".join(f", less the {share:.0%} of its {layer} communication it sleeps where other {layer} groups "
-                             "of its stage fill it" for layer, share in profile.sleep_shares.items()
-                             if layer in profile_layers(scenario.plan))
-            + (f"; {profile.coschedule_wait_s * 1e3:.2g} ms at each sync point whose peers are descheduled"
-               if profile.coschedule_wait_s else "") + ")")
-
-
 def profile_layers(plan: Any) -> tuple[str, ...]:
     """The software layers of the executor's PyTorch that a plan runs through, each with its
     own fitted terms in a profile (``framework_overheads_s`` per compute op and
