@@ -1,6 +1,6 @@
 """Microbenchmarks, run by torchrun on every rank at once (so compute and communication see
 the same contention as a real run): GEMMs from tiny to model-sized, attention, memory-bound
-ops, and collectives over message sizes at every available group size. Rank 0 writes the raw
+ops, top-k selection, and collectives over message sizes at every available group size. Rank 0 writes the raw
 timings as JSON (atomically); simdist.calibrate.fit turns them into a profile. Started by
 `simdist calibrate` through the executor's launcher (:func:`executor.launch.microbenchmarks`);
 imports torch.
@@ -40,6 +40,8 @@ GEMM_SHAPES = [(m, n, k) for m, n, k in [  # from a tiny plan's 32 tokens x widt
 ATTENTION = [(b, h, s, d) for b, h, s, d in [(1, 4, 32, 16), (1, 4, 64, 16), (2, 4, 128, 32), (4, 8, 128, 32),
                                               (4, 8, 256, 64), (8, 8, 512, 64)]]
 MEMORY_SIZES = [2**p for p in range(12, 28, 2)]  # 4 KiB .. 64 MiB per tensor
+SELECT_SIZES = [2**p for p in range(14, 24, 2)]  # 16 Ki .. 4 Mi fp32 entries: a tiny model's bucket to DDP's 25 MiB
+SELECT_RATIO = 0.05  # the share top-k compression keeps (scenarios/tiny-compress-topk.yaml)
 MESSAGE_SIZES = [2**p for p in range(12, 29, 2)]  # 4 KiB .. 256 MiB
 # GPU: the projections of 7B-70B decoders per micro-batch of 1-8 x 4096 tokens (tokens x hidden
 # -> hidden, 3x hidden for fused QKV, the MLP's 3.5x), and square sizes for the peak
@@ -145,6 +147,26 @@ def bench_memory(dtype: torch.dtype, quick: bool, device: str = "cpu") -> list[d
     return out
 
 
+def bench_select(quick: bool, device: str = "cpu") -> list[dict[str, Any]]:
+    """Top-k of 5% of a gradient-like bucket's magnitudes (what the top-k compression hook runs,
+    executor.compression), by size. The calls take turns over several tensors, as steps bring
+    new gradients: the CPU's selection (``std::nth_element``) takes a time that depends on the
+    data, 1.2 to 2.4 ms for one 235,000-entry tensor of normal magnitudes against another on the
+    2-core guest simdist was calibrated on; the median over several stands for a step's."""
+    out = []
+    for n in SELECT_SIZES[: 3 if quick else None]:
+        data = [torch.randn(n, device=device).abs() for _ in range(8)]
+        k = max(1, round(SELECT_RATIO * n))
+        turn = iter(range(1 << 30))
+
+        def op(data=data, k=k, turn=turn):
+            data[next(turn) % len(data)].topk(k, sorted=False)
+
+        once = _time(op, 1, 1, cpu_clock=True)
+        out.append({"elements": float(n), "k": k, "seconds": _time(op, _reps(once, 0.3), cpu_clock=True)})
+    return out
+
+
 def bench_collectives(quick: bool, progress, device: str = "cpu") -> list[dict[str, Any]]:
     world, rank = dist.get_world_size(), dist.get_rank()
     out: list[dict[str, Any]] = []
@@ -226,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sizes = len((GPU_MESSAGE_SIZES if device == "cuda" else MESSAGE_SIZES)[: 6 if args.quick else None])
         n_coll = sum(5 if n == 2 else 4 for n in range(2, world + 1)) * sizes
-        progress = tqdm(total=3 + n_coll, desc="microbenchmarks", file=sys.stderr, leave=False)
+        progress = tqdm(total=4 + n_coll, desc="microbenchmarks", file=sys.stderr, leave=False)
     result: dict[str, Any] = {"world_size": world, "threads": torch.get_num_threads(), "dtype": dtype_name,
                               "torch_version": torch.__version__, "device": device, "backend": backend,
                               "cores": _cores(), "local_ranks": local_world,
@@ -235,8 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         result[name] = fn(dtype, args.quick, device)
         if progress is not None:
             progress.update(1)
+    result["select"] = bench_select(args.quick, device)
     if device == "cpu" and dtype == torch.float32:
         result["gemm_bf16"] = bench_gemm_autocast(args.quick)
+    if progress is not None:
+        progress.update(1)
     result["collectives"] = bench_collectives(args.quick, progress, device)
     if rank == 0:
         progress.close()

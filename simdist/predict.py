@@ -257,12 +257,13 @@ def _assumptions(sc: Scenario, profile: CalibrationProfile | None) -> list[str]:
     if not replay_is_bounded(sc.model, plan):
         out.append(f"memory: the caching allocator's reserved gap is not replayed ({layer_passes(sc.model, plan):,} "
                    f"layer passes, more than {MAX_LAYER_PASSES:,}); reserved_gib equals peak_gib")
-    out += _system_assumptions(sc)
+    out += _system_assumptions(sc, bool(profile and profile.select_rates))
     return out
 
 
-def _system_assumptions(sc: Scenario) -> list[str]:
-    """One line per mechanism beyond 3D parallelism the plan uses, saying how it is modelled."""
+def _system_assumptions(sc: Scenario, measured_select: bool = False) -> list[str]:
+    """One line per mechanism beyond 3D parallelism the plan uses, saying how it is modelled
+    (``measured_select``: the profile measured the device's top-k selection rate)."""
     plan, cluster = sc.plan, sc.cluster
     out = []
     if plan.hybrid_sharding and plan.shards_optimizer:
@@ -295,7 +296,9 @@ def _system_assumptions(sc: Scenario) -> list[str]:
                   "powersgd": f" (rank {gc.rank}, 1-D tensors uncompressed)"}.get(gc.method, "")
         out.append(f"gradient compression: {gc.method}{detail}"
                    + (", error feedback buffers on the GPU" if keeps_residual(plan) else "")
-                   + "; compression kernels timed as HBM-bound work")
+                   + "; compression kernels timed as HBM-bound work"
+                   + ("; the top-k selection at the profile's measured rate per element"
+                      if measured_select and gc.method == "topk" else ""))
     return out
 
 

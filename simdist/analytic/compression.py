@@ -11,6 +11,9 @@ work by the cost model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from simdist.analytic.cost import CostModel
 from simdist.analytic.cpu_optimizer import stage_tensors
 from simdist.analytic.params import head_params, params_per_rank, stage_num_layers
 from simdist.frozen import frozen
@@ -166,8 +169,11 @@ def hook_ops(m: ModelSpec, plan: ParallelPlan, stage: int, buckets: int) -> floa
     return POWERSGD_BUCKET_OPS * buckets + per_matrix * matrices + vectors
 
 
-def compression_kernel_bytes(m: ModelSpec, plan: ParallelPlan, stage: int, syncs: int = 1) -> float:
-    """HBM traffic of the compression kernels of one GPU in one step (memory-bound work).
+def compression_kernel_bytes(m: ModelSpec, plan: ParallelPlan, stage: int, syncs: int = 1,
+                             selection: bool = True) -> float:
+    """HBM traffic of the compression kernels of one GPU in one step (memory-bound work);
+    without top-k's selection passes when ``selection`` is False (a profile that measured the
+    device's selection rate prices it apart: :func:`topk_selection_time`).
 
     Per gradient element of ``b`` bytes, per sync (``syncs`` = micro-batches for ZeRO-2/3,
     1 otherwise):
@@ -197,9 +203,40 @@ def compression_kernel_bytes(m: ModelSpec, plan: ParallelPlan, stage: int, syncs
     if method == "topk":
         k = topk_elements(n, plan)
         received = plan.dp * k * topk_wire_bytes(plan)
-        return syncs * (n * (TOPK_SELECT_PASSES * 4.0 + ef + b) + 2 * received)
+        select = TOPK_SELECT_PASSES * 4.0 if selection else 0.0
+        return syncs * (n * (select + ef + b) + 2 * received)
     ps = powersgd_elements(m, plan, stage)
     return syncs * (ps.matrix * (3 * b + ef) + 4 * (ps.p + ps.q))
+
+
+def compression_times(m: ModelSpec, plan: ParallelPlan, stage: int, buckets: int, layers: int,
+                      cost: CostModel) -> tuple[float, float]:
+    """(seconds per micro-batch, seconds per step) of one GPU's compression kernels: ZeRO-2/3
+    compress every micro-batch's reduce-scatter, per layer; DDP and ZeRO-1 once a step, in the
+    communication hook (its own ops for top-k and PowerSGD, :func:`hook_ops`; top-k's selection
+    at the profile's measured rate when it has one, :func:`topk_selection_time`)."""
+    if not plan.grad_compression.enabled or plan.dp <= 1:
+        return 0.0, 0.0
+    select = topk_selection_time(m, plan, stage, buckets, cost.select_time)
+    nbytes = compression_kernel_bytes(m, plan, stage, selection=select is None)  # HBM traffic: memory-bound
+    if plan.shards_gradients:
+        return cost.memory_time(nbytes, kernels=2 * layers), 0.0
+    ops = hook_ops(m, plan, stage, buckets)
+    if ops is None:  # the dense casts: a few kernels
+        return 0.0, cost.memory_time(nbytes, kernels=4)
+    return 0.0, cost.memory_time(nbytes, kernels=0) + ops * cost.kernel_overhead + (select or 0.0)
+
+
+def topk_selection_time(m: ModelSpec, plan: ParallelPlan, stage: int, buckets: int,
+                        select_time: Callable[[float], float | None]) -> float | None:
+    """Seconds one GPU spends selecting its top-k entries in one step: one selection per
+    gradient bucket, of the bucket's entries, at the device's measured rate (``select_time``
+    of one tensor, profile v8); None without one, or for other methods."""
+    if plan.grad_compression.method != "topk":
+        return None
+    each = params_per_rank(m, plan, stage) / max(1, buckets)
+    t = select_time(each)
+    return None if t is None else buckets * t
 
 
 def error_feedback_bytes(m: ModelSpec, plan: ParallelPlan, stage: int) -> float:

@@ -31,7 +31,7 @@ from simdist.analytic.collectives import (
     collective_time,
     layout_for_axis,
 )
-from simdist.analytic.compression import compression_kernel_bytes, hook_ops
+from simdist.analytic.compression import compression_times
 from simdist.analytic.cost import CostModel, grad_buffer_pass_bytes, optimizer_bytes_per_param
 from simdist.analytic.cpu_optimizer import per_tensor_optimizer_time, ps_worker_time
 from simdist.analytic.data_parallel import DataParallelTraffic
@@ -348,15 +348,7 @@ def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, passes: dic
         tr = ps_traffic(m, plan, cluster, stage)
         ps = ServerTraffic(tr, ps_times(m, plan, cluster, ctx.net, stage), grad_buckets(tr.worker_bytes, plan),
                            server_update_time(m, plan, cluster, stage), 2 * ctx.net.inter_latency)
-    per_mb = per_step = 0.0
-    if plan.grad_compression.enabled and plan.dp > 1:
-        nbytes = compression_kernel_bytes(m, plan, stage)  # HBM traffic: memory-bound kernels
-        if plan.shards_gradients:  # ZeRO-2/3 compress every micro-batch's reduce-scatter, per layer
-            per_mb = cost.memory_time(nbytes, kernels=2 * layers)
-        else:
-            ops = hook_ops(m, plan, stage, max(1, sync[0].step_buckets))  # the hook's own ops (top-k, PowerSGD)
-            per_step = cost.memory_time(nbytes, kernels=4) if ops is None else \
-                cost.memory_time(nbytes, kernels=0) + ops * cost.kernel_overhead
+    per_mb, per_step = compression_times(m, plan, stage, max(1, sync[0].step_buckets), layers, cost)
     return StageDescription(
         chunks=chunks, fwd=fwd, bwd=bwd, recompute=recompute,
         dp=sync[0],

@@ -1,10 +1,10 @@
 """Fit microbenchmark timings (and optionally executor runs) into a CalibrationProfile.
 
 Compute: efficiency = achieved FLOP/s / the device's best GEMM FLOP/s, per op size (FLOPs for
-GEMM and attention, bytes for memory-bound ops). Links: the alpha-beta model of
-simdist.analytic.collectives (t = steps x alpha + factor x S / beta, nccl-tests' factors) fitted by
-least squares on relative error, one (alpha, beta) per collective kind, since gloo's
-algorithms differ by kind. Residuals are the RMS relative error of each fit.
+GEMM and attention, bytes for memory-bound ops); top-k selection: seconds per element, per size.
+Links: the alpha-beta model of simdist.analytic.collectives (t = steps x alpha + factor x S /
+beta, nccl-tests' factors) fitted by least squares on relative error, one (alpha, beta) per
+collective kind, since gloo's algorithms differ by kind. Residuals are the RMS relative error of each fit.
 """
 
 from __future__ import annotations
@@ -114,7 +114,17 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
         gemm_shapes=[(int(r["m"]), int(r["n"]), int(r["k"]), min(1.0, r["flops"] / r["seconds"] / peak))
                      for r in gemm if "m" in r],
         bus_bandwidth=bus_bandwidth(bench.get("collectives", [])) if cuda else {},
+        select_rates=select_rates(bench.get("select", [])),
     )
+
+
+def select_rates(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(elements per call, seconds per element) of the top-k microbenchmark, by size (equal
+    sizes merged by their mean)."""
+    merged: dict[float, list[float]] = {}
+    for r in rows:
+        merged.setdefault(float(r["elements"]), []).append(r["seconds"] / r["elements"])
+    return [(n, sum(v) / len(v)) for n, v in sorted(merged.items())]
 
 
 def fit_sync_wait(profile: CalibrationProfile, key: str,

@@ -136,6 +136,7 @@ def fit_plain(profile: CalibrationProfile, runs: Sequence[Any]) -> CalibrationPr
     s = min(max(1.0 / x, SCALE_RANGE[0]), SCALE_RANGE[1])
     profile = replace(profile, peak_flops=profile.peak_flops * s,
                       memory_bandwidth_bytes_per_s=profile.memory_bandwidth_bytes_per_s * s,
+                      select_rates=[(n, r / s) for n, r in profile.select_rates],
                       compute_scale=profile.compute_scale * s, kernel_overhead_s=overhead)
     opt = [(r.measured().get("optimizer_s", 0.0), *probe(r, profile, optimizer_s, cpu_time(_optimizer))) for r in runs
            if r.measured().get("optimizer_s") is not None]

@@ -28,6 +28,7 @@ def microbenchmark_part(profile: CalibrationProfile) -> CalibrationProfile:
     s = profile.compute_scale or 1.0
     return replace(
         profile, peak_flops=profile.peak_flops / s, memory_bandwidth_bytes_per_s=profile.memory_bandwidth_bytes_per_s / s,
+        select_rates=[(n, r * s) for n, r in profile.select_rates],
         compute_scale=1.0, kernel_overhead_s=None, framework_overheads_s={}, sync_wait_fractions={}, sync_point_waits_s={}, dp_step_wait_s=0.0,
         optimizer_tensor_s=None, optimizer_layer_tensor_s={}, coschedule_wait_s=0.0, sleep_shares={}, fitted_from=["microbenchmarks"],
         residuals={k: v for k, v in profile.residuals.items() if k.startswith(MICROBENCHMARK_RESIDUALS)},

@@ -52,8 +52,16 @@ layer's fit runs with a core per rank (step - training-thread CPU - other thread
 for a core, over the model's communication time). Ranks that time-share the cores give that
 time to the other groups of the layer in their pipeline stage (:mod:`simdist.analytic.timeshare`).
 
-Versions 1 to 6 still load (the new fields take their defaults: no cores known, no band,
-no optimizer term, no per-call wait, no host speed, no sleep shares).
+Version 8 adds the device's top-k selection rate (``select_rates``: elements per call -> seconds
+per element, ``executor.bench``'s ``select``): selecting the largest 5% of a gradient bucket is not
+a memory-bound pass on a CPU. torch's CPU top-k builds (value, index) pairs and runs
+``std::nth_element`` over them (``std::partial_sort`` when k x 64 <= n; aten/src/ATen/native/
+TopKImpl.h), branchy comparisons at several ns an element that grow once the pairs leave the
+cache; a GPU's radix select makes a few passes over the keys. The top-k compression hook's
+selection is priced at this rate when the profile has it (:mod:`simdist.analytic.stage`).
+
+Versions 1 to 7 still load (the new fields take their defaults: no cores known, no band,
+no optimizer term, no per-call wait, no host speed, no sleep shares, no selection rate).
 """
 
 from __future__ import annotations
@@ -68,8 +76,8 @@ from simdist.errors import Problem, ScenarioError
 from simdist.frozen import frozen
 from simdist.spec.files import read_json_object, write_json_atomic
 
-PROFILE_VERSION = 7
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+PROFILE_VERSION = 8
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
 @frozen
@@ -150,21 +158,24 @@ class CalibrationProfile:
     reference_ops_cpu_s: float = 0.0
     # v7: software layer -> share of its communication a rank sleeps at full speed (module docstring)
     sleep_shares: dict[str, float] = field(default_factory=dict)
+    # v8: top-k selection, (elements per call, seconds per element) by size (module docstring)
+    select_rates: list[tuple[float, float]] = field(default_factory=list)
+
+    def select_time(self, elements: float) -> float | None:
+        """Seconds to select the top entries of one ``elements``-long tensor at the measured
+        rate (None when the profile has none: fitted before version 8)."""
+        if not self.select_rates or elements <= 0:
+            return None
+        return elements * _log_interpolated(self.select_rates, elements)
 
     def efficiency(self, kind: str, size: float) -> float | None:
         """Interpolated efficiency for an op of ``kind`` and ``size``, or None if not fitted."""
         points = self.compute_curves.get(kind)
         if not points:
             return None
-        xs = [math.log(max(p[0], 1.0)) for p in points]
-        x = math.log(max(size, 1.0))
-        i = bisect.bisect_left(xs, x)
-        if i == 0:
+        if size <= points[0][0]:
             return _below_smallest(points, size)
-        if i >= len(points):
-            return points[-1][1]
-        w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-        return points[i - 1][1] * (1 - w) + points[i][1] * w
+        return _log_interpolated(points, size)
 
     def time_share(self, processes: int) -> float:
         """How much slower each rank runs with ``processes`` ranks on the profiled machine than
@@ -197,6 +208,7 @@ class CalibrationProfile:
             optimizer_layer_tensor_s={k: v * s for k, v in self.optimizer_layer_tensor_s.items()},
             sync_point_waits_s={k: v * s for k, v in self.sync_point_waits_s.items()},
             dp_step_wait_s=self.dp_step_wait_s * s,
+            select_rates=[(n, r * s) for n, r in self.select_rates],
             links={k: LinkFit(latency_s=v.latency_s * s, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s / s)
                    for k, v in self.links.items()},
         )
@@ -228,11 +240,23 @@ class CalibrationProfile:
         d["compute_curves"] = {k: [tuple(p) for p in v] for k, v in (d.get("compute_curves") or {}).items()}
         d["gemm_shapes"] = [tuple(p) for p in d.get("gemm_shapes") or []]
         d["bus_bandwidth"] = {k: [tuple(p) for p in v] for k, v in (d.get("bus_bandwidth") or {}).items()}
+        d["select_rates"] = [tuple(p) for p in d.get("select_rates") or []]
         return cls(**d)
 
     def save(self, path: str | Path) -> None:
         """Write atomically: whole or not at all."""
         write_json_atomic(path, self.to_dict())
+
+
+def _log_interpolated(points: list[tuple[float, float]], size: float) -> float:
+    """The value at ``size`` of (size, value) points, linear in log-size between them and the
+    nearest end's outside them."""
+    xs = [math.log(max(p[0], 1.0)) for p in points]
+    i = bisect.bisect_left(xs, math.log(max(size, 1.0)))
+    if i == 0 or i >= len(points):
+        return points[min(i, len(points) - 1)][1]
+    w = (math.log(max(size, 1.0)) - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return points[i - 1][1] * (1 - w) + points[i][1] * w
 
 
 def _below_smallest(points: list[tuple[float, float]], size: float) -> float:

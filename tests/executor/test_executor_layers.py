@@ -99,3 +99,6 @@ def test_microbenchmarks_start_through_the_executors_launcher():
     assert all(c["seconds"] > 0 for c in bench["collectives"])
     profile = fit_profile(json.loads(json.dumps(bench)))
     assert profile.peak_flops > 0 and "intra.allreduce" in profile.links
+    # top-k of 5% at three sizes: nanoseconds an element on any CPU (not a memory pass's ~0.1 ns)
+    assert [n for n, _ in profile.select_rates] == [2.0**14, 2.0**16, 2.0**18]
+    assert all(2e-10 < rate < 1e-6 for _, rate in profile.select_rates)
