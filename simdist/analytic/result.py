@@ -37,6 +37,9 @@ class StepResult:
     assumptions: tuple[str, ...] = ()  # what this engine assumed, beyond the prediction's own
     events: int = 0  # simpy events processed (the event engine)
     extras: dict[str, Any] = field(default_factory=dict)  # staleness, bottleneck, stragglers...
+    # the parameter servers' update the step exposes, within ``optimizer`` (a worker waits for it
+    # between its push and its pull: the executor measures it as communication)
+    server_update_s: float = 0.0
 
 
 def breakdown_keys(offload: bool, compression: bool, ep: bool = False, cp: bool = False) -> tuple[str, ...]:

@@ -220,6 +220,7 @@ def reduce_step(d: StepDescription) -> StepResult:
     opt = max(e.optimizer for e in ends)
     st = stages[busiest]
     extras: dict[str, object] = {}
+    server = 0.0
     if not plan.uses_parameter_servers:
         step = t_pipe + dp_end + off_end + comp_end + opt
     else:  # the servers replace the all-reduce and run the optimizer on their CPUs
@@ -251,7 +252,7 @@ def reduce_step(d: StepDescription) -> StepResult:
     if plan.cp > 1:  # contract v1.2: exposed context-parallel communication
         breakdown["cp_comm"] = m * sum(p.cp_exposed for p in (st.fwd, st.bwd, st.recompute))
     bubble = breakdown["bubble"] / step if plan.pp > 1 else 0.0
-    return StepResult(step, breakdown, bubble, busiest, extras=extras)
+    return StepResult(step, breakdown, bubble, busiest, extras=extras, server_update_s=server)
 
 
 def analytic_step(sc: Scenario, cost: CostModel, net: Network) -> StepResult:

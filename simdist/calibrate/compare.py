@@ -43,7 +43,7 @@ def predicted_quantities(scenario, profile: CalibrationProfile | None) -> dict[s
     from simdist.analytic.cost import CostModel
     from simdist.analytic.memory import activation_bytes, model_state_bytes
     from simdist.analytic.stage import describe
-    from simdist.analytic.steptime import stage_time
+    from simdist.analytic.steptime import reduce_step, stage_time
     from simdist.analytic.timeshare import time_shared
     from simdist.predict import predict
 
@@ -55,15 +55,17 @@ def predicted_quantities(scenario, profile: CalibrationProfile | None) -> dict[s
     busiest = max(range(plan.pp), key=lambda s: st[s].total)
     m = plan.num_microbatches
     b = pred.breakdown_s
+    # a parameter-server worker waits for the servers' update between its push and its pull
+    server = reduce_step(d).server_update_s if plan.uses_parameter_servers else 0.0
     states = [model_state_bytes(model, plan, s) for s in range(plan.pp)]
     return {
         "step_time_s": pred.step_time_s,
         "forward_s": m * st[busiest].fwd.compute,
         "backward_s": m * (st[busiest].bwd.compute + st[busiest].recompute.compute),
-        "optimizer_s": b["optimizer"],
+        "optimizer_s": b["optimizer"] - server,
         # the executor sees only waiting: for peers' collectives (the experts' all-to-alls and the
-        # context-parallel exchanges too), and in a pipeline the bubble
-        "comm_s": sum(b.get(k, 0.0) for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble")),
+        # context-parallel exchanges too), in a pipeline the bubble, and the parameter servers' update
+        "comm_s": server + sum(b.get(k, 0.0) for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble")),
         "model_state_gib": max(s["params"] + s["grads"] + s["optimizer"] for s in states) / GiB,
         "activations_gib": max(activation_bytes(model, plan, s) for s in range(plan.pp)) / GiB,
         **predicted_traffic(scenario),
