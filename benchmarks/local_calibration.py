@@ -50,7 +50,7 @@ FIT_BUNDLED = ["local-dp", "local-tp-fit", "local-zero3-fit", "local-pp-fit"]
 # (bundled plan, what its variant fits): the variant doubles the micro-batch (same micro-batches and ops,
 # twice the tokens in each); the plain DDP variant pins the per-op overhead with small ops, local-dp with large
 FIT_VARIANTS = {"tiny-ddp": "per-op overhead", "tiny-llama-tp": "tp", "tiny-fsdp3": "zero3", "tiny-zero1": "zero1", "tiny-fsdp2": "zero2", "tiny-hsdp": "hsdp", "tiny-pp-1f1b": "pipeline",
-                "tiny-pp-interleaved": "multichunk", "tiny-pp-zb": "multichunk (per transfer)",
+                "tiny-pp-interleaved": "multichunk", "tiny-pp-zb": "split_backward",
                 "tiny-compress-fp16": "compression", "tiny-ps": "ps",
                 "tiny-moe-ep": "ep", "tiny-cp": "cp", "tiny-ps-async": "async"}
 

@@ -214,7 +214,8 @@ def test_every_plan_kind_has_its_layers():
     assert profile_layers(sc(zero_stage=1)) == ("zero1",)
     assert profile_layers(sc(zero_stage=2)) == ("zero2",)
     assert profile_layers(sc(pp=2, global_batch_size=8)) == ("pipeline",)
-    assert profile_layers(sc(pp=2, schedule="zero-bubble")) == ("pipeline", "multichunk")
+    assert profile_layers(sc(pp=2, schedule="zero-bubble")) == ("pipeline", "split_backward")
+    assert profile_layers(sc(pp=2, virtual_pipeline_stages=2, global_batch_size=8)) == ("pipeline", "multichunk")
     assert profile_layers(sc(grad_compression={"method": "fp16"})) == ("compression",)
     assert profile_layers(sc(gradient_sync="parameter-server")) == ("ps",)
     assert profile_layers(sc(cp=2)) == ("cp",)
@@ -238,7 +239,7 @@ def test_plans_the_executor_replicates_with_fsdp2_pay_its_terms():
         layers = profile_layers(p)
         assert (data_parallel_kind(p) == "replicate") == ("zero2" in layers and p.zero_stage == 0), (plan, layers)
     zb = scenario_from_dict({**local_scenario(global_batch_size=8, pp=2, schedule="zero-bubble"), **four}).plan
-    assert profile_layers(zb) == ("pipeline", "multichunk", "zero2")
+    assert profile_layers(zb) == ("pipeline", "split_backward", "zero2")
 
 
 # --- the machine's cores -----------------------------------------------------------------------------

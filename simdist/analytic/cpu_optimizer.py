@@ -73,7 +73,7 @@ def optimizer_layers(plan: Any) -> tuple[str, ...]:
     gradients (FSDP2) and without several chunks per rank or a split backward (FSDP2's replicate)."""
     layers = profile_layers(plan)
     ddp = (plan.dp * plan.cp > 1 and not plan.shards_gradients and not plan.uses_parameter_servers
-           and "multichunk" not in layers)
+           and "multichunk" not in layers and "split_backward" not in layers)
     return tuple(k for k in layers if k != "tp") if ddp else layers
 
 

@@ -192,7 +192,7 @@ def fit_waits(profile: CalibrationProfile, key: str, runs: Sequence[Any]) -> Cal
     rows, noise = [], []
     for r in runs:
         measured = r.measured()
-        m = measured_waits(measured, symmetric=r.scenario.plan.pp == 1)
+        m = measured_waits(measured, symmetric=r.scenario.plan.pp == 1 or r.busiest_rank_phases)
         if m is not None:
             at0 = comm_s(r.predicted(setting(0.0, 0.0)))
             rows.append((m, at0, (comm_s(r.predicted(setting(PROBE_S, 0.0))) - at0) / PROBE_S,

@@ -3,7 +3,7 @@
 The microbenchmarks fix the compute curves and the links (simdist.calibrate.fit). What they
 cannot see is the framework around the kernels, so executor runs fit it, phase by phase
 (simdist.calibrate.phases) and layer by layer (:func:`simdist.spec.profile.profile_layers`: "tp",
-"cp", "ep", "zero1", "zero2", "zero3", "hsdp", "pipeline", "multichunk", "compression", "ps",
+"cp", "ep", "zero1", "zero2", "zero3", "hsdp", "pipeline", "multichunk", "split_backward", "compression", "ps",
 "async"):
 
 1. runs of plans through no layer (plain DDP) fit the kernels' rate relative to the
@@ -47,6 +47,7 @@ from simdist.calibrate.phases import (
 )
 from simdist.calibrate.repeat import Repeated
 from simdist.frozen import frozen
+from simdist.spec.measurement import Measurement
 from simdist.spec.profile import (
     BASE_TERMS,
     CalibrationProfile,
@@ -101,18 +102,35 @@ class FitRun:
     def measured(self) -> dict[str, float]:
         """The representative run's quantities, each phase the median over the repeated runs
         (one run's phases jitter as much as its step: a phase of the run whose step is the
-        median need not be a median phase), and the median step."""
+        median need not be a median phase), and the median step. A pipeline's phases are its
+        busiest rank's (:attr:`busiest_rank_phases`), as the model prices its busiest stage."""
         import statistics
 
         from simdist.calibrate.compare import measured_quantities
 
         rep = self.repeated.representative
         out = {**measured_quantities(rep), "step_time_s": self.repeated.median}
+        busiest = self.busiest_rank_phases
         for k in ("forward", "backward", "optimizer", "comm", "other", "core_wait", "helper_threads"):
-            values = [m.phase(k) for m in self.repeated.runs if m.phase(k) is not None]
+            values = [v for m in self.repeated.runs
+                      if (v := (_busiest_rank(m).get(k) if busiest else m.phase(k))) is not None]
             if values:
                 out[f"{k}_s"] = statistics.median(values)
         return out
+
+    @property
+    def busiest_rank_phases(self) -> bool:
+        """Whether :meth:`measured` reads the phases of each run's busiest rank (the one that
+        computed most) rather than the ranks' mean: for a pipeline, whose stages differ by design
+        (a stage behind a busier one waits for it every micro-batch, which the ranks' mean counts
+        as communication and the model, pricing the busiest stage, does not), when every run
+        recorded its ranks' phases."""
+        return self.scenario.plan.pp > 1 and all(m.extras.get("phases_per_rank_s") for m in self.repeated.runs)
+
+
+def _busiest_rank(m: Measurement) -> dict[str, float]:
+    """The phases of the rank of ``m`` with the most forward + backward time."""
+    return max(m.extras["phases_per_rank_s"], key=lambda r: (r.get("forward") or 0.0) + (r.get("backward") or 0.0))
 
 
 def _mean_log_error(runs: list[FitRun]):

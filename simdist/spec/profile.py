@@ -28,17 +28,13 @@ at a sync point of ranks that time-share the cores (simdist.analytic.cpu_syncs).
 Version 4 splits the waits at a layer's sync points in two (``sync_point_waits_s``): besides
 the share of the compute since the previous sync point (``sync_wait_fractions``: the ranks'
 compute jitters in proportion to its length), a fixed wait per collective call (on gloo the
-call hands its work to the process group's thread and the caller sleeps until it is woken:
-scheduler wake-ups and the peer's own fixed detour per call, Hoefler et al. SC'10's fixed part of
+caller sleeps until the process group's thread wakes it: Hoefler et al. SC'10's fixed part of
 the noise). Many small TP collectives pay mostly the second, few large ones mostly the first.
 
 Version 5 adds a fixed wait for the data-parallel gradient sync (``dp_step_wait_s``): once a
-step, where the training thread blocks on the step's gradient synchronisation (DDP's reducer
-waiting for its buckets' all-reduces at the end of backward, ZeRO-1's and the compression
-hooks' syncs; on gloo the collectives and a hook's chained ones run on the process group's
-thread), it waits a fixed time beyond the transfers. The plain plans' runs tell it apart from
-the share of compute: a tiny model and a large one pay the same few milliseconds there (the
-fixed part of the noise, Hoefler et al. SC'10, at the one point a DDP step waits for its peers).
+step, where the training thread blocks on the step's gradient synchronisation (DDP's reducer,
+ZeRO-1's and the compression hooks' syncs), it waits a fixed time beyond the transfers: a tiny
+model and a large one pay the same few milliseconds there (Hoefler et al. SC'10's fixed part).
 
 Version 6 adds the host's speed during the fit runs (``reference_cpu_s`` and
 ``reference_ops_cpu_s``: the median over them of the CPU time two fixed workloads took on each
@@ -52,13 +48,13 @@ layer's fit runs with a core per rank (step - training-thread CPU - other thread
 for a core, over the model's communication time). Ranks that time-share the cores give that
 time to the other groups of the layer in their pipeline stage (:mod:`simdist.analytic.timeshare`).
 
-Version 8 adds the device's top-k selection rate (``select_rates``: elements per call -> seconds
-per element, ``executor.bench``'s ``select``): selecting the largest 5% of a gradient bucket is not
-a memory-bound pass on a CPU. torch's CPU top-k builds (value, index) pairs and runs
+Version 8 gives zero-bubble's split backward its own layer, "split_backward", apart from
+"multichunk" (an older file's "multichunk" terms carry over to it), and adds the device's top-k
+selection rate (``select_rates``: elements per call -> seconds per element, ``executor.bench``'s
+``select``). A CPU's top-k is no memory pass: torch builds (value, index) pairs and runs
 ``std::nth_element`` over them (``std::partial_sort`` when k x 64 <= n; aten/src/ATen/native/
-TopKImpl.h), branchy comparisons at several ns an element that grow once the pairs leave the
-cache; a GPU's radix select makes a few passes over the keys. The top-k compression hook's
-selection is priced at this rate when the profile has it (:mod:`simdist.analytic.stage`).
+TopKImpl.h), several ns an element; the top-k hook's selection is priced at this rate
+(:func:`simdist.analytic.compression.topk_selection_time`).
 
 Versions 1 to 7 still load (the new fields take their defaults: no cores known, no band,
 no optimizer term, no per-call wait, no host speed, no sleep shares, no selection rate).
@@ -235,6 +231,9 @@ class CalibrationProfile:
         if d.get("version") not in READABLE_VERSIONS:
             raise ScenarioError(Problem("profile.version", f"{d.get('version')!r} is not supported "
                                         f"(this simdist reads versions {', '.join(map(str, READABLE_VERSIONS))})"))
+        if d["version"] < 8:  # one "multichunk" layer priced zero-bubble's split backward too
+            d = {**d, **{k: {**d[k], "split_backward": d[k]["multichunk"]} for k in LAYER_TERMS
+                         if "multichunk" in (d.get(k) or {})}}
         d = {**d, "version": PROFILE_VERSION}
         d["links"] = {k: LinkFit(**v) for k, v in (d.get("links") or {}).items()}
         d["compute_curves"] = {k: [tuple(p) for p in v] for k, v in (d.get("compute_curves") or {}).items()}
@@ -304,8 +303,9 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
     (ZeroRedundancyOptimizer), "zero2" (FSDP2 keeping parameters gathered, and FSDP2's replicate, which the executor
     runs for plain data parallelism under several chunks per rank or a split backward), "zero3" (FSDP2
     resharding them), "hsdp" (FSDP2 on a 2-D mesh), "pipeline" (torch.distributed.pipelining),
-    "multichunk" (several chunks per rank or zero-bubble's split backward, under FSDP2's
-    replicate), "compression" (DDP communication hooks), "ps" (the parameter server; "async" besides
+    "multichunk" (several chunks per rank), "split_backward" (zero-bubble's backward split in
+    an input and a weight pass: torch.distributed.pipelining's own autograd traversals),
+    "compression" (DDP communication hooks), "ps" (the parameter server; "async" besides
     for the asynchronous one: executor.ps's workers and server threads), "cp"
     (context parallelism: the ring's point-to-point exchanges, executor.context) and "ep" (expert
     parallelism: the executor's all-to-all dispatch and its loop over local experts, executor.moe)."""
@@ -334,9 +334,12 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
         out.append("zero3")
     if plan.pp > 1:
         out.append("pipeline")
-        if plan.virtual_pipeline_stages > 1 or plan.schedule == "zero-bubble":
+        if plan.virtual_pipeline_stages > 1:
             out.append("multichunk")
-            if plan.dp * plan.cp > 1 and plan.zero_stage == 0:
+        if plan.schedule == "zero-bubble":
+            out.append("split_backward")
+        if (plan.virtual_pipeline_stages > 1 or plan.schedule == "zero-bubble") and plan.dp * plan.cp > 1 \
+                and plan.zero_stage == 0:
                 # DDP cannot run several chunks or a split backward per rank: the executor
                 # replicates with FSDP2 (executor.parallelize.data_parallel_kind), whole
                 # parameters as DTensors behind per-block hooks, as "zero2" keeps them gathered
@@ -348,7 +351,7 @@ BASE_TERMS = "base"  # the key of terms every plan pays (sync_wait_fractions: th
 # layers whose sync_point_waits_s entry is per pipeline transfer, not per collective call: the sync
 # points they add are the stages' sends and receives (several chunks per rank add transfers, a
 # split backward adds none), whatever each micro-batch computes
-TRANSFER_TERMS = ("pipeline", "multichunk")
+TRANSFER_TERMS = ("pipeline", "multichunk", "split_backward")
 # FSDP2's layers: their cost is in the hooks around each wrapped module's forward and backward,
 # which skip the forward that activation checkpointing runs again inside backward (FSDP2's
 # pre-forward hook returns at once in the pre-backward state: the pre-backward hook has unsharded
@@ -357,11 +360,16 @@ HOOK_LAYERS = ("zero2", "zero3", "hsdp")
 
 
 def wait_keys(plan: Any) -> tuple[str, ...]:
-    """The keys of ``sync_wait_fractions`` a plan pays: the plain plans' waits (at the gradient
-    all-reduce, on the CPU gloo's work competing with compute) and those of its layers."""
-    return (BASE_TERMS, *profile_layers(plan))
+    """The keys of ``sync_wait_fractions`` a plan pays: the plain plans' waits, fitted at their
+    gradient all-reduce (the ranks' jitter over the step's compute, and on the CPU gloo's work
+    competing with it), where the plan has a data-parallel gradient sync, and those of its layers.
+    A plan without one (dp = 1: a pipeline, a TP or CP group alone) waits only at its layers' own
+    sync points, which their terms price (a pipeline's transfers: a stage with slack behind the
+    busiest one absorbs its neighbour's jitter there)."""
+    return ((BASE_TERMS,) if plan.dp > 1 else ()) + profile_layers(plan)
 
 
+LAYER_TERMS = ("framework_overheads_s", "sync_wait_fractions", "sync_point_waits_s", "optimizer_layer_tensor_s")  # by layer
 # a layer's terms are relative to plain DDP's and may be below zero (cheaper per op); a plan's sum
 # is held at or above zero where it is used (simdist.analytic.passes, cpu_optimizer)
 RELATIVE_TERMS = ("framework_overheads_s.", "optimizer_layer_tensor_s.")
