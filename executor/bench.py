@@ -1,6 +1,6 @@
 """Microbenchmarks, run by torchrun on every rank at once (so compute and communication see
 the same contention as a real run): GEMMs from tiny to model-sized, attention, memory-bound
-ops, top-k selection, and collectives over message sizes at every available group size. Rank 0 writes the raw
+ops (in and out of the cache), top-k selection, and collectives over message sizes at every available group size. Rank 0 writes the raw
 timings as JSON (atomically); simdist.calibrate.fit turns them into a profile. Started by
 `simdist calibrate` through the executor's launcher (:func:`executor.launch.microbenchmarks`);
 imports torch.
@@ -40,6 +40,8 @@ GEMM_SHAPES = [(m, n, k) for m, n, k in [  # from a tiny plan's 32 tokens x widt
 ATTENTION = [(b, h, s, d) for b, h, s, d in [(1, 4, 32, 16), (1, 4, 64, 16), (2, 4, 128, 32), (4, 8, 128, 32),
                                               (4, 8, 256, 64), (8, 8, 512, 64)]]
 MEMORY_SIZES = [2**p for p in range(12, 28, 2)]  # 4 KiB .. 64 MiB per tensor
+COLD_SIZES = [2**p for p in range(20, 27)]  # 1 .. 64 MiB per tensor: an FSDP2 module's parameters
+EVICT_BYTES = 128 * 2**20  # passed over between copies: four times the largest L3 of the machines in view (32 MiB)
 SELECT_SIZES = [2**p for p in range(14, 24, 2)]  # 16 Ki .. 4 Mi fp32 entries: a tiny model's bucket to DDP's 25 MiB
 SELECT_RATIO = 0.05  # the share top-k compression keeps (scenarios/tiny-compress-topk.yaml)
 MESSAGE_SIZES = [2**p for p in range(12, 29, 2)]  # 4 KiB .. 256 MiB
@@ -144,6 +146,24 @@ def bench_memory(dtype: torch.dtype, quick: bool, device: str = "cpu") -> list[d
         once = _time(lambda x=x, y=y: x.add_(y), 1, 1, cpu_clock=True)
         t = _time(lambda x=x, y=y: x.add_(y), _reps(once, 0.2), cpu_clock=True)
         out.append({"bytes": 3.0 * nbytes, "seconds": t})  # read x, read y, write x
+    return out
+
+
+def bench_cold_copy(quick: bool) -> list[dict[str, Any]]:
+    """Copies of data out of the cache (the CPU's FSDP2 copies, simdist.analytic.fsdp2): each copy
+    timed after a pass over :data:`EVICT_BYTES`, which evicts its operands; the in-cache passes of
+    :func:`bench_memory` run several times faster at the same sizes."""
+    evict = torch.zeros(EVICT_BYTES // 4)
+    out = []
+    for nbytes in COLD_SIZES[: 3 if quick else None]:
+        src, dst = torch.randn(nbytes // 4), torch.empty(nbytes // 4)
+        times = []
+        for _ in range(3 if quick else 7):
+            evict.add_(1.0)
+            t0 = time.thread_time()
+            dst.copy_(src)
+            times.append(time.thread_time() - t0)
+        out.append({"bytes": 2.0 * nbytes, "seconds": statistics.median(times)})  # read src, write dst
     return out
 
 
@@ -258,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         if progress is not None:
             progress.update(1)
     result["select"] = bench_select(args.quick, device)
+    if device == "cpu":
+        result["memory_cold"] = bench_cold_copy(args.quick)
     if device == "cpu" and dtype == torch.float32:
         result["gemm_bf16"] = bench_gemm_autocast(args.quick)
     if progress is not None:

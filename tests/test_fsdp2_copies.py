@@ -92,3 +92,32 @@ def test_fsdp2_does_not_gather_again_for_the_recomputed_forward():
     twice = dp_traffic(sc.model, sc.plan, 0).step_bytes(sc.plan.num_microbatches)
     one_gather = params_per_rank(sc.model, sc.plan, 0) * sc.plan.element_bytes  # every layer's, once
     assert twice - once == pytest.approx(sc.plan.num_microbatches * one_gather)
+
+
+def test_a_cpu_prices_fsdp2s_copies_as_copies_out_of_the_cache():
+    """On a CPU the copies move data out of the cache (gathered by gloo's thread, or written a
+    layer's backward ago): a profile with a cold-copy curve (executor.bench's ``memory_cold``)
+    prices them at it, other memory passes at the in-cache curve; without one, both at the latter."""
+    from test_calibration import synthetic_bench
+
+    from simdist.calibrate.fit import fit_profile
+
+    # this guest's cold copies, both ranks at once (2026-11-28): 11-18 GB/s from 2 to 128 MiB moved
+    cold = [{"bytes": 2.0 * 2**p, "seconds": 2.0 * 2**p / r} for p, r in ((20, 11e9), (23, 12e9), (26, 18e9))]
+    prof = fit_profile({**synthetic_bench(bw=150e9), "memory_cold": cold})
+    plain = fit_profile(synthetic_bench(bw=150e9))
+    assert prof.efficiency("memory.cold", 2.0 * 2**23) == pytest.approx(12 / 150)
+    assert plain.efficiency("memory.cold", 2.0 * 2**23) is None
+    sc = llama(None)
+    n = layer_params_on_rank(sc.model, sc.plan, moe=False)
+    fwd, bwd = copy_ops(sc.plan, n, on_cpu=True)
+    assert {op.kind for op in fwd + bwd} == {"copy"}
+    assert {op.kind for op in copy_ops(sc.plan, n, on_cpu=False)[0]} == {"memory"}  # a GPU's HBM
+    out = fwd[1]
+    cm, cm_plain = CostModel(sc.cluster.gpu, "fp32", prof), CostModel(sc.cluster.gpu, "fp32", plain)
+    overhead = cm.kernel_overhead
+    assert cm.time(out) - overhead == pytest.approx(out.bytes / (150e9 * prof.efficiency("memory.cold", out.bytes)))
+    assert cm_plain.time(out) - overhead == pytest.approx(out.bytes / (150e9 * plain.efficiency("memory", out.bytes)))
+    assert cm.time(out) > 5 * cm_plain.time(out)
+    same = replace(out, kind="memory")  # any other memory pass keeps the in-cache curve
+    assert cm.time(same) == pytest.approx(cm_plain.time(same))

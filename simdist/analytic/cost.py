@@ -161,9 +161,12 @@ class CostModel:
             return 1.0 / TRITON_FA_SLOWDOWN
         return 1.0
 
-    def memory_efficiency(self, nbytes: float) -> float:
+    def memory_efficiency(self, nbytes: float, cold: bool = False) -> float:
+        """Fraction of the memory bandwidth a pass of ``nbytes`` achieves; ``cold``: over data
+        out of the cache, at a CPU profile's cold-copy curve where it has one (profile v8)."""
         if self.profile:
-            fitted = self.profile.efficiency("memory", nbytes)
+            fitted = (self.profile.efficiency("memory.cold", nbytes) if cold else None) \
+                or self.profile.efficiency("memory", nbytes)
             if fitted is not None:
                 return fitted
         return self._eff("memory")
@@ -182,7 +185,8 @@ def _op_time(cm: CostModel, op: Compute) -> float:
         # efficiency is on that count too: the computed fraction of peak over the causal share.
         return op.flops / (cm.attention_peak * cm.attention_efficiency(op)) + cm.kernel_overhead
     # a memory op of ``batch`` kernels (an expert's FP8 quantization each: simdist.analytic.moe) pays each its gap
-    return op.bytes / (cm.memory_bandwidth * cm.memory_efficiency(op.bytes)) + cm.kernel_overhead * op.batch
+    cold = op.kind == "copy"
+    return op.bytes / (cm.memory_bandwidth * cm.memory_efficiency(op.bytes, cold)) + cm.kernel_overhead * op.batch
 
 
 def optimizer_bytes_per_param(optimizer: str, precision: str, grad_bytes: float) -> float:

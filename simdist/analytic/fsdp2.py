@@ -17,6 +17,10 @@ Each reads and writes its bytes once. On a GPU only the copy-out is on the compu
 CPU there are no streams and all three run on the training thread (measured with torch.profiler
 on ``scenarios/local-zero3-fit.yaml``, 2 ranks on gloo: ``fsdp::split_with_sizes_copy``,
 ``fsdp::all_gather_copy_in`` and ``fsdp::chunk_cat`` took 25, 26 and 17 ms of its 0.45 s step).
+On a CPU they copy data out of the cache (gathered by gloo's thread, or written a layer's
+backward ago): 8-24 GB/s each on the 2-core guest simdist was calibrated on, where the in-cache
+passes of the memory microbenchmark reach 160 GB/s and a 3 MiB copy after a 64 MiB pass 20 GB/s,
+so a CPU profile prices them at its cold-copy curve (``memory.cold``, executor.bench).
 A micro-batch gathers a module before its forward and again before its backward; the forward
 that full recompute runs again inside backward does not gather (FSDP2's pre-forward hook returns
 at once in the pre-backward state; the executor's census counts two gathers per micro-batch).
@@ -56,11 +60,12 @@ def copy_ops(plan: Any, params: int, on_cpu: bool) -> tuple[tuple[Compute, ...],
     """The copies of one FSDP2 module holding ``params`` parameters on this rank (before
     sharding) that run where it computes: (before its forward, before its backward)."""
     unsharded = params * param_wire_bytes(plan)
-    out = Compute("fsdp2 copy-out", "memory", bytes=2 * unsharded)
     if not on_cpu:
+        out = Compute("fsdp2 copy-out", "memory", bytes=2 * unsharded)
         return (out,), (out,)
-    shard = Compute("fsdp2 copy-in", "memory", bytes=2 * unsharded / shard_group(plan))
-    grads = Compute("fsdp2 grad copy-in", "memory", bytes=2 * params * grad_wire_bytes(plan, sharded=True))
+    out = Compute("fsdp2 copy-out", "copy", bytes=2 * unsharded)
+    shard = Compute("fsdp2 copy-in", "copy", bytes=2 * unsharded / shard_group(plan))
+    grads = Compute("fsdp2 grad copy-in", "copy", bytes=2 * params * grad_wire_bytes(plan, sharded=True))
     return (shard, out), (shard, out, grads)
 
 

@@ -27,7 +27,9 @@ from simdist.spec.frameworks import attention_kernel, framework_of, recompute_ea
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 
-ComputeKind = Literal["gemm", "attention", "memory", "sync"]  # sync: a host read that drains the queue (analytic.host)
+# sync: a host read that drains the queue (analytic.host); copy: a memory-bound copy of data out of
+# the cache (FSDP2's copies on a CPU: simdist.analytic.fsdp2), at a profile's cold-copy rate
+ComputeKind = Literal["gemm", "attention", "memory", "copy", "sync"]
 Collective = Literal["allreduce", "allgather", "reducescatter", "sendrecv", "alltoall", "broadcast"]
 Axis = Literal["tp", "cp", "pp", "dp", "dp_shard", "dp_replica", "ps"]
 Pass = Literal["fwd", "bwd"]

@@ -73,6 +73,8 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
         "attention": _curve([(r["flops"], r["flops"] / r["seconds"]) for r in bench["attention"]], peak),
         "memory": _curve([(r["bytes"], r["bytes"] / r["seconds"]) for r in bench["memory"]], mem_bw),
     }
+    if bench.get("memory_cold"):  # copies out of the cache, against the in-cache peak (cost.py: copy ops)
+        curves["memory.cold"] = _curve([(r["bytes"], r["bytes"] / r["seconds"]) for r in bench["memory_cold"]], mem_bw)
     if bench.get("gemm_bf16"):  # the CPU's GEMMs under bf16 autocast, against the fp32 peak (cost.py: gemm.bf16)
         curves["gemm.bf16"] = _curve([(r["flops"], r["flops"] / r["seconds"]) for r in bench["gemm_bf16"]], peak)
     residuals: dict[str, float] = {}

@@ -49,12 +49,11 @@ for a core, over the model's communication time). Ranks that time-share the core
 time to the other groups of the layer in their pipeline stage (:mod:`simdist.analytic.timeshare`).
 
 Version 8 gives zero-bubble's split backward its own layer, "split_backward", apart from
-"multichunk" (an older file's "multichunk" terms carry over to it), and adds the device's top-k
-selection rate (``select_rates``: elements per call -> seconds per element, ``executor.bench``'s
-``select``). A CPU's top-k is no memory pass: torch builds (value, index) pairs and runs
-``std::nth_element`` over them (``std::partial_sort`` when k x 64 <= n; aten/src/ATen/native/
-TopKImpl.h), several ns an element; the top-k hook's selection is priced at this rate
-(:func:`simdist.analytic.compression.topk_selection_time`).
+"multichunk" (an older file's "multichunk" terms carry over to it); a CPU's curve of copies out of
+the cache (``compute_curves["memory.cold"]``: FSDP2's copies, simdist.analytic.fsdp2); and the
+top-k selection rate (``select_rates``, seconds per element by size): torch's CPU top-k runs
+``std::nth_element`` over (value, index) pairs (aten/src/ATen/native/TopKImpl.h), several ns an
+element, no memory pass (:func:`simdist.analytic.compression.topk_selection_time`).
 
 Versions 1 to 7 still load (the new fields take their defaults: no cores known, no band,
 no optimizer term, no per-call wait, no host speed, no sleep shares, no selection rate).
