@@ -36,10 +36,11 @@ def truth():
 
 
 def phased(profile, name: str, cluster: dict | None = None, helper_share: float | None = None,
-           **plan) -> tuple[dict, FitRun]:
+           model: dict | None = None, **plan) -> tuple[dict, FitRun]:
     """A run whose phases and step are ``profile``'s prediction (as the executor reports them);
     with ``helper_share``, its other threads' CPU time is that share of its exposed communication."""
-    d = {**local_scenario(**plan), "name": name, **({"cluster": cluster} if cluster else {})}
+    d = {**local_scenario(**plan), "name": name, **({"cluster": cluster} if cluster else {}),
+         **({"model": model} if model else {})}
     q = predicted_quantities(scenario_from_dict(d), profile)
     cpu = predicted_quantities(scenario_from_dict(d), replace(profile, cores=0))  # CPU time: never stretched
     phases = {"forward": cpu["forward_s"], "backward": cpu["backward_s"], "optimizer": cpu["optimizer_s"],

@@ -101,6 +101,7 @@ class OpTimer:
         self.recompute_extra = framework_overhead(sc, cost, recompute=True)
         self.sync_wait = sync_wait_fraction(sc, cost)
         self.call_wait = sync_call_wait(sc, cost)
+        self.gather_wait = gather_wait(sc, cost)
         self.fsdp2 = runs_fsdp2(sc.plan, cost.profile)
 
     def fsdp2_copies(self, params: int) -> tuple[PassTime, PassTime]:
@@ -110,7 +111,9 @@ class OpTimer:
         if not self.fsdp2 or params <= 0:
             return ZERO_PASS, ZERO_PASS
         fwd, bwd = copy_ops(self.sc.plan, params, on_cpu=on_cpu(self.cost.profile))
-        return self.passes(fwd), self.passes(bwd)
+        # the waits at its collectives: the gather before each pass, the reduce-scatter after backward
+        return (self.passes(fwd) + PassTime(sync_wait=self.gather_wait),
+                self.passes(bwd) + PassTime(sync_wait=2 * self.gather_wait))
 
     def _slowdown(self, userbuffers: str | None) -> float:
         """How much slower a kernel runs beside a collective it hides: NCCL's share
@@ -294,8 +297,9 @@ def sync_call_wait(sc: Scenario, cost: CostModel) -> float:
     """Fixed wait per collective call of a layer's op lists (TP, CP and expert-parallel; a ring's
     send/receive counts twice, as simdist.analytic.cpu_syncs counts sync points) that a
     calibration profile measured for this plan's software layers (``sync_point_waits_s``; the
-    pipeline's layers' are per pipeline transfer, :func:`transfer_wait`); 0 otherwise."""
-    return _point_waits(sc, cost, per_transfer=False)
+    pipeline's layers' are per pipeline transfer, :func:`transfer_wait`, FSDP2's per collective
+    of its own, :func:`gather_wait`); 0 otherwise."""
+    return _point_waits(sc, cost, "call")
 
 
 def transfer_wait(sc: Scenario, cost: CostModel) -> float:
@@ -305,11 +309,26 @@ def transfer_wait(sc: Scenario, cost: CostModel) -> float:
     on top): on gloo the receiving rank sleeps in the transfer and is woken when it completes, a
     cost of each transfer whatever the micro-batch's compute, which a share of compute would
     price wrongly at other sizes; 0 without a profile."""
-    return _point_waits(sc, cost, per_transfer=True)
+    return _point_waits(sc, cost, "transfer")
 
 
-def _point_waits(sc: Scenario, cost: CostModel, per_transfer: bool) -> float:
-    """The profile's ``sync_point_waits_s`` of this plan's layers, those per pipeline transfer or
-    those per collective call."""
+def gather_wait(sc: Scenario, cost: CostModel) -> float:
+    """Fixed wait per FSDP2 collective (a module's all-gather before its forward and before its
+    backward, its gradients' reduce-scatter after it) that a calibration profile measured for
+    the plan's FSDP2 layers (``sync_point_waits_s`` of :data:`HOOK_LAYERS`): on gloo the rank
+    sleeps in each until gloo's thread wakes it, whatever the module's compute, which a share of
+    compute priced wrongly at other sizes (a tiny ZeRO-3 plan's waits 27% of its compute, and
+    the large one's far less); 0 without a profile."""
+    return _point_waits(sc, cost, "gather")
+
+
+def _point_waits(sc: Scenario, cost: CostModel, where: str) -> float:
+    """The profile's ``sync_point_waits_s`` of this plan's layers whose sync points are ``where``:
+    pipeline transfers ("transfer"), FSDP2's collectives ("gather") or the collective calls of
+    the layers' op lists ("call")."""
     per_point = cost.profile.sync_point_waits_s if cost.profile else {}
-    return sum(per_point.get(k, 0.0) for k in wait_keys(sc.plan) if (k in TRANSFER_TERMS) == per_transfer)
+    return sum(per_point.get(k, 0.0) for k in wait_keys(sc.plan) if _sync_points(k) == where)
+
+
+def _sync_points(layer: str) -> str:
+    return "transfer" if layer in TRANSFER_TERMS else "gather" if layer in HOOK_LAYERS else "call"
