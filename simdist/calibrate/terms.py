@@ -3,8 +3,8 @@
 The microbenchmarks fix the compute curves and the links (simdist.calibrate.fit). What they
 cannot see is the framework around the kernels, so executor runs fit it, phase by phase
 (simdist.calibrate.phases) and layer by layer (:func:`simdist.spec.profile.profile_layers`: "tp",
-"cp", "ep", "zero1", "zero2", "zero3", "hsdp", "pipeline", "multichunk", "split_backward", "compression", "ps",
-"async"):
+"cp", "ep", "zero1", "zero2", "zero3", "hsdp", "pipeline", "multichunk", "split_backward",
+"compression", "ps", "async"):
 
 1. runs of plans through no layer (plain DDP) fit the kernels' rate relative to the
    microbenchmarks' and the per-op overhead (forward + backward + the rest of the step's CPU
