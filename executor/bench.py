@@ -1,9 +1,9 @@
 """Microbenchmarks, run by torchrun on every rank at once (so compute and communication see
 the same contention as a real run): GEMMs from tiny to model-sized, attention, memory-bound
-ops (in and out of the cache), top-k selection, and collectives over message sizes at every available group size. Rank 0 writes the raw
-timings as JSON (atomically); simdist.calibrate.fit turns them into a profile. Started by
-`simdist calibrate` through the executor's launcher (:func:`executor.launch.microbenchmarks`);
-imports torch.
+ops (in and out of the cache), top-k selection, and collectives over message sizes at every
+available group size. Rank 0 writes the raw timings as JSON (atomically); simdist.calibrate.fit
+turns them into a profile. Started by `simdist calibrate` through the executor's launcher
+(:func:`executor.launch.microbenchmarks`); imports torch.
 
     torchrun --standalone --nproc-per-node N -m executor.bench --run-dir DIR --out FILE [--quick]
 
@@ -18,6 +18,7 @@ on the CPU, fp32 GEMMs (and the same GEMMs under bf16 autocast, ``gemm_bf16``) a
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -175,12 +176,11 @@ def bench_select(quick: bool, device: str = "cpu") -> list[dict[str, Any]]:
     2-core guest simdist was calibrated on; the median over several stands for a step's."""
     out = []
     for n in SELECT_SIZES[: 3 if quick else None]:
-        data = [torch.randn(n, device=device).abs() for _ in range(8)]
+        data = itertools.cycle([torch.randn(n, device=device).abs() for _ in range(8)])
         k = max(1, round(SELECT_RATIO * n))
-        turn = iter(range(1 << 30))
 
-        def op(data=data, k=k, turn=turn):
-            data[next(turn) % len(data)].topk(k, sorted=False)
+        def op(data=data, k=k):
+            next(data).topk(k, sorted=False)
 
         once = _time(op, 1, 1, cpu_clock=True)
         out.append({"elements": float(n), "k": k, "seconds": _time(op, _reps(once, 0.3), cpu_clock=True)})

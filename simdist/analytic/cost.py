@@ -165,8 +165,9 @@ class CostModel:
         """Fraction of the memory bandwidth a pass of ``nbytes`` achieves; ``cold``: over data
         out of the cache, at a CPU profile's cold-copy curve where it has one (profile v8)."""
         if self.profile:
-            fitted = (self.profile.efficiency("memory.cold", nbytes) if cold else None) \
-                or self.profile.efficiency("memory", nbytes)
+            fitted = self.profile.efficiency("memory.cold", nbytes) if cold else None
+            if fitted is None:
+                fitted = self.profile.efficiency("memory", nbytes)
             if fitted is not None:
                 return fitted
         return self._eff("memory")

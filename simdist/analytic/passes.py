@@ -30,7 +30,7 @@ from simdist.analytic.moe import (
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.frozen import frozen
 from simdist.spec.plan import ParallelPlan
-from simdist.spec.profile import HOOK_LAYERS, TRANSFER_TERMS, on_cpu, profile_layers, wait_keys
+from simdist.spec.profile import HOOK_LAYERS, on_cpu, profile_layers, sync_points, wait_keys
 from simdist.spec.scenario import Scenario
 
 
@@ -327,8 +327,4 @@ def _point_waits(sc: Scenario, cost: CostModel, where: str) -> float:
     pipeline transfers ("transfer"), FSDP2's collectives ("gather") or the collective calls of
     the layers' op lists ("call")."""
     per_point = cost.profile.sync_point_waits_s if cost.profile else {}
-    return sum(per_point.get(k, 0.0) for k in wait_keys(sc.plan) if _sync_points(k) == where)
-
-
-def _sync_points(layer: str) -> str:
-    return "transfer" if layer in TRANSFER_TERMS else "gather" if layer in HOOK_LAYERS else "call"
+    return sum(per_point.get(k, 0.0) for k in wait_keys(sc.plan) if sync_points(k) == where)

@@ -4,7 +4,8 @@ Compute: efficiency = achieved FLOP/s / the device's best GEMM FLOP/s, per op si
 GEMM and attention, bytes for memory-bound ops); top-k selection: seconds per element, per size.
 Links: the alpha-beta model of simdist.analytic.collectives (t = steps x alpha + factor x S /
 beta, nccl-tests' factors) fitted by least squares on relative error, one (alpha, beta) per
-collective kind, since gloo's algorithms differ by kind. Residuals are the RMS relative error of each fit.
+collective kind, since gloo's algorithms differ by kind. Residuals are the RMS relative error of
+each fit.
 """
 
 from __future__ import annotations
@@ -18,12 +19,17 @@ from typing import Any
 from simdist.spec.profile import CalibrationProfile, LinkFit
 
 
+def _merged(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(size, value) sorted by size, equal sizes (every rank's row) merged by their mean."""
+    merged: dict[float, list[float]] = {}
+    for size, value in points:
+        merged.setdefault(size, []).append(value)
+    return [(s, sum(v) / len(v)) for s, v in sorted(merged.items())]
+
+
 def _curve(points: list[tuple[float, float]], peak: float) -> list[tuple[float, float]]:
     """(size, efficiency) sorted by size, merging equal sizes by their mean."""
-    merged: dict[float, list[float]] = {}
-    for size, rate in points:
-        merged.setdefault(size, []).append(rate / peak)
-    return [(s, min(1.0, sum(v) / len(v))) for s, v in sorted(merged.items())]
+    return [(s, min(1.0, rate / peak)) for s, rate in _merged(points)]
 
 
 def ring_terms(kind: str, n: int, nbytes: float) -> tuple[float, float]:
@@ -121,12 +127,8 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
 
 
 def select_rates(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
-    """(elements per call, seconds per element) of the top-k microbenchmark, by size (equal
-    sizes merged by their mean)."""
-    merged: dict[float, list[float]] = {}
-    for r in rows:
-        merged.setdefault(float(r["elements"]), []).append(r["seconds"] / r["elements"])
-    return [(n, sum(v) / len(v)) for n, v in sorted(merged.items())]
+    """(elements per call, seconds per element) of the top-k microbenchmark, by size."""
+    return _merged([(float(r["elements"]), r["seconds"] / r["elements"]) for r in rows])
 
 
 def fit_sync_wait(profile: CalibrationProfile, key: str,

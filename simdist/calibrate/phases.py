@@ -125,6 +125,15 @@ def _optimizer(p: CalibrationProfile, v: float) -> CalibrationProfile:
     return replace(p, optimizer_tensor_s=v)
 
 
+def at_rate(profile: CalibrationProfile, s: float) -> CalibrationProfile:
+    """``profile`` with its kernels ``s`` times as fast: the peaks, the memory bandwidth and the
+    top-k selection rate, with ``compute_scale`` recording it (``at_rate(p, 1 / p.compute_scale)``
+    is the microbenchmarks' own rate)."""
+    return replace(profile, peak_flops=profile.peak_flops * s,
+                   memory_bandwidth_bytes_per_s=profile.memory_bandwidth_bytes_per_s * s,
+                   select_rates=[(n, r / s) for n, r in profile.select_rates], compute_scale=profile.compute_scale * s)
+
+
 def fit_plain(profile: CalibrationProfile, runs: Sequence[Any]) -> CalibrationProfile:
     """The compute scale and per-op overhead (forward + backward) and the per-tensor optimizer
     cost (optimizer phase) from runs through no software layer."""
@@ -134,10 +143,7 @@ def fit_plain(profile: CalibrationProfile, runs: Sequence[Any]) -> CalibrationPr
         rows.append((measured_compute(r.measured()), rate, ops))
     x, overhead = two_terms(rows)
     s = min(max(1.0 / x, SCALE_RANGE[0]), SCALE_RANGE[1])
-    profile = replace(profile, peak_flops=profile.peak_flops * s,
-                      memory_bandwidth_bytes_per_s=profile.memory_bandwidth_bytes_per_s * s,
-                      select_rates=[(n, r / s) for n, r in profile.select_rates],
-                      compute_scale=profile.compute_scale * s, kernel_overhead_s=overhead)
+    profile = replace(at_rate(profile, s), kernel_overhead_s=overhead)
     opt = [(r.measured().get("optimizer_s", 0.0), *probe(r, profile, optimizer_s, cpu_time(_optimizer))) for r in runs
            if r.measured().get("optimizer_s") is not None]
     return replace(profile, optimizer_tensor_s=one_term(opt))

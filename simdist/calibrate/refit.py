@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from simdist.calibrate.phases import at_rate
 from simdist.calibrate.repeat import Repeated
 from simdist.calibrate.store import RunStore
 from simdist.calibrate.terms import FitRun
@@ -25,11 +26,8 @@ MICROBENCHMARK_RESIDUALS = ("link ", "gemm curve", "attention curve", "memory cu
 def microbenchmark_part(profile: CalibrationProfile) -> CalibrationProfile:
     """The profile as the microbenchmarks alone fitted it: no executor-run terms, no record of
     fitted runs (the compute scale taken back out of the peaks)."""
-    s = profile.compute_scale or 1.0
     return replace(
-        profile, peak_flops=profile.peak_flops / s, memory_bandwidth_bytes_per_s=profile.memory_bandwidth_bytes_per_s / s,
-        select_rates=[(n, r * s) for n, r in profile.select_rates],
-        compute_scale=1.0, kernel_overhead_s=None, framework_overheads_s={}, sync_wait_fractions={}, sync_point_waits_s={}, dp_step_wait_s=0.0,
+        at_rate(profile, 1.0 / (profile.compute_scale or 1.0)), compute_scale=1.0, kernel_overhead_s=None, framework_overheads_s={}, sync_wait_fractions={}, sync_point_waits_s={}, dp_step_wait_s=0.0,
         optimizer_tensor_s=None, optimizer_layer_tensor_s={}, coschedule_wait_s=0.0, sleep_shares={}, fitted_from=["microbenchmarks"],
         residuals={k: v for k, v in profile.residuals.items() if k.startswith(MICROBENCHMARK_RESIDUALS)},
         spreads={}, core_waits={}, error_band=0.0, terms_from={})

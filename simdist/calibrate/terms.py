@@ -29,6 +29,7 @@ repeated runs' medians (:mod:`simdist.calibrate.repeat`).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
@@ -69,9 +70,7 @@ class FitRun:
 
     @property
     def scenario(self):
-        from simdist.spec.scenario import scenario_from_dict
-
-        return scenario_from_dict(yaml.safe_load(self.scenario_yaml), self.base_dir)
+        return _parsed(self.scenario_yaml, self.base_dir)
 
     @property
     def layers(self) -> tuple[str, ...]:
@@ -110,10 +109,9 @@ class FitRun:
 
         rep = self.repeated.representative
         out = {**measured_quantities(rep), "step_time_s": self.repeated.median}
-        busiest = self.busiest_rank_phases
+        phases = [_busiest_rank(m) if self.busiest_rank_phases else m.phases_s for m in self.repeated.runs]
         for k in ("forward", "backward", "optimizer", "comm", "other", "core_wait", "helper_threads"):
-            values = [v for m in self.repeated.runs
-                      if (v := (_busiest_rank(m).get(k) if busiest else m.phase(k))) is not None]
+            values = [float(p[k]) for p in phases if p.get(k) is not None]
             if values:
                 out[f"{k}_s"] = statistics.median(values)
         return out
@@ -126,6 +124,14 @@ class FitRun:
         as communication and the model, pricing the busiest stage, does not), when every run
         recorded its ranks' phases."""
         return self.scenario.plan.pp > 1 and all(m.extras.get("phases_per_rank_s") for m in self.repeated.runs)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(scenario_yaml: str, base_dir: str):
+    """A fit run's scenario, parsed once: the fit reads it at every probe of every term."""
+    from simdist.spec.scenario import scenario_from_dict
+
+    return scenario_from_dict(yaml.safe_load(scenario_yaml), base_dir)
 
 
 def _busiest_rank(m: Measurement) -> dict[str, float]:

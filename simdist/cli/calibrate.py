@@ -171,19 +171,18 @@ def _table(checks) -> str:
                  rows, align="lrrrrrrr") if rows else "(no executor runs: microbenchmarks only)"
 
 
-def _point_kind(layer: str) -> str:
-    from simdist.spec.profile import HOOK_LAYERS, TRANSFER_TERMS
-
-    return "transfer" if layer in TRANSFER_TERMS else "FSDP2 collective" if layer in HOOK_LAYERS else "collective call"
+POINT_NAMES = {"transfer": "transfer", "gather": "FSDP2 collective", "call": "collective call"}
 
 
 def _summary(profile) -> None:
+    from simdist.spec.profile import sync_points
+
     print(f"\npeak {profile.peak_flops / 1e9:.1f} GFLOP/s per rank, memory {profile.memory_bandwidth_bytes_per_s / 1e9:.1f}"
           f" GB/s, {profile.cores or '-'} cores, fitted at {profile.ranks} ranks; per-op overhead "
           f"{(profile.kernel_overhead_s or 0) * 1e6:.1f} us"
           + "".join(f"; {k} +{v * 1e6:.1f} us/op" for k, v in profile.framework_overheads_s.items())
           + "".join(f"; {k} sync waits {v:.0%} of compute" for k, v in profile.sync_wait_fractions.items())
-          + "".join(f" (+{w * 1e3:.2f} ms per {k} {_point_kind(k)})"
+          + "".join(f" (+{w * 1e3:.2f} ms per {k} {POINT_NAMES[sync_points(k)]})"
                     for k, w in profile.sync_point_waits_s.items())
           + (f"; +{profile.dp_step_wait_s * 1e3:.2f} ms per step at the gradient sync" if profile.dp_step_wait_s else "")
           + (f"; executor rate {profile.compute_scale:.2f}x the microbenchmarks'" if profile.compute_scale != 1 else "")

@@ -48,12 +48,10 @@ layer's fit runs with a core per rank (step - training-thread CPU - other thread
 for a core, over the model's communication time). Ranks that time-share the cores give that
 time to the other groups of the layer in their pipeline stage (:mod:`simdist.analytic.timeshare`).
 
-Version 8 gives zero-bubble's split backward its own layer, "split_backward", apart from
-"multichunk" (an older file's "multichunk" terms carry over to it); a CPU's curve of copies out of
-the cache (``compute_curves["memory.cold"]``: FSDP2's copies, simdist.analytic.fsdp2); and the
-top-k selection rate (``select_rates``, seconds per element by size): torch's CPU top-k runs
-``std::nth_element`` over (value, index) pairs (aten/src/ATen/native/TopKImpl.h), several ns an
-element, no memory pass (:func:`simdist.analytic.compression.topk_selection_time`).
+Version 8 gives zero-bubble's split backward its own layer, "split_backward" (an older file's
+"multichunk" terms carry over to it), and adds a CPU's curve of copies out of the cache
+(``compute_curves["memory.cold"]``, FSDP2's copies) and its top-k selection rate (``select_rates``:
+:func:`simdist.analytic.compression.topk_selection_time`).
 
 Versions 1 to 7 still load (the new fields take their defaults: no cores known, no band,
 no optimizer term, no per-call wait, no host speed, no sleep shares, no selection rate).
@@ -346,25 +344,28 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
     return tuple(out)
 
 
-BASE_TERMS = "base"  # the key of terms every plan pays (sync_wait_fractions: the plain plans' own waits)
-# layers whose sync_point_waits_s entry is per pipeline transfer, not per collective call: the sync
-# points they add are the stages' sends and receives (several chunks per rank add transfers, a
-# split backward adds none), whatever each micro-batch computes
+BASE_TERMS = "base"  # the plain plans' terms (sync_wait_fractions: their waits at the gradient sync)
+# the layers whose fixed waits are per pipeline transfer (the stages' sends and receives: several
+# chunks per rank add transfers, a split backward adds none), whatever each micro-batch computes
 TRANSFER_TERMS = ("pipeline", "multichunk", "split_backward")
-# FSDP2's layers: their cost is in the hooks around each wrapped module's forward and backward,
-# which skip the forward that activation checkpointing runs again inside backward (FSDP2's
-# pre-forward hook returns at once in the pre-backward state: the pre-backward hook has unsharded
-# the parameters already), so recomputed ops do not pay their per-op terms
+# FSDP2's layers: their cost is in the hooks around each wrapped module's passes, which skip the
+# forward activation checkpointing runs again (FSDP2's pre-forward hook returns at once in the
+# pre-backward state), so recomputed ops do not pay their per-op terms; their fixed waits are at
+# FSDP2's own collectives
 HOOK_LAYERS = ("zero2", "zero3", "hsdp")
 
 
+def sync_points(layer: str) -> str:
+    """Where ``layer``'s fixed waits (``sync_point_waits_s``) are paid: "transfer" (a pipeline's
+    sends and receives), "gather" (FSDP2's own collectives) or "call" (its op lists' collectives)."""
+    return "transfer" if layer in TRANSFER_TERMS else "gather" if layer in HOOK_LAYERS else "call"
+
+
 def wait_keys(plan: Any) -> tuple[str, ...]:
-    """The keys of ``sync_wait_fractions`` a plan pays: the plain plans' waits, fitted at their
-    gradient all-reduce (the ranks' jitter over the step's compute, and on the CPU gloo's work
-    competing with it), where the plan has a data-parallel gradient sync, and those of its layers.
-    A plan without one (dp = 1: a pipeline, a TP or CP group alone) waits only at its layers' own
-    sync points, which their terms price (a pipeline's transfers: a stage with slack behind the
-    busiest one absorbs its neighbour's jitter there)."""
+    """The keys of ``sync_wait_fractions`` a plan pays: its layers', and the plain plans' (fitted
+    at their gradient all-reduce) where it has a data-parallel gradient sync. A plan without one
+    (dp = 1) waits only at its layers' own sync points (a pipeline's transfers, where a stage
+    with slack behind the busiest one absorbs its neighbour's jitter)."""
     return ((BASE_TERMS,) if plan.dp > 1 else ()) + profile_layers(plan)
 
 
