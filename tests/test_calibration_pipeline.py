@@ -3,6 +3,7 @@ points' waits (no gradient all-reduce at dp 1), and zero-bubble's split backward
 layer of its own."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -10,6 +11,11 @@ from conftest import measurement
 from test_calibration import local_scenario, synthetic_bench
 from test_calibration_phases import truth
 
+from simdist.analytic.collectives import Network
+from simdist.analytic.cost import CostModel
+from simdist.analytic.ops import Compute, head_ops
+from simdist.analytic.stage import describe
+from simdist.analytic.variants import layer_ops
 from simdist.calibrate.fit import fit_profile
 from simdist.calibrate.phases import measured_waits
 from simdist.calibrate.repeat import Repeated
@@ -67,3 +73,26 @@ def test_an_older_profiles_multichunk_terms_price_the_split_backward(tmp_path):
     assert p.framework_overheads_s == {"multichunk": 2e-5, "split_backward": 2e-5}
     assert p.sync_wait_fractions == {"multichunk": 0.1, "split_backward": 0.1}
     assert p.optimizer_layer_tensor_s == {}
+
+
+def test_the_split_backward_is_paid_in_the_weight_pass_of_chunks_past_virtual_stage_0():
+    # torch.distributed.pipelining walks a chunk's autograd graph and runs one traversal per weight
+    # group; virtual stage 0 has no input gradient and runs its backward whole (at no extra cost)
+    base = truth()
+    term = replace(base, framework_overheads_s={**base.framework_overheads_s, "split_backward": 5e-5})
+    zb = scenario_from_dict(local_scenario(pp=2, schedule="zero-bubble"))
+    plain, split = (describe(zb, CostModel(zb.cluster.gpu, zb.plan.precision, p), Network.of(zb.cluster, p))
+                    for p in (base, term))
+    ops = sum(1 for op in layer_ops(zb.model, zb.plan, "bwd") if isinstance(op, Compute) and op.kind != "sync")
+    head = sum(1 for op in head_ops(zb.model, zb.plan, "bwd") if isinstance(op, Compute))
+    (a0, a1), (b0, b1) = plain.stages, split.stages
+    assert b0.fwd == a0.fwd and b0.bwd == a0.bwd and b1.fwd == a1.fwd  # no forward pays, nor stage 0
+    extra = 5e-5 * (a1.chunks[0].layers * ops + head)
+    assert b1.bwd.compute - a1.bwd.compute == pytest.approx(extra)
+    assert b1.bwd.weight_grad - a1.bwd.weight_grad == pytest.approx(extra)  # in the W pass: it fills the bubble
+    for engine in ("analytic", "des"):
+        grown = predict(zb, profile=term, engine=engine).step_time_s - predict(zb, profile=base, engine=engine).step_time_s
+        assert 0.5 * zb.plan.num_microbatches * extra < grown <= zb.plan.num_microbatches * extra * 1.001
+    ofb = scenario_from_dict(local_scenario(pp=2))  # other schedules do not split the backward
+    assert predict(ofb, profile=term, engine="analytic").step_time_s == predict(ofb, profile=base,
+                                                                                engine="analytic").step_time_s

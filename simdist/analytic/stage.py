@@ -92,6 +92,7 @@ class LayerPasses:
     fwd: PassTime
     bwd: PassTime
     recompute: PassTime  # the forward that backward runs again (full, or the selective core)
+    split_weight: PassTime = ZERO_PASS  # zero-bubble's weight-pass traversals, past virtual stage 0 (OpTimer.split_weight)
 
 
 @frozen(slots=True)
@@ -221,8 +222,9 @@ def model_passes(sc: Scenario, cost: CostModel, net: Network) -> ModelPasses:
         head_copy = timer.fsdp2_copies(root_params_on_rank(m, plan, first=False, last=True))
     embedding = (timer.passes(embedding_ops(m, plan, "fwd")) + emb_copy[0],
                  timer.passes(embedding_ops(m, plan, "bwd")) + emb_copy[1])
+    head_bwd = head_ops(m, plan, "bwd") + mtp_ops(m, plan, "bwd")  # never on virtual stage 0: split_weight
     head = (timer.passes(head_ops(m, plan, "fwd")) + timer.passes(mtp_ops(m, plan, "fwd")) + head_copy[0],
-            timer.passes(head_ops(m, plan, "bwd")) + timer.passes(mtp_ops(m, plan, "bwd")) + head_copy[1])
+            timer.passes(head_bwd) + head_copy[1] + timer.split_weight(head_bwd))
     return ModelPasses(kinds_passes, embedding, head)
 
 
@@ -270,9 +272,11 @@ def layer_passes(timer: OpTimer, kind: LayerKind = DENSE) -> LayerPasses:
     """A layer's forward and backward, and what recomputation runs again (ops.recompute_ops),
     for a layer of ``kind`` (simdist.analytic.variants)."""
     m, plan = timer.sc.model, timer.sc.plan
-    fwd, bwd = timer.pair(layer_ops(m, plan, "fwd", kind), layer_ops(m, plan, "bwd", kind))
+    bwd_ops = layer_ops(m, plan, "bwd", kind)
+    fwd, bwd = timer.pair(layer_ops(m, plan, "fwd", kind), bwd_ops)
     copy_fwd, copy_bwd = timer.fsdp2_copies(layer_params_on_rank(m, plan, kind.moe))
-    return LayerPasses(fwd + copy_fwd, bwd + copy_bwd, timer.recompute(recompute_ops(m, plan, kind)))
+    return LayerPasses(fwd + copy_fwd, bwd + copy_bwd, timer.recompute(recompute_ops(m, plan, kind)),
+                       timer.split_weight(bwd_ops))
 
 
 def stage_chunks(sc: Scenario, stage: int) -> tuple[Chunk, ...]:
@@ -336,6 +340,8 @@ def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, passes: dic
     fwd = bwd = recompute = PassTime()
     for k, n in counts.items():
         fwd, bwd, recompute = fwd + passes[k].fwd * n, bwd + passes[k].bwd * n, recompute + passes[k].recompute * n
+    for k in (k for c in chunks if not c.first for k in c.layout):  # zero-bubble's weight-pass traversals
+        bwd = bwd + passes[k].split_weight
     if any(c.first for c in chunks):
         fwd, bwd = fwd + embedding[0], bwd + embedding[1]
     if any(c.last for c in chunks):

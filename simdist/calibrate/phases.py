@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from simdist.analytic.passes import SPLIT_LAYER
 from simdist.spec.profile import BASE_TERMS, CalibrationProfile
 
 PROBE_S = 1e-4  # the probe value of a per-op or per-tensor term (s)
@@ -159,12 +160,14 @@ def fit_layer(profile: CalibrationProfile, layer: str, runs: Sequence[Any]) -> C
         return replace(p, optimizer_layer_tensor_s={**p.optimizer_layer_tensor_s, layer: v})
 
     # a layer may cost less per op than plain DDP (a communication hook or a parameter server
-    # takes over the work DDP's reducer does on the training thread), never less than nothing
+    # takes over the work DDP's reducer does on the training thread), never less than nothing;
+    # the split backward's traversals only add work (simdist.analytic.passes.split_weight_pass_s)
     measured = [r.measured() for r in runs]
     rows = [(measured_compute(m), *probe(r, profile, compute_s, cpu_time(op)))
             for r, m in zip(runs, measured, strict=True)]
-    profile = op(profile, one_term(rows, low=-_sum_others(profile.kernel_overhead_s, profile.framework_overheads_s,
-                                                           layer, runs)))
+    low = 0.0 if layer == SPLIT_LAYER else -_sum_others(profile.kernel_overhead_s, profile.framework_overheads_s,
+                                                        layer, runs)
+    profile = op(profile, one_term(rows, low=low))
     if profile.optimizer_tensor_s is not None:
         rows = [(m["optimizer_s"], *probe(r, profile, optimizer_s, cpu_time(tensor)))
                 for r, m in zip(runs, measured, strict=True) if m.get("optimizer_s") is not None]

@@ -236,6 +236,8 @@ def _chunk(d: StepDescription, chunk: Chunk, index: int, split: bool, traffic: D
     fwd = [_work(k.fwd) for k in kinds] or [Work()]
     bwd = [_work(k.bwd, k.recompute, split) for k in kinds] or [Work()]
     wgt = [Work(k.bwd.weight_grad) for k in kinds] or [Work()]
+    if split and not chunk.first and kinds:  # zero-bubble's weight-pass traversals (OpTimer.split_weight)
+        wgt = [w + Work(k.split_weight.compute, sync=k.split_weight.sync_wait) for w, k in zip(wgt, kinds, strict=True)]
     if chunk.first:
         emb_fwd, emb_bwd = d.embedding
         fwd[0] = fwd[0] + _work(emb_fwd)
