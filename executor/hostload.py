@@ -242,8 +242,9 @@ def reference_cpu_s(reps: int = REFERENCE_REPS) -> dict[str, float]:
 
     CPU time, not wall time, so that ranks waiting for a core (more ranks than cores) do not
     count it. Its own generator: the global RNG, and so the run's losses, are untouched. Every
-    CPU rank calls it before its first step; the measurement keeps the medians over the ranks
-    (``environment``), so that runs of one calibration made while the host ran slower can be told
+    CPU rank calls it before its first step and after its last; the measurement keeps, per
+    workload, the slower timing of each rank, its median over the ranks (``environment``:
+    executor.report.reference_speed), so that runs of one calibration made while the host ran slower can be told
     apart (simdist.calibrate.honesty): on the 2-core guest simdist was calibrated on,
     calibrations had phases with the tiny plans' compute 10-40% slower while no other process ran
     and no steal was reported (benchmarks/README.md), which the figures above do not show."""

@@ -186,10 +186,19 @@ def ps_summary(plan: Any, ranks: list[dict[str, Any]], servers: list[dict[str, A
 
 
 def reference_speed(ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The host's speed during the run: the median over the ranks of each reference workload's
-    CPU time (executor.hostload.reference_cpu_s); {} on a GPU."""
-    refs = [r["reference_cpu_s"] for r in ranks if r.get("reference_cpu_s")]
-    return {key: statistics.median(x[key] for x in refs) for key in refs[0]} if refs else {}
+    """The host's speed during the run: each reference workload's CPU time
+    (executor.hostload.reference_cpu_s) on each rank, the slower of its timings before the first
+    step and after the last (a slow phase of the host that starts or ends inside the run shows in
+    one of them), its median over the ranks; and the medians of the timings after the last step
+    alone (``reference_after``). {} on a GPU."""
+    def median(refs: list[dict[str, float]]) -> dict[str, float]:
+        return {key: statistics.median(x[key] for x in refs) for key in refs[0]} if refs else {}
+
+    pairs = [(r["reference_cpu_s"], r.get("reference_after_cpu_s") or r["reference_cpu_s"])
+             for r in ranks if r.get("reference_cpu_s")]
+    out: dict[str, Any] = median([{k: max(a[k], b[k]) for k in a} for a, b in pairs])
+    after = [r["reference_after_cpu_s"] for r in ranks if r.get("reference_after_cpu_s")]
+    return {**out, "reference_after": median(after)} if after else out
 
 
 def environment(device: torch.device) -> dict[str, Any]:

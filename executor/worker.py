@@ -57,7 +57,7 @@ from executor.faults import (
     pid_path,
     result_path,
 )
-from executor.hostload import settle_cpu_threads, start_cpu_rank
+from executor.hostload import reference_cpu_s, settle_cpu_threads, start_cpu_rank
 from executor.measure import CollectiveCensus, StepProbe
 from executor.report import assemble
 from executor.timeline import Tracer
@@ -241,10 +241,10 @@ class Worker:
             if ckpt is not None and ckpt.due(step + 1, total):
                 self.beat("checkpoint", step)
                 set_timeouts(max(self.args.pg_timeout, SETUP_TIMEOUT_S))
-                ckpt.save(step + 1, state, {"records": records, "saves": ckpt.saves + 1,
-                                            "save_s": ckpt.save_s})
+                ckpt.save(step + 1, state, {"records": records, "saves": ckpt.saves + 1, "save_s": ckpt.save_s})
                 self.all_ready(device)
         self.beat("report")
+        after = reference_cpu_s() if reference is not None else None  # a slow phase begun in the run shows here
         saved = probe.saved.peak if probe.saved else 0
         gathered = probe.gathered.peak if probe.gathered else 0
         measured_steps = [str(s) for s in range(warmup, warmup + steps)]
@@ -260,7 +260,7 @@ class Worker:
             "model_state": {**(probe.model_state or {}), "params_gathered": gathered},
             "activation_bytes": saved,
             "collectives": census.result(),
-            "reference_cpu_s": reference,
+            "reference_cpu_s": reference, "reference_after_cpu_s": after,
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "cuda_peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             "data_parallel": pm.data_parallel,

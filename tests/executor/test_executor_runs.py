@@ -199,6 +199,8 @@ def test_a_measurement_keeps_its_timeline_core_waits_and_the_machines_load(measu
     # the host's speed: two fixed workloads' CPU time (median over the ranks), each a few ms
     env = m["environment"]
     assert 0 < env["reference_cpu_s"] < 0.1 and 0 < env["reference_ops_cpu_s"] < 0.1
+    after = env["reference_after"]  # timed again after the last step: the slower of the two counts
+    assert 0 < after["reference_ops_cpu_s"] <= env["reference_ops_cpu_s"]
 
 
 @pytest.mark.distributed

@@ -261,3 +261,23 @@ def test_the_hosts_reference_workloads_leave_the_runs_random_state_alone():
     times = reference_cpu_s(reps=1)
     assert torch.equal(torch.get_rng_state(), state)
     assert set(times) == {"reference_cpu_s", "reference_ops_cpu_s"} and all(0 < t < 5.0 for t in times.values())
+
+
+def test_the_hosts_speed_is_the_slower_of_its_timings_before_and_after_the_steps():
+    """A slow phase of the host that starts inside a run shows only in the reference workloads
+    timed after its last step: each rank's slower timing counts, then the median over the ranks."""
+    from executor.report import reference_speed
+
+    def rank(before: tuple[float, float], after: tuple[float, float] | None) -> dict:
+        pair = lambda t: {"reference_cpu_s": t[0], "reference_ops_cpu_s": t[1]}  # noqa: E731
+        return {"reference_cpu_s": pair(before), "reference_after_cpu_s": pair(after) if after else None}
+
+    ranks = [rank((2.6e-3, 2.8e-3), (2.7e-3, 3.5e-3)), rank((2.7e-3, 2.9e-3), (2.6e-3, 3.6e-3)),
+             rank((2.8e-3, 3.0e-3), (2.8e-3, 2.9e-3))]
+    got = reference_speed(ranks)
+    assert got["reference_cpu_s"] == pytest.approx(2.7e-3)  # per rank 2.7, 2.7, 2.8
+    assert got["reference_ops_cpu_s"] == pytest.approx(3.5e-3)  # per rank 3.5, 3.6, 3.0: the slow phase
+    assert got["reference_after"]["reference_ops_cpu_s"] == pytest.approx(3.5e-3)
+    older = reference_speed([rank((2.6e-3, 2.8e-3), None)])  # a rank that timed it before only
+    assert older == {"reference_cpu_s": 2.6e-3, "reference_ops_cpu_s": 2.8e-3}
+    assert reference_speed([{"reference_cpu_s": None}]) == {}  # a GPU run
