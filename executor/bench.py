@@ -153,11 +153,16 @@ def bench_memory(dtype: torch.dtype, quick: bool, device: str = "cpu") -> list[d
 def bench_cold_copy(quick: bool) -> list[dict[str, Any]]:
     """Copies of data out of the cache (the CPU's FSDP2 copies, simdist.analytic.fsdp2): each copy
     timed after a pass over :data:`EVICT_BYTES`, which evicts its operands; the in-cache passes of
-    :func:`bench_memory` run several times faster at the same sizes."""
+    :func:`bench_memory` run several times faster at the same sizes. Every rank copies at once, as
+    FSDP2's ranks do in a step: they share the memory bandwidth. Unsynchronised, a rank's copies
+    met whatever the others ran then, and the curve moved 2x between calibrations (13-16 GB/s in
+    one, 26-36 in the next, 2026-11-29)."""
     evict = torch.zeros(EVICT_BYTES // 4)
     out = []
     for nbytes in COLD_SIZES[: 3 if quick else None]:
         src, dst = torch.randn(nbytes // 4), torch.empty(nbytes // 4)
+        if dist.is_initialized():
+            dist.barrier()
         times = []
         for _ in range(3 if quick else 7):
             evict.add_(1.0)

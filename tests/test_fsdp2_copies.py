@@ -121,3 +121,18 @@ def test_a_cpu_prices_fsdp2s_copies_as_copies_out_of_the_cache():
     assert cm.time(out) > 5 * cm_plain.time(out)
     same = replace(out, kind="memory")  # any other memory pass keeps the in-cache curve
     assert cm.time(same) == pytest.approx(cm_plain.time(same))
+
+
+def test_every_rank_times_its_cold_copies_at_once(monkeypatch):
+    """FSDP2's ranks copy at the same moments of a step and share the memory bandwidth: the
+    microbenchmark's ranks start each size together (unsynchronised, the curve moved 2x between
+    two calibrations of one machine, with whatever the other rank ran then)."""
+    pytest.importorskip("torch")
+    from executor import bench
+
+    calls: list[str] = []
+    monkeypatch.setattr(bench.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(bench.dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(bench, "EVICT_BYTES", 1 << 20)
+    rows = bench.bench_cold_copy(quick=True)
+    assert len(calls) == len(rows) == 3 and all(r["seconds"] > 0 for r in rows)
