@@ -44,7 +44,9 @@ MEMORY_SIZES = [2**p for p in range(12, 28, 2)]  # 4 KiB .. 64 MiB per tensor
 COLD_SIZES = [2**p for p in range(20, 27)]  # 1 .. 64 MiB per tensor: an FSDP2 module's parameters
 EVICT_BYTES = 128 * 2**20  # passed over between copies: four times the largest L3 of the machines in view (32 MiB)
 SELECT_SIZES = [2**p for p in range(14, 24, 2)]  # 16 Ki .. 4 Mi fp32 entries: a tiny model's bucket to DDP's 25 MiB
-SELECT_RATIO = 0.05  # the share top-k compression keeps (scenarios/tiny-compress-topk.yaml)
+# the shares top-k compression keeps that it times: two where torch heap-selects (k <= n/64), one where
+# it runs nth_element (5%: scenarios/tiny-compress-topk.yaml); simdist.spec.selection
+SELECT_SHARES = (0.001, 0.01, 0.05)
 MESSAGE_SIZES = [2**p for p in range(12, 29, 2)]  # 4 KiB .. 256 MiB
 # GPU: the projections of 7B-70B decoders per micro-batch of 1-8 x 4096 tokens (tokens x hidden
 # -> hidden, 3x hidden for fused QKV, the MLP's 3.5x), and square sizes for the peak
@@ -174,21 +176,21 @@ def bench_cold_copy(quick: bool) -> list[dict[str, Any]]:
 
 
 def bench_select(quick: bool, device: str = "cpu") -> list[dict[str, Any]]:
-    """Top-k of 5% of a gradient-like bucket's magnitudes (what the top-k compression hook runs,
-    executor.compression), by size. The calls take turns over several tensors, as steps bring
+    """Top-k of a gradient-like bucket's magnitudes (what the top-k compression hook runs,
+    executor.compression), by size and share kept. The calls take turns over several tensors, as steps bring
     new gradients: the CPU's selection (``std::nth_element``) takes a time that depends on the
     data, 1.2 to 2.4 ms for one 235,000-entry tensor of normal magnitudes against another on the
     2-core guest simdist was calibrated on; the median over several stands for a step's."""
     out = []
-    for n in SELECT_SIZES[: 3 if quick else None]:
+    for n, share in itertools.product(SELECT_SIZES[: 3 if quick else None], SELECT_SHARES):
         data = itertools.cycle([torch.randn(n, device=device).abs() for _ in range(8)])
-        k = max(1, round(SELECT_RATIO * n))
+        k = max(1, round(share * n))
 
         def op(data=data, k=k):
             next(data).topk(k, sorted=False)
 
         once = _time(op, 1, 1, cpu_clock=True)
-        out.append({"elements": float(n), "k": k, "seconds": _time(op, _reps(once, 0.3), cpu_clock=True)})
+        out.append({"elements": float(n), "k": k, "seconds": _time(op, _reps(once, 0.2), cpu_clock=True)})
     return out
 
 

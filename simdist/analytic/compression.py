@@ -228,14 +228,14 @@ def compression_times(m: ModelSpec, plan: ParallelPlan, stage: int, buckets: int
 
 
 def topk_selection_time(m: ModelSpec, plan: ParallelPlan, stage: int, buckets: int,
-                        select_time: Callable[[float], float | None]) -> float | None:
+                        select_time: Callable[[float, float], float | None]) -> float | None:
     """Seconds one GPU spends selecting its top-k entries in one step: one selection per
     gradient bucket, of the bucket's entries, at the device's measured rate (``select_time``
-    of one tensor, profile v8); None without one, or for other methods."""
+    of one tensor and the entries it keeps, profile v8); None without one, or for other methods."""
     if plan.grad_compression.method != "topk":
         return None
     each = params_per_rank(m, plan, stage) / max(1, buckets)
-    t = select_time(each)
+    t = select_time(each, topk_elements(each, plan))
     return None if t is None else buckets * t
 
 

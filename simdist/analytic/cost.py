@@ -114,10 +114,11 @@ class CostModel:
             return 0.0
         return nbytes / (self.memory_bandwidth * self.memory_efficiency(nbytes)) + kernels * self.kernel_overhead
 
-    def select_time(self, elements: float) -> float | None:
-        """Top-k selection over one ``elements``-long tensor at the profile's measured rate (v8);
-        None without one (the selection is then priced as radix-select passes over memory)."""
-        return self.profile.select_time(elements) if self.profile else None
+    def select_time(self, elements: float, k: float) -> float | None:
+        """Top-k selection of ``k`` of one ``elements``-long tensor at the profile's measured
+        rates (v8); None without them (the selection is then priced as radix-select passes over
+        memory)."""
+        return self.profile.select_time(elements, k) if self.profile else None
 
     def time(self, op: Compute) -> float:
         t = self._cache.get(op)

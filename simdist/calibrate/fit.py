@@ -126,9 +126,14 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
     )
 
 
-def select_rates(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
-    """(elements per call, seconds per element) of the top-k microbenchmark, by size."""
-    return _merged([(float(r["elements"]), r["seconds"] / r["elements"]) for r in rows])
+def select_rates(rows: list[dict[str, Any]]) -> list[tuple[float, float, float]]:
+    """(elements per call, share kept, seconds per element) of the top-k microbenchmark, by size
+    and share (rows of the same size and share merged by their mean)."""
+    merged: dict[tuple[float, float], list[float]] = {}
+    for r in rows:
+        n = float(r["elements"])
+        merged.setdefault((n, round(r["k"] / n, 6)), []).append(r["seconds"] / n)
+    return [(n, share, sum(v) / len(v)) for (n, share), v in sorted(merged.items())]
 
 
 def fit_sync_wait(profile: CalibrationProfile, key: str,

@@ -132,7 +132,7 @@ def at_rate(profile: CalibrationProfile, s: float) -> CalibrationProfile:
     is the microbenchmarks' own rate)."""
     return replace(profile, peak_flops=profile.peak_flops * s,
                    memory_bandwidth_bytes_per_s=profile.memory_bandwidth_bytes_per_s * s,
-                   select_rates=[(n, r / s) for n, r in profile.select_rates], compute_scale=profile.compute_scale * s)
+                   select_rates=[(n, share, r / s) for n, share, r in profile.select_rates], compute_scale=profile.compute_scale * s)
 
 
 def fit_plain(profile: CalibrationProfile, runs: Sequence[Any]) -> CalibrationProfile:

@@ -193,7 +193,8 @@ def _summary(profile) -> None:
              if profile.coschedule_wait_s else "")
           + "".join(f"; a rank sleeps {v:.0%} of its {k} communication" for k, v in profile.sleep_shares.items()))
     if profile.select_rates:
-        print("top-k selection: " + ", ".join(f"{r * 1e9:.1f} ns per entry at {n:,.0f}" for n, r in profile.select_rates))
+        print("top-k selection: " + ", ".join(f"{r * 1e9:.1f} ns per entry keeping {share:.1%} of {n:,.0f}"
+                                               for n, share, r in profile.select_rates))
     for k, link in profile.links.items():
         print(f"link {k}: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
     print(f"error band of predictions: +/-{profile.error_band:.0%} (the largest spread or residual of the fitted runs)")

@@ -53,13 +53,15 @@ Version 8 gives zero-bubble's split backward its own layer, "split_backward" (an
 (``compute_curves["memory.cold"]``, FSDP2's copies) and its top-k selection rate (``select_rates``:
 :func:`simdist.analytic.compression.topk_selection_time`).
 
-Versions 1 to 7 still load (the new fields take their defaults: no cores known, no band,
-no optimizer term, no per-call wait, no host speed, no sleep shares, no selection rate).
+Version 9 times top-k at three kept shares (``select_rates`` rows of (elements, share, seconds
+per element)): torch heap-selects a share of at most 1/64 (:mod:`simdist.spec.selection`).
+
+Versions 1 to 8 still load (the new fields take their defaults: no cores known, no band,
+no optimizer term, no per-call wait, no host speed, no sleep shares, no selection rate; version 8's rows kept 5%).
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import asdict, field, replace
 from pathlib import Path
@@ -68,9 +70,10 @@ from typing import Any
 from simdist.errors import Problem, ScenarioError
 from simdist.frozen import frozen
 from simdist.spec.files import read_json_object, write_json_atomic
+from simdist.spec.selection import OLD_SHARE, log_interpolated, select_seconds
 
-PROFILE_VERSION = 8
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
+PROFILE_VERSION = 9
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 
 
 @frozen
@@ -151,15 +154,13 @@ class CalibrationProfile:
     reference_ops_cpu_s: float = 0.0
     # v7: software layer -> share of its communication a rank sleeps at full speed (module docstring)
     sleep_shares: dict[str, float] = field(default_factory=dict)
-    # v8: top-k selection, (elements per call, seconds per element) by size (module docstring)
-    select_rates: list[tuple[float, float]] = field(default_factory=list)
+    # v8: top-k selection, (elements per call, share kept (v9), seconds per element) by size
+    select_rates: list[tuple[float, float, float]] = field(default_factory=list)
 
-    def select_time(self, elements: float) -> float | None:
-        """Seconds to select the top entries of one ``elements``-long tensor at the measured
-        rate (None when the profile has none: fitted before version 8)."""
-        if not self.select_rates or elements <= 0:
-            return None
-        return elements * _log_interpolated(self.select_rates, elements)
+    def select_time(self, elements: float, k: float) -> float | None:
+        """Seconds to select the top ``k`` of one ``elements``-long tensor at the measured rates
+        (simdist.spec.selection; None when the profile has none: fitted before version 8)."""
+        return select_seconds(self.select_rates, elements, k)
 
     def efficiency(self, kind: str, size: float) -> float | None:
         """Interpolated efficiency for an op of ``kind`` and ``size``, or None if not fitted."""
@@ -168,7 +169,7 @@ class CalibrationProfile:
             return None
         if size <= points[0][0]:
             return _below_smallest(points, size)
-        return _log_interpolated(points, size)
+        return log_interpolated(points, size)
 
     def time_share(self, processes: int) -> float:
         """How much slower each rank runs with ``processes`` ranks on the profiled machine than
@@ -201,7 +202,7 @@ class CalibrationProfile:
             optimizer_layer_tensor_s={k: v * s for k, v in self.optimizer_layer_tensor_s.items()},
             sync_point_waits_s={k: v * s for k, v in self.sync_point_waits_s.items()},
             dp_step_wait_s=self.dp_step_wait_s * s,
-            select_rates=[(n, r * s) for n, r in self.select_rates],
+            select_rates=[(n, share, r * s) for n, share, r in self.select_rates],
             links={k: LinkFit(latency_s=v.latency_s * s, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s / s)
                    for k, v in self.links.items()},
         )
@@ -236,23 +237,12 @@ class CalibrationProfile:
         d["compute_curves"] = {k: [tuple(p) for p in v] for k, v in (d.get("compute_curves") or {}).items()}
         d["gemm_shapes"] = [tuple(p) for p in d.get("gemm_shapes") or []]
         d["bus_bandwidth"] = {k: [tuple(p) for p in v] for k, v in (d.get("bus_bandwidth") or {}).items()}
-        d["select_rates"] = [tuple(p) for p in d.get("select_rates") or []]
+        d["select_rates"] = [(p[0], OLD_SHARE, p[1]) if len(p) == 2 else tuple(p) for p in d.get("select_rates") or []]
         return cls(**d)
 
     def save(self, path: str | Path) -> None:
         """Write atomically: whole or not at all."""
         write_json_atomic(path, self.to_dict())
-
-
-def _log_interpolated(points: list[tuple[float, float]], size: float) -> float:
-    """The value at ``size`` of (size, value) points, linear in log-size between them and the
-    nearest end's outside them."""
-    xs = [math.log(max(p[0], 1.0)) for p in points]
-    i = bisect.bisect_left(xs, math.log(max(size, 1.0)))
-    if i == 0 or i >= len(points):
-        return points[min(i, len(points) - 1)][1]
-    w = (math.log(max(size, 1.0)) - xs[i - 1]) / (xs[i] - xs[i - 1])
-    return points[i - 1][1] * (1 - w) + points[i][1] * w
 
 
 def _below_smallest(points: list[tuple[float, float]], size: float) -> float:
