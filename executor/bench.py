@@ -177,10 +177,12 @@ def bench_cold_copy(quick: bool) -> list[dict[str, Any]]:
 
 def bench_select(quick: bool, device: str = "cpu") -> list[dict[str, Any]]:
     """Top-k of a gradient-like bucket's magnitudes (what the top-k compression hook runs,
-    executor.compression), by size and share kept. The calls take turns over several tensors, as steps bring
-    new gradients: the CPU's selection (``std::nth_element``) takes a time that depends on the
-    data, 1.2 to 2.4 ms for one 235,000-entry tensor of normal magnitudes against another on the
-    2-core guest simdist was calibrated on; the median over several stands for a step's."""
+    executor.compression), by size and share kept (:data:`SELECT_SHARES`: torch's CPU kernel
+    heap-selects small shares and runs ``std::nth_element`` on larger ones, simdist.spec.selection).
+    The calls take turns over several tensors, as steps bring new gradients: the selection takes a
+    time that depends on the data, 1.2 to 2.4 ms for one 235,000-entry tensor of normal
+    magnitudes against another on the 2-core guest simdist was calibrated on (5% kept); the
+    median over several stands for a step's."""
     out = []
     for n, share in itertools.product(SELECT_SIZES[: 3 if quick else None], SELECT_SHARES):
         data = itertools.cycle([torch.randn(n, device=device).abs() for _ in range(8)])

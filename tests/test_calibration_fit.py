@@ -19,7 +19,13 @@ from simdist.calibrate.honesty import (
     model_limits,
     refusal,
 )
-from simdist.calibrate.repeat import Repeated, repeat_sized, repeat_until_stable, sized_steps
+from simdist.calibrate.repeat import (
+    Repeated,
+    repeat_in_rounds,
+    repeat_sized,
+    repeat_until_stable,
+    sized_steps,
+)
 from simdist.calibrate.terms import FitRun, fit_checks, fit_terms, with_honesty
 from simdist.errors import ScenarioError
 from simdist.predict import predict
@@ -74,6 +80,30 @@ def test_runs_of_short_steps_measure_about_a_second_of_steps():
     asked.clear(), kept.clear()
     long = repeat_sized("y", lambda n: asked.append(n) or m(0.4), 5, keep=kept.append, min_runs=3)
     assert asked == [5, 5, 5] and len(long.runs) == 3 == len(kept) and not long.notes  # the first counts
+
+
+def test_plans_take_turns_so_a_slow_phase_moves_one_run_of_each():
+    """One run of every plan not done yet, then the next round: a phase that slows the machine
+    for a while lands on one run of several plans, which their spreads show, rather than on every
+    run of one plan, which its spread would not."""
+    order: list[str] = []
+    slow = {3, 4}  # the machine is slow for the 4th and 5th runs made (by index)
+
+    def plan(name: str, step: float):
+        def run(n: int) -> Measurement:
+            order.append(name)
+            return m(step * (1.3 if len(order) - 1 in slow else 1.0))
+        return name, run, kept.append
+
+    kept: list[Measurement] = []
+    a, b = repeat_in_rounds([plan("a", 0.5), plan("b", 0.4)], 5, min_runs=3, max_runs=5)
+    assert order == ["a", "b"] * 3 + ["b"]  # first runs (of 5 half-second steps: they count), then rounds
+    assert a.medians == [0.5, 0.5, 0.65] and a.stable  # the slow phase: one run of each
+    assert b.medians == [0.4, 0.52, 0.4, 0.4] and b.stable and len(kept) == 7  # b settles a round later
+    assert (a.median, b.median) == (0.5, 0.4)
+    order.clear()  # back to back, two runs of one plan fall in such a phase: it becomes their median
+    slow.clear(), slow.update({1, 2})
+    assert repeat_sized("a", plan("a", 0.5)[1], 5, min_runs=3, max_runs=3).median == 0.65
 
 
 def test_a_run_says_how_busy_the_machine_was():

@@ -222,9 +222,9 @@ def model_passes(sc: Scenario, cost: CostModel, net: Network) -> ModelPasses:
         head_copy = timer.fsdp2_copies(root_params_on_rank(m, plan, first=False, last=True))
     embedding = (timer.passes(embedding_ops(m, plan, "fwd")) + emb_copy[0],
                  timer.passes(embedding_ops(m, plan, "bwd")) + emb_copy[1])
-    head_bwd = head_ops(m, plan, "bwd") + mtp_ops(m, plan, "bwd")  # never on virtual stage 0: split_weight
+    head_bwd, mtp_bwd = head_ops(m, plan, "bwd"), mtp_ops(m, plan, "bwd")  # never on virtual stage 0: split_weight
     head = (timer.passes(head_ops(m, plan, "fwd")) + timer.passes(mtp_ops(m, plan, "fwd")) + head_copy[0],
-            timer.passes(head_bwd) + head_copy[1] + timer.split_weight(head_bwd))
+            timer.passes(head_bwd) + timer.passes(mtp_bwd) + head_copy[1] + timer.split_weight(head_bwd + mtp_bwd))
     return ModelPasses(kinds_passes, embedding, head)
 
 

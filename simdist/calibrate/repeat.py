@@ -30,8 +30,8 @@ import itertools
 import math
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import field
 from typing import Any
 
 from simdist.calibrate.honesty import BUSY_SHARE, drift_note, median_speed
@@ -160,44 +160,91 @@ def sized_steps(step_s: float, steps: int, measured_s: float = MEASURED_S, max_s
     return max(steps, min(max_steps, math.ceil(measured_s / step_s)))
 
 
+Plan = tuple[str, Callable[[int], Measurement], Callable[[Measurement], object]]  # name, run(n steps), keep
+
+
 def repeat_sized(name: str, run: Callable[[int], Measurement], steps: int, *,
-                 keep: Callable[[Measurement], object] = lambda m: None, measured_s: float = MEASURED_S,
-                 max_steps: int = MAX_STEPS, **repeat: Any) -> Repeated:
-    """:func:`repeat_until_stable` of ``run(n)`` (a run of ``n`` measured steps, not recorded),
-    ``n`` sized by a first run of ``steps`` (:func:`sized_steps`): that run counts when it measured
-    enough, else it is set aside (its median, of fewer steps, is noisier than the others') and
-    named in the notes. ``keep`` records each run the series counts (the run store)."""
-    def counted(m: Measurement) -> Measurement:
-        keep(m)
-        return m
-
-    first = run(steps)
-    n = sized_steps(first.step_time_s, steps, measured_s, max_steps)
-    if n == steps:
-        return repeat_until_stable(name, lambda: counted(run(steps)), first=counted(first), **repeat)
-    rep = repeat_until_stable(name, lambda: counted(run(n)), **repeat)
-    note = f"{n} steps a run (a first run of {steps} took {first.step_time_s * 1e3:.1f} ms a step; set aside)"
-    return replace(rep, notes=(*rep.notes, note))
+                 keep: Callable[[Measurement], object] = lambda m: None, **repeat: Any) -> Repeated:
+    """:func:`repeat_in_rounds` of one plan: ``run(n)`` (a run of ``n`` measured steps, not
+    recorded) until its median is stable; ``keep`` records each run the series counts."""
+    return repeat_in_rounds([(name, run, keep)], steps, **repeat)[0]
 
 
-def repeat_until_stable(name: str, run_once: Callable[[], Measurement], *, min_runs: int = 3, max_runs: int = 8,
-                        tolerance: float = 0.03, budget_s: float = 600.0,
-                        clock: Callable[[], float] = time.monotonic, first: Measurement | None = None) -> Repeated:
-    """Run ``run_once`` until the median of the run medians is stable (module docstring); ``first``:
-    a run made already, the series' first."""
+def repeat_in_rounds(plans: Sequence[Plan], steps: int, *, measured_s: float = MEASURED_S,
+                     max_steps: int = MAX_STEPS, clock: Callable[[], float] = time.monotonic,
+                     **repeat: Any) -> list[Repeated]:
+    """Each plan run until its median is stable (:func:`repeat_until_stable`'s rule and limits,
+    ``repeat``), the plans taking turns: one run of every plan not done yet, then the next round.
+    A slow phase of the machine that lasts minutes then moves one run of each plan, which the
+    spread shows, not every run of one plan, which it does not (on the 2-core guest simdist was
+    calibrated on, a fit plan's three back-to-back runs came out within 2% of each other and 24%
+    slower than in the calibration before, 2026-11-29: benchmarks/README.md, run S). A plan's
+    first run, of ``steps``, sizes its others (:func:`sized_steps`); it counts when it measured
+    enough, else it is set aside (its median, of fewer steps, is noisier) and named in the notes."""
+    series, sizes = [], []
+    for name, run, keep in plans:
+        s = _Series(name, **repeat)
+        t0 = clock()
+        first = run(steps)
+        n = sized_steps(first.step_time_s, steps, measured_s, max_steps)
+        if n == steps:
+            keep(first)
+            s.add(first, clock() - t0)
+        else:
+            s.notes = (f"{n} steps a run (a first run of {steps} took {first.step_time_s * 1e3:.1f} ms a step; "
+                       "set aside)",)
+        series.append(s)
+        sizes.append(n)
+    while not all(s.stopped for s in series):
+        for s, (_, run, keep), n in zip(series, plans, sizes, strict=True):
+            if s.stopped:
+                continue
+            t0 = clock()
+            m = run(n)
+            keep(m)
+            s.add(m, s.seconds + clock() - t0)
+    return [s.result() for s in series]
+
+
+def repeat_until_stable(name: str, run_once: Callable[[], Measurement], *, clock: Callable[[], float] = time.monotonic,
+                        first: Measurement | None = None, **repeat: Any) -> Repeated:
+    """Run ``run_once`` until the median of the run medians is stable (module docstring: at least
+    ``min_runs`` runs, 3, the last of which moved it by at most ``tolerance``, 3%), or after
+    ``max_runs`` runs (8) or ``budget_s`` seconds (600); ``first``: a run made already."""
     start = clock()
-    runs: list[Measurement] = []
-    previous: float | None = None
-    stopped = "max runs"
-    stable = False
-    while len(runs) < max(1, max_runs):
-        runs.append(first if first is not None and not runs else run_once())
-        current = statistics.median(m.step_time_s for m in runs)
-        if len(runs) >= min_runs and previous is not None and abs(current - previous) <= tolerance * current:
-            stable, stopped = True, "stable"
-            break
-        previous = current
-        if clock() - start >= budget_s:
-            stopped = "budget"
-            break
-    return Repeated(name, tuple(runs), stable, stopped, clock() - start)
+    s = _Series(name, **repeat)
+    while not s.stopped:
+        m = first if first is not None and not s.runs else run_once()
+        s.add(m, clock() - start)
+    return s.result()
+
+
+class _Series:
+    """One plan's runs as they come, and whether they are done (:func:`repeat_until_stable`)."""
+
+    def __init__(self, name: str, min_runs: int = 3, max_runs: int = 8, tolerance: float = 0.03,
+                 budget_s: float = 600.0):
+        self.name, self.min_runs, self.max_runs, self.tolerance, self.budget_s = (
+            name, min_runs, max(1, max_runs), tolerance, budget_s)
+        self.runs: list[Measurement] = []
+        self.previous: float | None = None
+        self.stopped = ""  # "stable" | "budget" | "max runs" once done
+        self.seconds = 0.0
+        self.notes: tuple[str, ...] = ()
+
+    def add(self, m: Measurement, seconds: float) -> None:
+        """Count run ``m``; ``seconds``: the series' time so far, this run's included."""
+        self.runs.append(m)
+        self.seconds = seconds
+        current = statistics.median(r.step_time_s for r in self.runs)
+        if len(self.runs) >= self.min_runs and self.previous is not None \
+                and abs(current - self.previous) <= self.tolerance * current:
+            self.stopped = "stable"
+        elif seconds >= self.budget_s:
+            self.stopped = "budget"
+        elif len(self.runs) >= self.max_runs:
+            self.stopped = "max runs"
+        self.previous = current
+
+    def result(self) -> Repeated:
+        return Repeated(self.name, tuple(self.runs), self.stopped == "stable", self.stopped, self.seconds, self.notes)

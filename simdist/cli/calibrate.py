@@ -2,8 +2,8 @@
 
 Microbenchmarks (executor.bench, started by the executor's launcher) give the compute curves
 and the alpha-beta links, and the cores the ranks had. Each scenario given is then run with the
-executor, repeated until its median step is stable or a budget runs out
-(simdist.calibrate.repeat), each run recorded in the run store; the runs fit the per-op overhead
+executor, repeated until its median step is stable or a budget runs out, the scenarios taking
+turns (simdist.calibrate.repeat.repeat_in_rounds), each run recorded in the run store; the runs fit the per-op overhead
 and each software layer's terms (simdist.calibrate.terms). The fit is refused, with no profile
 written and exit code 1, when a parameter ends at a bound, when the profile misses one of its
 own runs by more than that run's spread, or when other processes were busy during a run
@@ -97,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
 
 def fit_machine(args: argparse.Namespace) -> int:
     from simdist.calibrate.fit import fit_profile
-    from simdist.calibrate.repeat import repeat_sized
+    from simdist.calibrate.repeat import repeat_in_rounds
     from simdist.calibrate.terms import FitRun
     from simdist.cli.run import store_measurement
 
@@ -110,12 +110,19 @@ def fit_machine(args: argparse.Namespace) -> int:
 
         print(f"running microbenchmarks on {max(2, args.nproc)} ranks ...", file=sys.stderr)
         bench = microbenchmarks(args.nproc, quick=args.quick, device=args.device)
+    print(f"running {len(args.files)} plan(s) with the executor, taking turns, until each median step is "
+          "stable ...", file=sys.stderr)
+
+    def run(f: str):
+        def once(n: int):
+            print(f"running {f} ({n} steps) ...", file=sys.stderr)
+            return run_executor(f, n, args.device)
+        return Path(f).stem, once, lambda m: store_measurement(m, f, args.db)
+
+    reps = repeat_in_rounds([run(f) for f in args.files], args.steps, min_runs=args.min_runs, max_runs=args.max_runs,
+                            tolerance=args.tolerance, budget_s=args.budget)
     runs = []
-    for f in args.files:
-        print(f"running {f} with the executor until its median step is stable ...", file=sys.stderr)
-        rep = repeat_sized(Path(f).stem, lambda n, f=f: run_executor(f, n, args.device), args.steps,
-                           keep=lambda m, f=f: store_measurement(m, f, args.db), min_runs=args.min_runs,
-                           max_runs=args.max_runs, tolerance=args.tolerance, budget_s=args.budget)
+    for f, rep in zip(args.files, reps, strict=True):
         print(f"  {rep.name}: {len(rep.runs)} run(s), medians {', '.join(f'{t:.4f}' for t in rep.medians)} s "
               f"({rep.stopped})", file=sys.stderr)
         runs.append(FitRun(rep.name, Path(f).read_text(encoding="utf-8"), str(Path(f).parent), rep))
