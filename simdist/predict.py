@@ -141,7 +141,7 @@ def _predict(scenario: Scenario, profile: CalibrationProfile | None, engine: str
         else:
             extras[key] = value
     tokens_per_s = plan.global_batch_size * model.seq_length / step_time
-    if scenario.reliability is not None:
+    if scenario.reliability is not None and math.isfinite(step_time) and step_time > 0:  # else refused below
         from simdist.reliability import goodput
 
         g = goodput(scenario, step_time, tokens_per_s)

@@ -180,8 +180,8 @@ def mutated(draw) -> tuple[Path, Any]:
         elif op == "extra":
             section = draw(st.sampled_from(sorted(EXTRA_KEYS)))
             key = draw(st.sampled_from(sorted(EXTRA_KEYS[section])))
-            if isinstance(d.get(section), dict):
-                d[section][key] = draw(EXTRA_KEYS[section][key])
+            if isinstance(d.get(section), dict):  # a copy: the strategy's dicts must not take the scaling below
+                d[section][key] = copy.deepcopy(draw(EXTRA_KEYS[section][key]))
         else:
             section = draw(st.sampled_from(["model", "cluster", "plan", "reliability"]))
             if isinstance(d.get(section), dict):

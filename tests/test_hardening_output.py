@@ -66,6 +66,18 @@ def _profile(tmp_path, eff: float) -> str:
     return str(path)
 
 
+@pytest.mark.parametrize("engine", ["analytic", "des"])
+def test_a_step_time_that_is_not_a_number_is_named_before_the_goodput_reads_it(engine):
+    """A GPU of 1e-300 TFLOP/s and a 2^40-token vocabulary make the step NaN (infinite compute
+    beside infinite compute); the goodput's checkpoint interval (whole steps) used to fail on it
+    with a bare ValueError (the slow fuzz test's case, 2026-11-29)."""
+    d = yaml.safe_load((REPO / "scenarios" / "llama3.1-405b-16384xh100.yaml").read_text())
+    d["model"]["vocab_size"] = 2**40
+    d["cluster"]["gpu"] = {"name": "g", "like": "h100-sxm", "peak_tflops": {"bf16": 1e-300}}
+    with pytest.raises(ScenarioError, match=r"cluster\.gpu\.peak_tflops\.bf16: .*a step time of nan s"):
+        predict(scenario_from_dict(d), engine=engine)
+
+
 def test_an_mfu_above_1_names_the_profile_efficiency_behind_it(tmp_path, capsys):
     scenario = str(REPO / "scenarios" / "llama2-7b-1xa100.yaml")
     rc, out, _ = _cli(capsys, "predict", scenario, "--json", "--no-store", "--profile", _profile(tmp_path, 0.5))
