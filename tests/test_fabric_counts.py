@@ -26,3 +26,29 @@ def test_stage_members_counted_in_constant_time(scenario, ep):
                     expected = sum(1 for r in range(first, last) if rank_coord(r, plan).pp == s)
                     assert members(plan, first, last, SameStage(s)) == expected
                     assert members(plan, first, last, lambda c, s=s: c.pp == s) == expected
+
+
+def test_a_nics_member_ranks_are_counted_in_closed_form():
+    """nic_load counts the ranks of a NIC's stage with members (a NIC serves consecutive local
+    GPUs): the rank-by-rank count it replaced walked every GPU of the node, which the slow fuzz
+    test found looping over a node of 2^40 GPUs (2026-11-29)."""
+    from simdist.analytic.fabric import nic_load
+    from simdist.spec import topology as topo
+    from simdist.spec.scenario import scenario_from_dict
+
+    def load(gpn: int, nics: int, **plan) -> tuple[float, float]:
+        sc = scenario_from_dict({"name": "n", "model": {"preset": "gpt3-1.3b"},
+                                 "cluster": {"preset": "dgx-h100", "num_nodes": 2, "gpus_per_node": gpn,
+                                             "inter_node": {"kind": "infiniband", "nics_per_node": nics}},
+                                 "plan": {"global_batch_size": 64, **plan}})
+        c, p = sc.cluster, sc.plan
+        for rank in range(0, sc.world_size, max(1, sc.world_size // 7)):
+            first = c.node_of(rank) * gpn
+            walked = sum(1 for local in topo.nic_locals(c, topo.nic_of(c, rank))
+                         if rank_coord(first + local, p).pp == 1)
+            assert nic_load(c, p, rank, SameStage(1), 1.0) == walked * nics / gpn
+        return nic_load(c, p, 0, SameStage(1), 1.0), nic_load(c, p, sc.world_size - 1, SameStage(1), 1.0)
+
+    assert load(8, 8, tp=2, pp=2, dp=4) == (0.0, 1.0)
+    assert load(8, 2, tp=4, pp=4, dp=1)[0] == 0.0
+    load(16, 4, tp=2, pp=2, dp=8)

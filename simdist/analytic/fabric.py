@@ -76,8 +76,8 @@ def nic_load(cluster: ClusterSpec, plan: ParallelPlan, rank: int, member: Member
     """Load on ``rank``'s NIC from every member rank that shares it."""
     gpn = cluster.gpus_per_node
     first = cluster.node_of(rank) * gpn
-    images = sum(1 for local in topo.nic_locals(cluster, topo.nic_of(cluster, rank))
-                 if member(rank_coord(first + local, plan)))
+    local = topo.nic_locals(cluster, topo.nic_of(cluster, rank))  # consecutive: counted in closed form
+    images = members(plan, first + local.start, first + local.stop, member)
     return images * f_inter * cluster.nics_per_node / gpn
 
 
