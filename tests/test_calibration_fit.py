@@ -23,7 +23,6 @@ from simdist.calibrate.repeat import (
     Repeated,
     repeat_in_rounds,
     repeat_sized,
-    repeat_until_stable,
     sized_steps,
 )
 from simdist.calibrate.terms import FitRun, fit_checks, fit_terms, with_honesty
@@ -49,7 +48,7 @@ def m(step: float, **extra) -> Measurement:
 
 def test_runs_repeat_until_the_median_settles():
     medians = iter([1.0, 1.3, 1.02, 1.01, 1.5, 1.0])
-    rep = repeat_until_stable("x", lambda: m(next(medians)), min_runs=3, max_runs=6, tolerance=0.03)
+    rep = repeat_sized("x", lambda n: m(next(medians)), 5, min_runs=3, max_runs=6, tolerance=0.03)
     assert rep.stable and rep.stopped == "stable" and rep.medians == [1.0, 1.3, 1.02, 1.01]
     assert rep.median == pytest.approx(1.015) and rep.spread == pytest.approx(0.3 / 1.015)
     assert rep.representative.step_time_s == 1.01  # the lower middle run stands for the series
@@ -57,11 +56,11 @@ def test_runs_repeat_until_the_median_settles():
 
 def test_noisy_runs_stop_at_the_run_limit_or_the_budget():
     noisy = iter([1.0, 2.0, 1.0, 2.5, 1.0, 3.0])
-    rep = repeat_until_stable("x", lambda: m(next(noisy)), min_runs=3, max_runs=4, tolerance=0.03)
+    rep = repeat_sized("x", lambda n: m(next(noisy)), 5, min_runs=3, max_runs=4, tolerance=0.03)
     assert not rep.stable and rep.stopped == "max runs" and len(rep.runs) == 4
-    clock = iter(range(0, 1000, 100))
-    rep = repeat_until_stable("x", lambda: m(1.0 + len(str(next(clock)))), budget_s=250, clock=lambda: next(clock))
-    assert rep.stopped == "budget" and not rep.stable
+    noisy, clock = iter([1.0, 2.0, 1.0, 2.5, 1.0, 3.0]), iter(range(0, 1000, 100))  # each run takes 100 s
+    rep = repeat_sized("x", lambda n: m(next(noisy)), 5, budget_s=250, clock=lambda: next(clock))
+    assert rep.stopped == "budget" and not rep.stable and len(rep.runs) == 3
 
 
 def test_runs_of_short_steps_measure_about_a_second_of_steps():

@@ -19,12 +19,13 @@ from typing import Any
 from simdist.spec.profile import CalibrationProfile, LinkFit
 
 
-def _merged(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(size, value) sorted by size, equal sizes (every rank's row) merged by their mean."""
-    merged: dict[float, list[float]] = {}
-    for size, value in points:
-        merged.setdefault(size, []).append(value)
-    return [(s, sum(v) / len(v)) for s, v in sorted(merged.items())]
+def _merged(points: list[tuple[Any, float]]) -> list[tuple[Any, float]]:
+    """(key, value) sorted by key (a size, or a size and a share), equal keys (every rank's row)
+    merged by their mean."""
+    merged: dict[Any, list[float]] = {}
+    for key, value in points:
+        merged.setdefault(key, []).append(value)
+    return [(k, sum(v) / len(v)) for k, v in sorted(merged.items())]
 
 
 def _curve(points: list[tuple[float, float]], peak: float) -> list[tuple[float, float]]:
@@ -129,11 +130,8 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
 def select_rates(rows: list[dict[str, Any]]) -> list[tuple[float, float, float]]:
     """(elements per call, share kept, seconds per element) of the top-k microbenchmark, by size
     and share (rows of the same size and share merged by their mean)."""
-    merged: dict[tuple[float, float], list[float]] = {}
-    for r in rows:
-        n = float(r["elements"])
-        merged.setdefault((n, round(r["k"] / n, 6)), []).append(r["seconds"] / n)
-    return [(n, share, sum(v) / len(v)) for (n, share), v in sorted(merged.items())]
+    per_entry = [((float(r["elements"]), round(r["k"] / r["elements"], 6)), r["seconds"] / r["elements"]) for r in rows]
+    return [(n, share, s) for (n, share), s in _merged(per_entry)]
 
 
 def fit_sync_wait(profile: CalibrationProfile, key: str,

@@ -173,14 +173,16 @@ def repeat_sized(name: str, run: Callable[[int], Measurement], steps: int, *,
 def repeat_in_rounds(plans: Sequence[Plan], steps: int, *, measured_s: float = MEASURED_S,
                      max_steps: int = MAX_STEPS, clock: Callable[[], float] = time.monotonic,
                      **repeat: Any) -> list[Repeated]:
-    """Each plan run until its median is stable (:func:`repeat_until_stable`'s rule and limits,
-    ``repeat``), the plans taking turns: one run of every plan not done yet, then the next round.
-    A slow phase of the machine that lasts minutes then moves one run of each plan, which the
-    spread shows, not every run of one plan, which it does not (on the 2-core guest simdist was
-    calibrated on, a fit plan's three back-to-back runs came out within 2% of each other and 24%
-    slower than in the calibration before, 2026-11-29: benchmarks/README.md, run S). A plan's
-    first run, of ``steps``, sizes its others (:func:`sized_steps`); it counts when it measured
-    enough, else it is set aside (its median, of fewer steps, is noisier) and named in the notes."""
+    """Each plan run until its median is stable (the module docstring's rule: at least
+    ``min_runs`` runs, 3, the last of which moved it by at most ``tolerance``, 3%; or after
+    ``max_runs`` runs, 8, or ``budget_s`` seconds of its runs, 600: ``repeat``), the plans taking
+    turns: one run of every plan not done yet, then the next round. A slow phase of the machine
+    that lasts minutes then moves one run of each plan, which the spread shows, not every run of
+    one plan, which it does not (on the 2-core guest simdist was calibrated on, a fit plan's three
+    back-to-back runs came out within 2% of each other and 24% slower than in the calibration
+    before, 2026-11-29: benchmarks/README.md, run S). A plan's first run, of ``steps``, sizes its
+    others (:func:`sized_steps`); it counts when it measured enough, else it is set aside (its
+    median, of fewer steps, is noisier) and named in the notes."""
     series, sizes = [], []
     for name, run, keep in plans:
         s = _Series(name, **repeat)
@@ -206,21 +208,8 @@ def repeat_in_rounds(plans: Sequence[Plan], steps: int, *, measured_s: float = M
     return [s.result() for s in series]
 
 
-def repeat_until_stable(name: str, run_once: Callable[[], Measurement], *, clock: Callable[[], float] = time.monotonic,
-                        first: Measurement | None = None, **repeat: Any) -> Repeated:
-    """Run ``run_once`` until the median of the run medians is stable (module docstring: at least
-    ``min_runs`` runs, 3, the last of which moved it by at most ``tolerance``, 3%), or after
-    ``max_runs`` runs (8) or ``budget_s`` seconds (600); ``first``: a run made already."""
-    start = clock()
-    s = _Series(name, **repeat)
-    while not s.stopped:
-        m = first if first is not None and not s.runs else run_once()
-        s.add(m, clock() - start)
-    return s.result()
-
-
 class _Series:
-    """One plan's runs as they come, and whether they are done (:func:`repeat_until_stable`)."""
+    """One plan's runs as they come, and whether they are done (:func:`repeat_in_rounds`)."""
 
     def __init__(self, name: str, min_runs: int = 3, max_runs: int = 8, tolerance: float = 0.03,
                  budget_s: float = 600.0):

@@ -69,8 +69,9 @@ from typing import Any
 
 from simdist.errors import Problem, ScenarioError
 from simdist.frozen import frozen
+from simdist.spec.curves import log_interpolated
 from simdist.spec.files import read_json_object, write_json_atomic
-from simdist.spec.selection import OLD_SHARE, log_interpolated, select_seconds
+from simdist.spec.selection import OLD_SHARE, select_seconds
 
 PROFILE_VERSION = 9
 READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)

@@ -20,8 +20,10 @@ to 10%; at 1 Mi 1.49, 3.6, 6.08, 8.39, then 6.7-7.1. Fitted on 0.1% and 1%, the 
 
 from __future__ import annotations
 
-import bisect
+import functools
 import math
+
+from simdist.spec.curves import log_interpolated
 
 PARTIAL_SORT_EVERY = 64  # torch heap-selects when k * 64 <= n
 OLD_SHARE = 0.05  # the share kept by the rows of profiles before version 9
@@ -45,7 +47,7 @@ def select_seconds(rows: list[tuple[float, float, float]], elements: float, k: f
         return None
     k = min(max(1.0, k), elements)
     if heap_selects(elements, k):
-        terms = _heap_terms([r for r in rows if heap_selects(r[0], r[1] * r[0])])
+        terms = _heap_terms(tuple(r for r in rows if heap_selects(r[0], r[1] * r[0])))
         if terms:
             a = log_interpolated([(n, t[0]) for n, t in terms], elements)
             b = log_interpolated([(n, t[1]) for n, t in terms], elements)
@@ -54,7 +56,8 @@ def select_seconds(rows: list[tuple[float, float, float]], elements: float, k: f
     return elements * log_interpolated(linear, elements)
 
 
-def _heap_terms(rows: list[tuple[float, float, float]]) -> list[tuple[float, tuple[float, float]]]:
+@functools.lru_cache(maxsize=64)  # a profile's rows give the same terms at every call
+def _heap_terms(rows: tuple[tuple[float, float, float], ...]) -> list[tuple[float, tuple[float, float]]]:
     """(elements, (a, b)) for each size measured at two kept shares or more: the least-squares
     line of seconds per entry against :func:`heap_work`."""
     by_size: dict[float, list[tuple[float, float]]] = {}
@@ -68,14 +71,3 @@ def _heap_terms(rows: list[tuple[float, float, float]]) -> list[tuple[float, tup
         b = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
         out.append((n, (max(0.0, my - b * mx), b)))
     return out
-
-
-def log_interpolated(points: list[tuple[float, float]], size: float) -> float:
-    """The value at ``size`` of (size, value) points, linear in log-size between them and the
-    nearest end's outside them."""
-    xs = [math.log(max(p[0], 1.0)) for p in points]
-    i = bisect.bisect_left(xs, math.log(max(size, 1.0)))
-    if i == 0 or i >= len(points):
-        return points[min(i, len(points) - 1)][1]
-    w = (math.log(max(size, 1.0)) - xs[i - 1]) / (xs[i] - xs[i - 1])
-    return points[i - 1][1] * (1 - w) + points[i][1] * w
