@@ -12,7 +12,9 @@ zero_stage 0  ``DistributedDataParallel`` (under TP through torch's DDP x TP bri
 zero_stage 1  ``DistributedDataParallel`` + ``ZeroRedundancyOptimizer`` (optimizer states
               partitioned, whole tensors per rank); refused in those pipelines
 zero_stage 2  FSDP2 ``fully_shard(reshard_after_forward=False)``
-zero_stage 3  FSDP2 ``fully_shard(reshard_after_forward=True)``
+zero_stage 3  FSDP2 ``fully_shard(reshard_after_forward=True)``, False in a pipeline (as
+              torchtitan: torch.distributed.pipelining keeps the parameters gathered through
+              every backward and reduces at the last, ``backward_maybe_with_nosync``)
 ============  =======================================================================
 
 With ``dp_shard`` < dp (hybrid sharding) FSDP2 runs on the 2-D (dp_replicate, dp_shard) mesh
@@ -20,14 +22,11 @@ With ``dp_shard`` < dp (hybrid sharding) FSDP2 runs on the 2-D (dp_replicate, dp
 hook (:mod:`executor.compression`); the optimizer comes from :mod:`executor.optim`; the plan's
 overlap and gather-unit knobs are :mod:`executor.knobs`.
 
-torch.distributed.tensor (DTensor, ~0.5 s to import), FSDP2 and pipelining are imported only by
-the plans that use them: every torchrun start pays its imports on every rank.
+DTensor (~0.5 s to import), FSDP2 and pipelining are imported only by the plans that use them.
 
 Pipeline parallelism uses ``torch.distributed.pipelining.PipelineStage`` with virtual stage
 ``k = chunk * pp + stage`` on pipeline rank ``stage`` (Megatron's interleaved assignment) and
-the schedule named by the plan (see :data:`SCHEDULES`).
-
-The mesh's rank order is :func:`simdist.spec.plan.rank_of`'s, the grid the simulator uses.
+the schedule named by the plan (see :data:`SCHEDULES`). The mesh's rank order is :func:`simdist.spec.plan.rank_of`'s, the grid the simulator uses.
 """
 
 from __future__ import annotations
@@ -333,7 +332,7 @@ def build_parallel_model(m: ModelSpec, plan: ParallelPlan, rank: int, mesh: Devi
         if kind == "fsdp":
             if plan.zero3_fetch != "layer" and plan.shards_params:  # executor.knobs
                 shard_submodules(chunk, shard_mesh(plan, mesh), reshard_after_forward=True)
-            chunks.append(apply_fsdp(chunk, shard_mesh(plan, mesh), reshard_after_forward=plan.shards_params))
+            chunks.append(apply_fsdp(chunk, shard_mesh(plan, mesh), plan.shards_params and plan.pp == 1))
             apply_param_gather_overlap(chunks[-1], plan)
         elif kind == "replicate":
             chunks.append(apply_replicate(chunk, mesh["dp"]))

@@ -254,7 +254,12 @@ def test_a_missing_module_fails_loudly(name: str, tmp_path: Path, monkeypatch: p
     import streamlit as st
 
     monkeypatch.setenv("SIMDIST_DB", str(tmp_path / "runs.db"))
-    for module in [m for m in sys.modules if m.startswith("simdist.dashboard")]:
+    before = set(sys.modules)
+    dashboard = [m for m in sys.modules if m.startswith("simdist.dashboard")]
+    for module in dashboard:  # importing it again rebinds it on its package: put back afterwards too
+        parent, _, child = module.rpartition(".")
+        monkeypatch.setattr(sys.modules[parent], child, sys.modules[module], raising=False)
+    for module in dashboard:
         monkeypatch.delitem(sys.modules, module)  # imported again by the page, from scratch
     monkeypatch.setitem(sys.modules, name, None)  # importing it raises ImportError
     st.cache_resource.clear()
@@ -268,6 +273,8 @@ def test_a_missing_module_fails_loudly(name: str, tmp_path: Path, monkeypatch: p
             assert not at.metric
     finally:
         st.cache_resource.clear()
+        for module in {m for m in set(sys.modules) - before if m.startswith("simdist.")} - {name}:
+            del sys.modules[module]  # first imported by this page, holding its dashboard modules
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "scenarios").glob("*.yaml")), ids=lambda p: p.stem)

@@ -5,13 +5,20 @@ from pathlib import Path
 
 import pytest
 
-from simdist.analytic.collectives import Network
+from simdist.analytic.collectives import CommContext, Network
 from simdist.analytic.cost import CostModel
-from simdist.analytic.data_parallel import dp_traffic, param_gathers_per_microbatch
-from simdist.analytic.fsdp2 import copy_ops, layer_params_on_rank, root_params_on_rank, runs_fsdp2
+from simdist.analytic.data_parallel import dp_times, dp_traffic, param_gathers_per_microbatch
+from simdist.analytic.fsdp2 import (
+    copy_ops,
+    layer_params_on_rank,
+    reduces_in_line,
+    root_params_on_rank,
+    runs_fsdp2,
+)
 from simdist.analytic.offload import offload_traffic
 from simdist.analytic.params import layer_params, params_per_rank
 from simdist.analytic.passes import OpTimer
+from simdist.analytic.stage import stage_sync
 from simdist.predict import predict
 from simdist.spec.profile import CalibrationProfile
 from simdist.spec.scenario import load_scenario
@@ -37,6 +44,9 @@ def test_who_runs_fsdp2():
     assert not runs_fsdp2(llama("torchtitan", zero_stage=1).plan, None)
     # context-parallel ranks hold the same weights: FSDP shards over dp x cp (memory.shard_group)
     assert runs_fsdp2(llama("torchtitan", dp=1, cp=8).plan, None)
+    # the executor's ZeRO-2 is FSDP2 without resharding after forward; a GPU's ZeRO-2 gathers nothing
+    assert runs_fsdp2(llama(None, zero_stage=2).plan, gloo_profile())
+    assert not runs_fsdp2(llama("torchtitan", zero_stage=2).plan, None)
 
 
 def test_copies_read_and_write_the_module_once_each():
@@ -70,7 +80,7 @@ def test_copy_out_joins_the_compute_of_torchtitan_fsdp():
     timer = OpTimer(sc, cost, Network.of(sc.cluster))
     assert sc.plan.pp == 1  # one chunk: its root module holds the embedding and the LM head,
     # gathered, and copied, once before the forward and once before the backward
-    root = sum(p.compute for p in timer.fsdp2_copies(root_params_on_rank(sc.model, sc.plan, first=True, last=True)))
+    root = sum(p.compute for p in timer.fsdp2_copies(root_params_on_rank(sc.model, sc.plan)))
     for engine in ("analytic", "des"):
         without = predict(llama("torchtitan", zero_stage=2), engine=engine).breakdown_s["compute"]
         with_copies = predict(llama("torchtitan"), engine=engine).breakdown_s["compute"]
@@ -136,3 +146,57 @@ def test_every_rank_times_its_cold_copies_at_once(monkeypatch):
     monkeypatch.setattr(bench, "EVICT_BYTES", 1 << 20)
     rows = bench.bench_cold_copy(quick=True)
     assert len(calls) == len(rows) == 3 and all(r["seconds"] > 0 for r in rows)
+
+
+def test_fsdp2s_zero2_gathers_for_the_forward_only():
+    """The executor's ZeRO-2 (FSDP2, reshard_after_forward=False) gathers each module before every
+    micro-batch's forward, keeps it through the backward and reshards after: one gather and one
+    reduce-scatter per module and micro-batch, no gather after the optimizer, and only the
+    gradients' copy-in beside the backward."""
+    sc = llama(None, zero_stage=2)
+    n = params_per_rank(sc.model, sc.plan, 0)
+    tr = dp_traffic(sc.model, sc.plan, 0, fsdp2=True)
+    assert not tr.bwd_gathers and not tr.post_step_gathers and not tr.step_grad_sync
+    modules = sc.model.num_layers + 1  # and the root
+    assert [(c.kind, c.calls) for c in tr.fwd_gathers + tr.microbatch_grad_sync] == [
+        ("allgather", modules), ("reducescatter", modules)]
+    assert tr.fwd_gathers[0].bytes * modules == pytest.approx(n * sc.plan.element_bytes)
+    gpu = dp_traffic(sc.model, sc.plan, 0)  # DeepSpeed's and Megatron's: whole weights, gathered after the step
+    assert not gpu.fwd_gathers and gpu.post_step_gathers
+    fwd, bwd = copy_ops(sc.plan, layer_params_on_rank(sc.model, sc.plan, moe=False), on_cpu=True)
+    assert [op.name for op in fwd] == ["fsdp2 copy-in", "fsdp2 copy-out"]
+    assert [op.name for op in bwd] == ["fsdp2 grad copy-in"]
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_fsdp2_in_a_pipeline_gathers_and_reduces_once_a_step(zero_stage):
+    """Under torch.distributed.pipelining a module is gathered once a step and reduced once, at
+    the last micro-batch, for the executor's FSDP2 as for torchtitan's; its micro-batches pay no
+    copies (tests/executor/test_executor_runs.py counts the executor's collectives)."""
+    sc = load_scenario(SCENARIOS / "tiny-2d-pp-fsdp.yaml")
+    sc = replace(sc, plan=replace(sc.plan, zero_stage=zero_stage))
+    tr = dp_traffic(sc.model, sc.plan, 0, fsdp2=True)
+    assert not tr.fwd_gathers + tr.bwd_gathers + tr.microbatch_grad_sync
+    assert sum(c.total_bytes for c in tr.post_step_gathers) == pytest.approx(
+        params_per_rank(sc.model, sc.plan, 0) * sc.plan.element_bytes)
+    timer = OpTimer(sc, CostModel(sc.cluster.gpu, sc.plan.precision, gloo_profile()), Network.of(sc.cluster))
+    assert timer.fsdp2 and timer.fsdp2_copies(10**6) == timer.fsdp2_copies(0)  # nothing per micro-batch
+
+
+@pytest.mark.parametrize("engine", ["analytic", "des"])
+def test_on_a_cpu_the_backward_waits_for_each_reduction(engine):
+    """gloo's reduce-scatter returns when it is done and FSDP2 calls it without async_op, so on a
+    CPU each module's reduction holds the training thread (simdist.analytic.fsdp2.reduces_in_line):
+    every micro-batch's reduce-scatters are exposed, where NCCL's hide behind the backward."""
+    sc = load_scenario(SCENARIOS / "local-zero3-fit.yaml")
+    gloo = gloo_profile()
+    cost = CostModel(sc.cluster.gpu, sc.plan.precision, gloo)
+    traffic, _ = stage_sync(sc, CommContext(sc.cluster, sc.plan, Network.of(sc.cluster, gloo)), cost, 0)
+    assert traffic.in_line and reduces_in_line(sc.plan, gloo) and not reduces_in_line(sc.plan, None)
+    reductions = sc.plan.num_microbatches * sum(c.total_seconds for c in traffic.microbatch_grad_sync)
+    exposed = predict(sc, profile=gloo, engine=engine).breakdown_s["dp_comm"]
+    assert reductions <= exposed <= reductions + 2 * sc.plan.num_microbatches * sum(
+        c.total_seconds for c in traffic.fwd_gathers)  # and the gathers that do not hide
+    hidden = replace(traffic, in_line=False)
+    t_bwd = 1.0  # a backward long enough to hide them
+    assert dp_times(hidden, sc.plan, 1.0, t_bwd).bwd_exposed < dp_times(traffic, sc.plan, 1.0, t_bwd).bwd_exposed

@@ -79,6 +79,9 @@ class DataParallelTraffic:
     post_step_behind_forward: bool = False
     # how much slower compute runs beside these collectives (overlap.compute_slowdown; set by timed)
     contention: float = 0.0
+    # the backward waits for each micro-batch reduction as it is issued (FSDP2 on a CPU:
+    # simdist.analytic.fsdp2.reduces_in_line), instead of running on beside it
+    in_line: bool = False
 
     def step_bytes(self, microbatches: int) -> float:
         """Bytes this GPU puts into DP collectives per step (sum of buffer sizes)."""
@@ -109,8 +112,10 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = Non
     every micro-batch's gradients; 3 also all-gathers each layer's parameters before its forward
     and backward, per layer (FSDP units) or per submodule (DeepSpeed ``zero3_fetch: module``).
     ``n``: the parameters synchronised (default: all the GPU holds; simdist.analytic.dp_groups
-    passes the dense and the expert parameters apart); ``fsdp2``: ZeRO-3 runs as FSDP2
-    (simdist.analytic.fsdp2.runs_fsdp2: no gather for the recomputed forward).
+    passes the dense and the expert parameters apart); ``fsdp2``: ZeRO-2/3 runs as FSDP2
+    (simdist.analytic.fsdp2.runs_fsdp2: no gather for the recomputed forward; ZeRO-2 gathers
+    before each micro-batch's forward; in a pipeline, gathered and reduced once a step as
+    :func:`_fsdp_under_pipeline` says).
     """
     if plan.dp == 1 or plan.uses_parameter_servers:
         return DataParallelTraffic()
@@ -121,13 +126,13 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = Non
     layers = max(1, stage_num_layers(m, plan, stage))
     method = plan.grad_compression.method
 
-    if plan.shards_params and plan.pp > 1 and framework_of(plan.framework).fsdp_pipeline_no_sync:
+    if plan.pp > 1 and (fsdp2 or (plan.shards_params and framework_of(plan.framework).fsdp_pipeline_no_sync)):
         return _fsdp_under_pipeline(plan, n, layers)
     if plan.shards_gradients:
         gb = grad_wire_bytes(plan, sharded=True)
         grad_bytes = n * gb
         post: tuple[CollectiveCall, ...] = ()
-        if not plan.shards_params:  # ZeRO-2
+        if not plan.shards_params and not fsdp2:  # ZeRO-2 (FSDP2's runs as ZeRO-3 without backward gathers)
             sync = [CollectiveCall("reducescatter grads", "reducescatter", ax, grad_bytes / layers, layers)]
             if hybrid:
                 sync.append(CollectiveCall("allreduce grads across replicas", "allreduce", "dp_replica",
@@ -143,7 +148,7 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = Non
         root = 1 if fsdp2 and plan.pp == 1 else 0
         calls = layers * (zero3_modules_per_layer(m) if plan.zero3_fetch == "module" else 1) + root
         pb = param_wire_bytes(plan)
-        gathers_bwd = param_gathers_per_microbatch(plan, fsdp2) - 1
+        gathers_bwd = param_gathers_per_microbatch(plan, fsdp2) - 1 if plan.shards_params else 0
         if plan.zero3_fetch == "module_sync":  # each linear's own bytes (analytic.zero3_sync)
             parts = submodule_shares(m)
             calls = layers * len(parts)
@@ -153,7 +158,8 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = Non
                                        layers * gathers_bwd) for k, s in parts)
         else:
             fwd = (CollectiveCall("allgather params fwd", "allgather", ax, n * pb / calls, calls),)
-            bwd = (CollectiveCall("allgather params bwd", "allgather", ax, n * pb / calls, calls * gathers_bwd),)
+            bwd = (CollectiveCall("allgather params bwd", "allgather", ax, n * pb / calls, calls * gathers_bwd),
+                   ) if gathers_bwd else ()
         sync = [CollectiveCall("reducescatter grads", "reducescatter", ax, grad_bytes / calls, calls)]
         if hybrid:
             sync.append(CollectiveCall("allreduce grads across replicas", "allreduce", "dp_replica",
@@ -201,20 +207,25 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = Non
 
 
 def _fsdp_under_pipeline(plan: ParallelPlan, n: float, layers: int) -> DataParallelTraffic:
-    """FSDP2 inside a torch.distributed.pipelining schedule (torchtitan): the stage keeps its
-    parameters unsharded and its gradients unreduced until the last micro-batch
-    (stage.backward_maybe_with_nosync sets requires_gradient_sync and reshard_after_backward
-    off before it; parallelize_llama: reshard_after_forward off under PP), so each layer's
-    parameters are gathered once per step, ahead of its first forward, and its gradients
-    reduce-scattered once, in the last backward."""
+    """FSDP2 inside a torch.distributed.pipelining schedule (torchtitan, and the executor, which
+    shards as torchtitan does there): the stage keeps its parameters unsharded and its gradients
+    unreduced until the last micro-batch (stage.backward_maybe_with_nosync sets
+    requires_gradient_sync and reshard_after_backward off before it; parallelize_llama:
+    reshard_after_forward off under PP), so each layer's parameters are gathered once per step,
+    ahead of its first forward, and its gradients reduce-scattered once, in the last backward
+    (after it where the reductions block: ``in_line``). Measured on the executor's
+    ``scenarios/tiny-2d-pp-fsdp.yaml`` (torch 2.13, 2026-11-29): one reduce-scatter per module a
+    step; three gathers per module with ``reshard_after_forward`` on (every action after a
+    forward gathers again: micro-batches + 1), which is why the executor now leaves it off."""
     ax = plan.shard_axis
     grad = n * grad_wire_bytes(plan, sharded=True)
-    sync = [CollectiveCall("reducescatter grads", "reducescatter", ax, grad / layers, layers)]
+    modules = layers + plan.virtual_pipeline_stages  # and each chunk's root (embedding, norm, head)
+    sync = [CollectiveCall("reducescatter grads", "reducescatter", ax, grad / modules, modules)]
     if plan.hybrid_sharding:
         sync.append(CollectiveCall("allreduce grads across replicas", "allreduce", "dp_replica",
-                                   grad / plan.dp_shard / layers, layers))
-    gathers = (CollectiveCall("allgather params", "allgather", ax, n * param_wire_bytes(plan) / layers, layers),)
-    return DataParallelTraffic(step_grad_sync=tuple(sync), post_step_gathers=gathers, step_buckets=layers,
+                                   grad / plan.dp_shard / modules, modules))
+    gathers = (CollectiveCall("allgather params", "allgather", ax, n * param_wire_bytes(plan) / modules, modules),)
+    return DataParallelTraffic(step_grad_sync=tuple(sync), post_step_gathers=gathers, step_buckets=modules,
                                post_step_behind_forward=plan.overlap_param_gather)
 
 
@@ -308,6 +319,10 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
     if tr.fwd_gathers:  # ZeRO-3
         if not plan.overlap_param_gather:
             fwd_exp, bwd_exp = ag_f, ag_b + rs
+        elif tr.in_line:  # every reduction waited for; the next layer's gather runs beside it
+            fwd_exp = max(min(v, chunks) * ag_f / chunks, ag_f - t_fwd) if ag_f > 0 else 0.0
+            busiest = max(_seconds_by_links(tr.bwd_gathers + tr.microbatch_grad_sync).values(), default=0.0)
+            bwd_exp = max(min(v, chunks) * ag_f / chunks + rs, busiest - t_bwd)
         elif plan.zero3_fetch == "module_sync":  # one submodule ahead (analytic.zero3_sync)
             fwd_exp, bwd_exp = _synced_times(tr, v, t_fwd, t_bwd)
         else:
@@ -318,12 +333,14 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
             busiest = max(_seconds_by_links(tr.bwd_gathers + tr.microbatch_grad_sync).values(), default=0.0)
             bwd_exp = max(min(v, chunks) * (ag_f + rs) / chunks, busiest - t_bwd) if (ag_b + rs) > 0 else 0.0
     elif tr.microbatch_grad_sync:  # ZeRO-2
-        bwd_exp = prefetch_exposed(rs, chunks, t_bwd)
+        bwd_exp = rs if tr.in_line else prefetch_exposed(rs, chunks, t_bwd)
     step = stretch = 0.0
     if tr.step_grad_sync:
         nb = tr.step_buckets
         t_b = _bucket_seconds(tr)
-        if plan.overlap_grad_reduce and len(chunk_shares) > 1:
+        if tr.in_line:  # each bucket waited for as it is issued, after the backward
+            step = nb * t_b
+        elif plan.overlap_grad_reduce and len(chunk_shares) > 1:
             groups, below = [], 0.0
             for share in chunk_shares:  # chunk 0 ends last; each chunk above waits pp backwards of those below
                 t_c = last_bwd * share

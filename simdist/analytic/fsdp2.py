@@ -50,15 +50,33 @@ from simdist.spec.profile import on_cpu
 
 def runs_fsdp2(plan: Any, profile: Any) -> bool:
     """Whether the plan's ZeRO-3 runs as FSDP2: torchtitan's, or the executor's (a gloo profile,
-    :func:`simdist.spec.profile.on_cpu`)."""
-    if plan.zero_stage != 3 or shard_group(plan) <= 1 or plan.uses_parameter_servers:
+    :func:`simdist.spec.profile.on_cpu`), whose ZeRO-2 is FSDP2 too (``reshard_after_forward=
+    False``: gathered before each micro-batch's forward, resharded after its backward)."""
+    if plan.zero_stage < 2 or shard_group(plan) <= 1 or plan.uses_parameter_servers:
         return False
-    return framework_of(plan.framework).fsdp2 or on_cpu(profile)
+    return on_cpu(profile) or (plan.zero_stage == 3 and framework_of(plan.framework).fsdp2)
+
+
+def reduces_in_line(plan: Any, profile: Any) -> bool:
+    """Whether the backward waits for each module's gradient reduction: FSDP2 (the executor's
+    ZeRO-2 and ZeRO-3) on a CPU profile.
+
+    ``foreach_reduce`` (torch.distributed.fsdp._fully_shard._fsdp_collectives, torch 2.13) calls
+    the reduce-scatter, and HSDP's all-reduce across replicas, without ``async_op``. With NCCL
+    that returns once the collective is queued on the reduce-scatter stream; gloo's returns when
+    it is done, so on a CPU each module's post-backward hook holds the training thread for its
+    whole reduction (gloo's ``_reduce_scatter_base`` clones the input on the calling thread, then
+    all-reduces it on its worker thread). Measured with torch.profiler on
+    ``scenarios/local-zero3-fit.yaml`` (2 ranks, 2026-11-29): ``FSDP::post_backward_reduce``
+    held the thread 3.1-5.7 ms per module and micro-batch, 22 ms of a micro-batch's 96 ms
+    backward, where the reduce-scatters of a layer's 3 MiB take 4.4 ms by the microbenchmark."""
+    return on_cpu(profile) and plan.shards_gradients and plan.dp * plan.cp > 1 and not plan.uses_parameter_servers
 
 
 def copy_ops(plan: Any, params: int, on_cpu: bool) -> tuple[tuple[Compute, ...], tuple[Compute, ...]]:
     """The copies of one FSDP2 module holding ``params`` parameters on this rank (before
-    sharding) that run where it computes: (before its forward, before its backward)."""
+    sharding) that run where it computes in a micro-batch: (before its forward, before its
+    backward); ZeRO-2 gathers for the forward only."""
     unsharded = params * param_wire_bytes(plan)
     if not on_cpu:
         out = Compute("fsdp2 copy-out", "memory", bytes=2 * unsharded)
@@ -66,7 +84,7 @@ def copy_ops(plan: Any, params: int, on_cpu: bool) -> tuple[tuple[Compute, ...],
     out = Compute("fsdp2 copy-out", "copy", bytes=2 * unsharded)
     shard = Compute("fsdp2 copy-in", "copy", bytes=2 * unsharded / shard_group(plan))
     grads = Compute("fsdp2 grad copy-in", "copy", bytes=2 * params * grad_wire_bytes(plan, sharded=True))
-    return (shard, out), (shard, out, grads)
+    return (shard, out), ((shard, out, grads) if plan.shards_params else (grads,))
 
 
 def layer_params_on_rank(m: Any, plan: Any, moe: bool) -> int:
@@ -80,10 +98,7 @@ def layer_params_on_rank(m: Any, plan: Any, moe: bool) -> int:
     return dense.per_tp_rank(plan.tp) + routed.per_tp_rank(plan.etp) // plan.ep
 
 
-def root_params_on_rank(m: Any, plan: Any, first: bool, last: bool) -> int:
-    """The embedding (first stage) and the LM head (last stage) on one rank: the root module
-    that FSDP2 gathers besides the layers."""
-    n = embedding_params(m).per_tp_rank(plan.tp) if first else 0
-    if last:
-        n += head_params(m, separate_copy=plan.pp > 1).per_tp_rank(plan.tp)
-    return n
+def root_params_on_rank(m: Any, plan: Any) -> int:
+    """The embedding and the LM head on one rank without a pipeline: the root module that
+    FSDP2 gathers besides the layers (a pipeline's are gathered once a step, copies unpriced)."""
+    return embedding_params(m).per_tp_rank(plan.tp) + head_params(m, separate_copy=False).per_tp_rank(plan.tp)

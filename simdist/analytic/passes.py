@@ -108,13 +108,16 @@ class OpTimer:
     def fsdp2_copies(self, params: int) -> tuple[PassTime, PassTime]:
         """What an FSDP2 module of ``params`` parameters (on this rank, before sharding) adds
         to the forward and the backward of a micro-batch where it computes (simdist.analytic.
-        fsdp2: the copy-out on a GPU, every copy on a CPU); nothing for other plans."""
-        if not self.fsdp2 or params <= 0:
+        fsdp2: the copy-out on a GPU, every copy on a CPU); nothing for other plans, nor in a
+        pipeline, which gathers and reduces a module once a step (simdist.analytic.data_parallel)."""
+        plan = self.sc.plan
+        if not self.fsdp2 or params <= 0 or plan.pp > 1:
             return ZERO_PASS, ZERO_PASS
-        fwd, bwd = copy_ops(self.sc.plan, params, on_cpu=on_cpu(self.cost.profile))
-        # the waits at its collectives: the gather before each pass, the reduce-scatter after backward
+        fwd, bwd = copy_ops(plan, params, on_cpu=on_cpu(self.cost.profile))
+        # the waits at its collectives: the gather before each pass (ZeRO-3: backward too), the
+        # reduce-scatter after backward
         return (self.passes(fwd) + PassTime(sync_wait=self.gather_wait),
-                self.passes(bwd) + PassTime(sync_wait=2 * self.gather_wait))
+                self.passes(bwd) + PassTime(sync_wait=(1 + plan.shards_params) * self.gather_wait))
 
     def _slowdown(self, userbuffers: str | None) -> float:
         """How much slower a kernel runs beside a collective it hides: NCCL's share

@@ -36,7 +36,12 @@ from simdist.analytic.cost import CostModel, grad_buffer_pass_bytes, optimizer_b
 from simdist.analytic.cpu_optimizer import per_tensor_optimizer_time, ps_worker_time
 from simdist.analytic.data_parallel import DataParallelTraffic
 from simdist.analytic.dp_groups import data_parallel_traffic
-from simdist.analytic.fsdp2 import layer_params_on_rank, root_params_on_rank, runs_fsdp2
+from simdist.analytic.fsdp2 import (
+    layer_params_on_rank,
+    reduces_in_line,
+    root_params_on_rank,
+    runs_fsdp2,
+)
 from simdist.analytic.memory import (
     StageMemory,
     model_state_bytes,
@@ -211,15 +216,11 @@ def model_passes(sc: Scenario, cost: CostModel, net: Network) -> ModelPasses:
     m, plan = sc.model, sc.plan
     timer = OpTimer(sc, cost, net)
     kinds_passes = tuple((k, layer_passes(timer, k)) for k, _ in model_kind_counts(m))
-    # FSDP2's root module, one per chunk: without a pipeline the embedding and the head are one
-    # module, gathered (and copied) once before the forward, at the embedding, and once before the
-    # backward, which starts at the head
-    if plan.pp == 1:
-        root = timer.fsdp2_copies(root_params_on_rank(m, plan, first=True, last=True))
-        emb_copy, head_copy = (root[0], ZERO_PASS), (ZERO_PASS, root[1])
-    else:
-        emb_copy = timer.fsdp2_copies(root_params_on_rank(m, plan, first=True, last=False))
-        head_copy = timer.fsdp2_copies(root_params_on_rank(m, plan, first=False, last=True))
+    # FSDP2's root module (the embedding and the head) is gathered, and copied, once before the
+    # forward, at the embedding, and once before the backward, which starts at the head (nothing
+    # per micro-batch in a pipeline: OpTimer.fsdp2_copies)
+    root = timer.fsdp2_copies(root_params_on_rank(m, plan))
+    emb_copy, head_copy = (root[0], ZERO_PASS), (ZERO_PASS, root[1])
     embedding = (timer.passes(embedding_ops(m, plan, "fwd")) + emb_copy[0],
                  timer.passes(embedding_ops(m, plan, "bwd")) + emb_copy[1])
     head_bwd, mtp_bwd = head_ops(m, plan, "bwd"), mtp_ops(m, plan, "bwd")  # never on virtual stage 0: split_weight
@@ -372,6 +373,7 @@ def stage_sync(sc: Scenario, ctx: CommContext, cost: CostModel, stage: int) -> t
     read the stage's parameters, the rank grid and the ZeRO stage, not the micro-batch's shape."""
     fsdp2 = runs_fsdp2(sc.plan, cost.profile)
     traffic = data_parallel_traffic(sc.model, sc.plan, stage, fsdp2).timed(ctx, compute_slowdown(cost.profile))
+    traffic = replace(traffic, in_line=reduces_in_line(sc.plan, cost.profile))
     wait = cost.profile.dp_step_wait_s if cost.profile else 0.0
     if wait and traffic.step_grad_sync:  # the fixed wait once per step at the gradient sync (profile v5)
         *rest, last = traffic.step_grad_sync  # on its last calls: the training thread blocks on them

@@ -297,10 +297,11 @@ def _tasks(plan: ParallelPlan, fwd: list[Work], bwd: list[Work], wgt: list[Work]
         tasks = {
             ("F", False): Task(seg_f, g_f, (), f_label, uploads=up_f, overlapped=lap),
             ("B", False): Task(seg_b, g_b, () if split else pieces, b_label, drain=bool(pieces) and not split,
-                               uploads=up_b, overlapped=lap),
+                               uploads=up_b, overlapped=lap, in_line=traffic.in_line),
         }
         if split:
-            tasks[("W", False)] = Task(tuple(wgt), (), pieces, drain=bool(pieces), overlapped=lap)
+            tasks[("W", False)] = Task(tuple(wgt), (), pieces, drain=bool(pieces), overlapped=lap,
+                                       in_line=traffic.in_line)
         return tasks
     whole = {"F": Task((_sum(fwd),), (), (), f_label), "B": Task((_sum(bwd),), (), (), b_label)}
     if split:
@@ -308,18 +309,23 @@ def _tasks(plan: ParallelPlan, fwd: list[Work], bwd: list[Work], wgt: list[Work]
     tasks = {(k, False): t for k, t in whole.items()}
     if traffic.microbatch_grad_sync or down:  # ZeRO-2: each layer's gradients as backward produces them
         one = calls(traffic.microbatch_grad_sync, per=per)
-        pieces = tuple(GradPiece(0, (k + 1) / layers, one, down) for k in range(layers))
-        tasks[(producer, False)] = _with_pieces(whole[producer], pieces, drain=True)
+        if traffic.in_line:  # each layer's reduction waited for as it ends
+            layered = replace(whole[producer], segments=tuple(wgt if split else bwd), in_line=True)
+            tasks[(producer, False)] = _with_pieces(layered, tuple(GradPiece(k, 1.0, one, down) for k in range(layers)),
+                                                    drain=True)
+        else:
+            pieces = tuple(GradPiece(0, (k + 1) / layers, one, down) for k in range(layers))
+            tasks[(producer, False)] = _with_pieces(whole[producer], pieces, drain=True)
     elif plan.overlap_grad_reduce and (traffic.step_grad_sync or extra.ps_buckets or extra.down_per_step):
         # the last micro-batch's buckets: DDP all-reduces, parameter-server pushes, host copies
         nb = traffic.step_buckets if traffic.step_grad_sync else extra.ps_buckets or extra.down_buckets
         mine = max(1, round(nb * share))  # this chunk's buckets
         bucket = calls(traffic.step_grad_sync, per=nb, share=nb * share / mine)
         dn = extra.down_per_step.scaled(share / mine) if extra.down_per_step else None
-        pieces = tuple(GradPiece(0, (k + 1) / mine, bucket + ((_ps_spec(extra, (chunk, k), share / mine),)
-                                                              if extra.ps_buckets else ()), dn)
+        pieces = tuple(GradPiece(0, 1.0 if traffic.in_line else (k + 1) / mine,
+                                 bucket + ((_ps_spec(extra, (chunk, k), share / mine),) if extra.ps_buckets else ()), dn)
                        for k in range(mine))
-        task = _with_pieces(whole[producer], pieces)
+        task = replace(_with_pieces(whole[producer], pieces), in_line=traffic.in_line)  # in line: after backward
         if extra.compression_per_step:  # the buckets' compression kernels, as backward fills them
             seg = task.segments[0] + Work(compression=extra.compression_per_step * share)
             task = replace(task, segments=(seg,))

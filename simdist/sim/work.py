@@ -105,6 +105,9 @@ class Task:
     # ZeRO-3 without overlap_param_gather: each segment's gather is issued when the segment
     # starts (not one ahead), and each segment's reductions are waited for before the next
     overlapped: bool = True
+    # each segment's reductions waited for before the next, gathers still prefetched (FSDP2 on a
+    # CPU: simdist.analytic.fsdp2.reduces_in_line)
+    in_line: bool = False
     # expert all-to-all of every layer of the task (dispatch and combine), one transfer on the
     # network: before the compute, or beside it when another micro-batch hides it (ep_overlap)
     ep: CommSpec | None = None

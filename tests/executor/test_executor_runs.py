@@ -20,7 +20,9 @@ pytest.importorskip("torch")
 
 from executor.launch import run_command
 from executor.train import reference_losses
+from simdist.analytic.dp_groups import data_parallel_traffic
 from simdist.analytic.memory import model_state_bytes
+from simdist.analytic.params import stage_num_layers
 from simdist.spec.plan import rank_coord
 from simdist.spec.scenario import Scenario, load_scenario
 
@@ -158,6 +160,32 @@ def test_collective_census(measure):
     assert n > 1  # ZeRO-3 reduce-scatters every micro-batch's gradients (both ranks counted)
     assert fsdp["collectives"]["reduce_scatter"]["bytes"] == 2 * n * params
     assert fsdp["collectives"]["all_gather"]["bytes"] >= 2 * 2 * params  # forward and backward
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", each(["tiny-fsdp3", "tiny-2d-pp-fsdp", "tiny-fsdp2"]))
+def test_fsdp2_gathers_and_reductions_are_the_simulated_ones(measure, name):
+    """Each rank's FSDP2 all-gathers and reduce-scatters of a step, counted by the executor, are
+    the bytes of the simulator's traffic for that plan as FSDP2 runs it: ZeRO-3 gathers every
+    micro-batch's forward and backward, ZeRO-2 its forward (resharded after backward), and in a
+    pipeline (torch.distributed.pipelining holds the reduction to the last micro-batch; the
+    executor leaves reshard_after_forward off there, as torchtitan) once a step."""
+    scenario, m = measure(name)
+    plan = scenario.plan
+    n = plan.num_microbatches
+    assert n > 1
+    for census in m["collectives_per_rank"]:
+        stage = rank_coord(census["rank"], plan).pp
+        tr = data_parallel_traffic(scenario.model, plan, stage, fsdp2=True)
+        gathers = n * _bytes(tr.fwd_gathers + tr.bwd_gathers) + _bytes(tr.post_step_gathers)
+        assert census["all_gather"]["bytes"] == gathers
+        assert census["reduce_scatter"]["bytes"] == n * _bytes(tr.microbatch_grad_sync) + _bytes(tr.step_grad_sync)
+        if plan.pp > 1:  # each module (the stage's layers and its root) once
+            assert census["all_gather"]["count"] == stage_num_layers(scenario.model, plan, stage) + 1
+
+
+def _bytes(calls: tuple[Any, ...]) -> float:
+    return sum(c.bytes * c.calls for c in calls)
 
 
 @pytest.mark.distributed

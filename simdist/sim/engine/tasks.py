@@ -64,7 +64,7 @@ class TaskSteps:
                 k += 1
             yield env.timeout(length)
             self._tally(t, seg, sl.factor)
-            if not task.overlapped and pieces:
+            if (task.in_line or not task.overlapped) and pieces:
                 yield from self._reduced(sl)
         if flow is not None and task.ep_overlap and not flow.processed:
             t0 = env.now
