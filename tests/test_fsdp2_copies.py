@@ -197,6 +197,10 @@ def test_on_a_cpu_the_backward_waits_for_each_reduction(engine):
     exposed = predict(sc, profile=gloo, engine=engine).breakdown_s["dp_comm"]
     assert reductions <= exposed <= reductions + 2 * sc.plan.num_microbatches * sum(
         c.total_seconds for c in traffic.fwd_gathers)  # and the gathers that do not hide
+    # the executor's FSDP2 replicate (plain data parallelism under a split backward) reduces after
+    # the stage's last backward, in line too; DDP's reducer all-reduces beside the backward
+    zb = load_scenario(SCENARIOS / "tiny-2d-pp-dp-zb.yaml").plan
+    assert reduces_in_line(zb, gloo) and not reduces_in_line(replace(zb, schedule="1f1b"), gloo)
     hidden = replace(traffic, in_line=False)
     t_bwd = 1.0  # a backward long enough to hide them
     assert dp_times(hidden, sc.plan, 1.0, t_bwd).bwd_exposed < dp_times(traffic, sc.plan, 1.0, t_bwd).bwd_exposed

@@ -316,13 +316,9 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
     rs = calls_seconds(tr.microbatch_grad_sync)
     fwd_exp = bwd_exp = 0.0
     v = plan.virtual_pipeline_stages  # each model chunk runs on its own: its first gather waits
-    if tr.fwd_gathers:  # ZeRO-3
+    if tr.fwd_gathers:  # ZeRO-3 (and FSDP2's ZeRO-2, which gathers for the forward only)
         if not plan.overlap_param_gather:
             fwd_exp, bwd_exp = ag_f, ag_b + rs
-        elif tr.in_line:  # every reduction waited for; the next layer's gather runs beside it
-            fwd_exp = max(min(v, chunks) * ag_f / chunks, ag_f - t_fwd) if ag_f > 0 else 0.0
-            busiest = max(_seconds_by_links(tr.bwd_gathers + tr.microbatch_grad_sync).values(), default=0.0)
-            bwd_exp = max(min(v, chunks) * ag_f / chunks + rs, busiest - t_bwd)
         elif plan.zero3_fetch == "module_sync":  # one submodule ahead (analytic.zero3_sync)
             fwd_exp, bwd_exp = _synced_times(tr, v, t_fwd, t_bwd)
         else:
@@ -331,7 +327,10 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
             # and reductions on the same links share them, on different links (HSDP's node-local
             # shard group and cross-node replicas) they run side by side
             busiest = max(_seconds_by_links(tr.bwd_gathers + tr.microbatch_grad_sync).values(), default=0.0)
-            bwd_exp = max(min(v, chunks) * (ag_f + rs) / chunks, busiest - t_bwd) if (ag_b + rs) > 0 else 0.0
+            if tr.in_line:  # every reduction waited for, the next layer's gather beside it
+                bwd_exp = max(min(v, chunks) * ag_b / chunks + rs, busiest - t_bwd)
+            else:
+                bwd_exp = max(min(v, chunks) * (ag_f + rs) / chunks, busiest - t_bwd) if (ag_b + rs) > 0 else 0.0
     elif tr.microbatch_grad_sync:  # ZeRO-2
         bwd_exp = rs if tr.in_line else prefetch_exposed(rs, chunks, t_bwd)
     step = stretch = 0.0

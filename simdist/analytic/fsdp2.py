@@ -45,7 +45,7 @@ from simdist.analytic.params import (
     routed_params,
 )
 from simdist.spec.frameworks import framework_of
-from simdist.spec.profile import on_cpu
+from simdist.spec.profile import on_cpu, replicates_with_fsdp2
 
 
 def runs_fsdp2(plan: Any, profile: Any) -> bool:
@@ -58,8 +58,9 @@ def runs_fsdp2(plan: Any, profile: Any) -> bool:
 
 
 def reduces_in_line(plan: Any, profile: Any) -> bool:
-    """Whether the backward waits for each module's gradient reduction: FSDP2 (the executor's
-    ZeRO-2 and ZeRO-3) on a CPU profile.
+    """Whether the backward waits for each module's gradient reduction: FSDP2 on a CPU profile,
+    the executor's ZeRO-2 and ZeRO-3 and its FSDP2 ``replicate`` (simdist.spec.profile.
+    replicates_with_fsdp2, which reduces once a step, after the stage's last backward).
 
     ``foreach_reduce`` (torch.distributed.fsdp._fully_shard._fsdp_collectives, torch 2.13) calls
     the reduce-scatter, and HSDP's all-reduce across replicas, without ``async_op``. With NCCL
@@ -70,7 +71,8 @@ def reduces_in_line(plan: Any, profile: Any) -> bool:
     ``scenarios/local-zero3-fit.yaml`` (2 ranks, 2026-11-29): ``FSDP::post_backward_reduce``
     held the thread 3.1-5.7 ms per module and micro-batch, 22 ms of a micro-batch's 96 ms
     backward, where the reduce-scatters of a layer's 3 MiB take 4.4 ms by the microbenchmark."""
-    return on_cpu(profile) and plan.shards_gradients and plan.dp * plan.cp > 1 and not plan.uses_parameter_servers
+    fsdp = plan.shards_gradients or replicates_with_fsdp2(plan)
+    return on_cpu(profile) and fsdp and plan.dp * plan.cp > 1 and not plan.uses_parameter_servers
 
 
 def copy_ops(plan: Any, params: int, on_cpu: bool) -> tuple[tuple[Compute, ...], tuple[Compute, ...]]:

@@ -326,13 +326,18 @@ def profile_layers(plan: Any) -> tuple[str, ...]:
             out.append("multichunk")
         if plan.schedule == "zero-bubble":
             out.append("split_backward")
-        if (plan.virtual_pipeline_stages > 1 or plan.schedule == "zero-bubble") and plan.dp * plan.cp > 1 \
-                and plan.zero_stage == 0:
-                # DDP cannot run several chunks or a split backward per rank: the executor
-                # replicates with FSDP2 (executor.parallelize.data_parallel_kind), whole
-                # parameters as DTensors behind per-block hooks, as "zero2" keeps them gathered
-                out.append("zero2")
+        if replicates_with_fsdp2(plan):  # whole parameters behind per-block hooks, as "zero2" keeps them
+            out.append("zero2")
     return tuple(out)
+
+
+def replicates_with_fsdp2(plan: Any) -> bool:
+    """Plain data parallelism that the executor runs on FSDP2's ``replicate``: several chunks per
+    rank or zero-bubble's split backward, which DDP's reducer cannot run (executor.parallelize.
+    data_parallel_kind); under torch.distributed.pipelining it reduces once a step, after the
+    stage's last backward (``backward_maybe_with_nosync``)."""
+    split = plan.virtual_pipeline_stages > 1 or plan.schedule == "zero-bubble"
+    return plan.zero_stage == 0 and plan.pp > 1 and split and plan.dp * plan.cp > 1
 
 
 BASE_TERMS = "base"  # the plain plans' terms (sync_wait_fractions: their waits at the gradient sync)
