@@ -26,7 +26,8 @@ DTensor (~0.5 s to import), FSDP2 and pipelining are imported only by the plans 
 
 Pipeline parallelism uses ``torch.distributed.pipelining.PipelineStage`` with virtual stage
 ``k = chunk * pp + stage`` on pipeline rank ``stage`` (Megatron's interleaved assignment) and
-the schedule named by the plan (see :data:`SCHEDULES`). The mesh's rank order is :func:`simdist.spec.plan.rank_of`'s, the grid the simulator uses.
+the schedule named by the plan (see :data:`SCHEDULES`). The mesh's rank order is
+:func:`simdist.spec.plan.rank_of`'s, the grid the simulator uses.
 """
 
 from __future__ import annotations
