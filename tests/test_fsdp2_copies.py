@@ -16,6 +16,7 @@ from simdist.analytic.fsdp2 import (
     runs_fsdp2,
 )
 from simdist.analytic.offload import offload_traffic
+from simdist.analytic.ops import Compute
 from simdist.analytic.params import layer_params, params_per_rank
 from simdist.analytic.passes import OpTimer
 from simdist.analytic.stage import stage_sync
@@ -204,3 +205,28 @@ def test_on_a_cpu_the_backward_waits_for_each_reduction(engine):
     hidden = replace(traffic, in_line=False)
     t_bwd = 1.0  # a backward long enough to hide them
     assert dp_times(hidden, sc.plan, 1.0, t_bwd).bwd_exposed < dp_times(traffic, sc.plan, 1.0, t_bwd).bwd_exposed
+
+
+def test_the_reduce_scatters_input_copy_is_backward_in_the_phases_a_fit_reads(monkeypatch):
+    """gloo's reduce-scatter copies its input on the calling thread before reducing it, which
+    the executor counts as backward: the predicted phases move that copy from the reductions'
+    wait (the microbenchmark timed it with the collective) to the backward, the step unchanged."""
+    from simdist.analytic import fsdp2
+    from simdist.calibrate.compare import predicted_quantities
+
+    sc = load_scenario(SCENARIOS / "local-zero3-fit.yaml")
+    gloo = gloo_profile()
+    cost = CostModel(sc.cluster.gpu, sc.plan.precision, gloo)
+    traffic, _ = stage_sync(sc, CommContext(sc.cluster, sc.plan, Network.of(sc.cluster, gloo)), cost, 0)
+    copies = sc.plan.num_microbatches * sum(c.calls * cost.time(Compute("input", "copy", bytes=2 * c.bytes))
+                                            for c in traffic.microbatch_grad_sync)  # read and written
+    moved = predicted_quantities(sc, gloo)
+    monkeypatch.setattr(fsdp2, "input_copies_s", lambda traffic, cost: 0.0)  # as before
+    kept = predicted_quantities(sc, gloo)
+    assert copies > 0.01 * moved["step_time_s"]
+    assert moved["backward_s"] - kept["backward_s"] == pytest.approx(copies)
+    assert kept["comm_s"] - moved["comm_s"] == pytest.approx(copies)
+    assert moved["step_time_s"] == kept["step_time_s"]
+    gpu = llama("torchtitan")  # NCCL's reduce-scatter returns once queued: nothing in line
+    assert fsdp2.input_copies_s(stage_sync(gpu, CommContext(gpu.cluster, gpu.plan, Network.of(gpu.cluster)),
+                                           CostModel(gpu.cluster.gpu, gpu.plan.precision), 0)[0], cost) == 0.0

@@ -75,6 +75,19 @@ def reduces_in_line(plan: Any, profile: Any) -> bool:
     return on_cpu(profile) and fsdp and plan.dp * plan.cp > 1 and not plan.uses_parameter_servers
 
 
+def input_copies_s(traffic: Any, cost: Any) -> float:
+    """The training thread's CPU time in one micro-batch's in-line reduce-scatters that the
+    executor counts as backward, not communication: gloo's reduce-scatter copies its input on
+    the calling thread before it all-reduces the copy on its worker thread (torch.profiler on
+    local-zero3-fit: ``aten::clone`` under ``c10d::_reduce_scatter_base_``, 12.7 ms of its 0.53 s
+    step, 8-35 GB/s). The collectives microbenchmark times the copy with the collective, so the
+    step's time is the model's either way; only the phases a calibration fits differ."""
+    if not traffic.in_line:
+        return 0.0
+    return sum(c.calls * cost.time(Compute("gloo reduce-scatter input copy", "copy", bytes=2 * c.bytes))
+               for c in traffic.microbatch_grad_sync if c.kind == "reducescatter")
+
+
 def copy_ops(plan: Any, params: int, on_cpu: bool) -> tuple[tuple[Compute, ...], tuple[Compute, ...]]:
     """The copies of one FSDP2 module holding ``params`` parameters on this rank (before
     sharding) that run where it computes in a micro-batch: (before its forward, before its

@@ -41,6 +41,7 @@ def predicted_quantities(scenario, profile: CalibrationProfile | None) -> dict[s
     """Step time, phases and per-rank memory the model predicts, in the measurement's terms."""
     from simdist.analytic.collectives import Network
     from simdist.analytic.cost import CostModel
+    from simdist.analytic.fsdp2 import input_copies_s
     from simdist.analytic.memory import activation_bytes, model_state_bytes
     from simdist.analytic.stage import describe
     from simdist.analytic.steptime import reduce_step, stage_time
@@ -50,7 +51,8 @@ def predicted_quantities(scenario, profile: CalibrationProfile | None) -> dict[s
     pred = predict(scenario, profile=profile, engine="analytic", keep_spans=False)
     plan, model = scenario.plan, scenario.model
     shared, _ = time_shared(scenario, profile)  # as predict() prices ranks beyond the cores
-    d = describe(scenario, CostModel(scenario.cluster.gpu, plan.precision, shared), Network.of(scenario.cluster, shared))
+    cost = CostModel(scenario.cluster.gpu, plan.precision, shared)
+    d = describe(scenario, cost, Network.of(scenario.cluster, shared))
     st = [stage_time(d, s) for s in d.stages]
     busiest = max(range(plan.pp), key=lambda s: st[s].total)
     m = plan.num_microbatches
@@ -58,14 +60,16 @@ def predicted_quantities(scenario, profile: CalibrationProfile | None) -> dict[s
     # a parameter-server worker waits for the servers' update between its push and its pull
     server = reduce_step(d).server_update_s if plan.uses_parameter_servers else 0.0
     states = [model_state_bytes(model, plan, s) for s in range(plan.pp)]
+    waited = server + sum(b.get(k, 0.0) for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble"))
+    copies = min(waited, m * input_copies_s(d.stages[busiest].dp, cost))  # the training thread's own work
     return {
         "step_time_s": pred.step_time_s,
         "forward_s": m * st[busiest].fwd.compute,
-        "backward_s": m * (st[busiest].bwd.compute + st[busiest].recompute.compute),
+        "backward_s": m * (st[busiest].bwd.compute + st[busiest].recompute.compute) + copies,
         "optimizer_s": b["optimizer"] - server,
         # the executor sees only waiting: for peers' collectives (the experts' all-to-alls and the
         # context-parallel exchanges too), in a pipeline the bubble, and the parameter servers' update
-        "comm_s": server + sum(b.get(k, 0.0) for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble")),
+        "comm_s": waited - copies,
         "model_state_gib": max(s["params"] + s["grads"] + s["optimizer"] for s in states) / GiB,
         "activations_gib": max(activation_bytes(model, plan, s) for s in range(plan.pp)) / GiB,
         **predicted_traffic(scenario),
