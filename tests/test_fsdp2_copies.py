@@ -162,6 +162,9 @@ def test_fsdp2s_zero2_gathers_for_the_forward_only():
     assert [(c.kind, c.calls) for c in tr.fwd_gathers + tr.microbatch_grad_sync] == [
         ("allgather", modules), ("reducescatter", modules)]
     assert tr.fwd_gathers[0].bytes * modules == pytest.approx(n * sc.plan.element_bytes)
+    # fully_shard wraps whole modules whatever ZeRO-3's gather unit says (DeepSpeed's config sets it)
+    for unit in ("module", "module_sync"):
+        assert dp_traffic(sc.model, replace(sc.plan, zero3_fetch=unit), 0, fsdp2=True) == tr, unit
     gpu = dp_traffic(sc.model, sc.plan, 0)  # DeepSpeed's and Megatron's: whole weights, gathered after the step
     assert not gpu.fwd_gathers and gpu.post_step_gathers
     fwd, bwd = copy_ops(sc.plan, layer_params_on_rank(sc.model, sc.plan, moe=False), on_cpu=True)

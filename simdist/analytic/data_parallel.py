@@ -41,6 +41,12 @@ def zero3_modules_per_layer(m: ModelSpec) -> int:
     return 4 + (3 if m.mlp == "swiglu" else 2)
 
 
+def gather_unit(plan: ParallelPlan) -> str:
+    """What one all-gather fetches: ``zero3_fetch`` under ZeRO-3; FSDP2's ZeRO-2 (the executor's)
+    gathers whole modules, as its ``fully_shard`` wraps them (executor.parallelize)."""
+    return plan.zero3_fetch if plan.shards_params else "layer"
+
+
 def param_gathers_per_microbatch(plan: ParallelPlan, fsdp2: bool) -> int:
     """Times a micro-batch needs each layer's full parameters (ZeRO-3 / FSDP gathers, parameter
     offload uploads): its forward, its backward, and the recomputed forward under full
@@ -146,10 +152,11 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = Non
         # under a pipeline, torch.distributed.pipelining defers FSDP2's reduce and reshard, which
         # only torchtitan's rule (_fsdp_under_pipeline) follows
         root = 1 if fsdp2 and plan.pp == 1 else 0
-        calls = layers * (zero3_modules_per_layer(m) if plan.zero3_fetch == "module" else 1) + root
+        unit = gather_unit(plan)
+        calls = layers * (zero3_modules_per_layer(m) if unit == "module" else 1) + root
         pb = param_wire_bytes(plan)
         gathers_bwd = param_gathers_per_microbatch(plan, fsdp2) - 1 if plan.shards_params else 0
-        if plan.zero3_fetch == "module_sync":  # each linear's own bytes (analytic.zero3_sync)
+        if unit == "module_sync":  # each linear's own bytes (analytic.zero3_sync)
             parts = submodule_shares(m)
             calls = layers * len(parts)
             fwd = tuple(CollectiveCall(f"allgather params fwd {k}", "allgather", ax, n * pb / layers * s, layers)
@@ -319,7 +326,7 @@ def dp_times(tr: DataParallelTraffic, plan: ParallelPlan, t_fwd: float, t_bwd: f
     if tr.fwd_gathers:  # ZeRO-3 (and FSDP2's ZeRO-2, which gathers for the forward only)
         if not plan.overlap_param_gather:
             fwd_exp, bwd_exp = ag_f, ag_b + rs
-        elif plan.zero3_fetch == "module_sync":  # one submodule ahead (analytic.zero3_sync)
+        elif gather_unit(plan) == "module_sync":  # one submodule ahead (analytic.zero3_sync)
             fwd_exp, bwd_exp = _synced_times(tr, v, t_fwd, t_bwd)
         else:
             fwd_exp = max(min(v, chunks) * ag_f / chunks, ag_f - t_fwd) if ag_f > 0 else 0.0

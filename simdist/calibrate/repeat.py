@@ -160,7 +160,7 @@ def sized_steps(step_s: float, steps: int, measured_s: float = MEASURED_S, max_s
     return max(steps, min(max_steps, math.ceil(measured_s / step_s)))
 
 
-Plan = tuple[str, Callable[[int], Measurement], Callable[[Measurement], object]]  # name, run(n steps), keep
+PlanRuns = tuple[str, Callable[[int], Measurement], Callable[[Measurement], object]]  # name, run(n steps), keep
 
 
 def repeat_sized(name: str, run: Callable[[int], Measurement], steps: int, *,
@@ -170,7 +170,7 @@ def repeat_sized(name: str, run: Callable[[int], Measurement], steps: int, *,
     return repeat_in_rounds([(name, run, keep)], steps, **repeat)[0]
 
 
-def repeat_in_rounds(plans: Sequence[Plan], steps: int, *, measured_s: float = MEASURED_S,
+def repeat_in_rounds(plans: Sequence[PlanRuns], steps: int, *, measured_s: float = MEASURED_S,
                      max_steps: int = MAX_STEPS, clock: Callable[[], float] = time.monotonic,
                      **repeat: Any) -> list[Repeated]:
     """Each plan run until its median is stable (the module docstring's rule: at least

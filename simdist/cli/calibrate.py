@@ -113,13 +113,13 @@ def fit_machine(args: argparse.Namespace) -> int:
     print(f"running {len(args.files)} plan(s) with the executor, taking turns, until each median step is "
           "stable ...", file=sys.stderr)
 
-    def run(f: str):
+    def plan_runs(f: str):  # (name, a run of n steps, what keeps a run): simdist.calibrate.repeat.PlanRuns
         def once(n: int):
             print(f"running {f} ({n} steps) ...", file=sys.stderr)
             return run_executor(f, n, args.device)
         return Path(f).stem, once, lambda m: store_measurement(m, f, args.db)
 
-    reps = repeat_in_rounds([run(f) for f in args.files], args.steps, min_runs=args.min_runs, max_runs=args.max_runs,
+    reps = repeat_in_rounds([plan_runs(f) for f in args.files], args.steps, min_runs=args.min_runs, max_runs=args.max_runs,
                             tolerance=args.tolerance, budget_s=args.budget)
     runs = []
     for f, rep in zip(args.files, reps, strict=True):

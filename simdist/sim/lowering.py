@@ -51,6 +51,7 @@ from simdist.analytic.collectives import CollectiveCall, node_gpus
 from simdist.analytic.data_parallel import (
     DataParallelTraffic,
     contention_stretch,
+    gather_unit,
 )
 from simdist.analytic.ops import Comm, Op
 from simdist.analytic.passes import ZERO_PASS, PassTime
@@ -285,7 +286,7 @@ def _tasks(plan: ParallelPlan, fwd: list[Work], bwd: list[Work], wgt: list[Work]
         lap = plan.overlap_param_gather or not traffic.fwd_gathers
         seg_f, g_f = tuple(fwd), (calls(traffic.fwd_gathers, per=per),) * layers
         seg_b, g_b = tuple(bwd), (calls(traffic.bwd_gathers, per=per),) * layers
-        if plan.zero3_fetch == "module_sync" and traffic.fwd_gathers:  # one submodule ahead
+        if gather_unit(plan) == "module_sync" and traffic.fwd_gathers:  # one submodule ahead
             seg_f, g_f, at_f = synced_segments(fwd, tuple(calls((c,), per=per) for c in traffic.fwd_gathers), False)
             seg_b, g_b, at_b = synced_segments(bwd, tuple(calls((c,), per=per) for c in traffic.bwd_gathers), True)
             up_f, up_b = (first_of_layers(up_f, at_f, len(seg_f)), first_of_layers(up_b, at_b, len(seg_b)))
@@ -294,14 +295,14 @@ def _tasks(plan: ParallelPlan, fwd: list[Work], bwd: list[Work], wgt: list[Work]
                 rs_parts = tuple(calls(traffic.microbatch_grad_sync, per=per * k, share=k * c.bytes / total)
                                  for c in traffic.fwd_gathers)
                 pieces = synced_pieces(rs_parts, down, at_b)
+        waits = traffic.in_line or not lap  # each layer's reductions waited for before the next
         tasks = {
             ("F", False): Task(seg_f, g_f, (), f_label, uploads=up_f, overlapped=lap),
             ("B", False): Task(seg_b, g_b, () if split else pieces, b_label, drain=bool(pieces) and not split,
-                               uploads=up_b, overlapped=lap, in_line=traffic.in_line),
+                               uploads=up_b, overlapped=lap, in_line=waits),
         }
         if split:
-            tasks[("W", False)] = Task(tuple(wgt), (), pieces, drain=bool(pieces), overlapped=lap,
-                                       in_line=traffic.in_line)
+            tasks[("W", False)] = Task(tuple(wgt), (), pieces, drain=bool(pieces), overlapped=lap, in_line=waits)
         return tasks
     whole = {"F": Task((_sum(fwd),), (), (), f_label), "B": Task((_sum(bwd),), (), (), b_label)}
     if split:

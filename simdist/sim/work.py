@@ -103,10 +103,10 @@ class Task:
     # parameter offload: per segment, the shard fetched from the host (and NVMe) before its gather
     uploads: tuple[HostXfer | None, ...] = ()
     # ZeRO-3 without overlap_param_gather: each segment's gather is issued when the segment
-    # starts (not one ahead), and each segment's reductions are waited for before the next
+    # starts, not one ahead
     overlapped: bool = True
-    # each segment's reductions waited for before the next, gathers still prefetched (FSDP2 on a
-    # CPU: simdist.analytic.fsdp2.reduces_in_line)
+    # each segment's reductions waited for before the next: ZeRO-3 without overlap_param_gather,
+    # and FSDP2 on a CPU (simdist.analytic.fsdp2.reduces_in_line)
     in_line: bool = False
     # expert all-to-all of every layer of the task (dispatch and combine), one transfer on the
     # network: before the compute, or beside it when another micro-batch hides it (ep_overlap)

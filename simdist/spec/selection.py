@@ -57,7 +57,7 @@ def select_seconds(rows: list[tuple[float, float, float]], elements: float, k: f
 
 
 @functools.lru_cache(maxsize=64)  # a profile's rows give the same terms at every call
-def _heap_terms(rows: tuple[tuple[float, float, float], ...]) -> list[tuple[float, tuple[float, float]]]:
+def _heap_terms(rows: tuple[tuple[float, float, float], ...]) -> tuple[tuple[float, tuple[float, float]], ...]:
     """(elements, (a, b)) for each size measured at two kept shares or more: the least-squares
     line of seconds per entry against :func:`heap_work`."""
     by_size: dict[float, list[tuple[float, float]]] = {}
@@ -70,4 +70,4 @@ def _heap_terms(rows: tuple[tuple[float, float, float], ...]) -> list[tuple[floa
         mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
         b = max(0.0, sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts))
         out.append((n, (max(0.0, my - b * mx), b)))
-    return out
+    return tuple(out)  # cached: shared by every call with these rows

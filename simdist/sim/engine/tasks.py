@@ -64,7 +64,7 @@ class TaskSteps:
                 k += 1
             yield env.timeout(length)
             self._tally(t, seg, sl.factor)
-            if (task.in_line or not task.overlapped) and pieces:
+            if task.in_line and pieces:
                 yield from self._reduced(sl)
         if flow is not None and task.ep_overlap and not flow.processed:
             t0 = env.now
@@ -89,7 +89,7 @@ class TaskSteps:
             t.dp += seg.sync
 
     def _reduced(self, sl: Slice) -> Proc:
-        """Wait for the reductions started so far (a segment's gradients, not overlapped)."""
+        """Wait for the reductions started so far (a segment's gradients, in line: Task.in_line)."""
         tail = sl.tails.get("dp")
         if tail is not None and not tail.processed:
             t0 = self.env.now
