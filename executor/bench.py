@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from executor.devices import choose
 from executor.faults import pid_path
+from executor.hostload import scheduler_tick_s
 from simdist.spec.files import write_json_atomic
 
 GEMM_SHAPES = [(m, n, k) for m, n, k in [  # from a tiny plan's 32 tokens x width 64 up
@@ -289,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     result["select"] = bench_select(args.quick, device)
     if device == "cpu":
         result["memory_cold"] = bench_cold_copy(args.quick)
+        if rank == 0:  # the tick that delays a pipeline's sends (simdist.analytic.transport_wake)
+            result["scheduler_tick_s"] = scheduler_tick_s()
     if device == "cpu" and dtype == torch.float32:
         result["gemm_bf16"] = bench_gemm_autocast(args.quick)
     if progress is not None:

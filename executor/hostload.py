@@ -17,6 +17,7 @@ keeps them (``host``), so that a calibration can say which run was noisy and why
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -279,3 +280,65 @@ def _least_cpu(fn: Callable[[], None], reps: int) -> float:
         fn()
         best = min(best, time.thread_time() - t0)
     return best
+
+
+# the tick rates Linux is built with (CONFIG_HZ_100 / 250 / 300 / 1000)
+KERNEL_HZ = (100, 250, 300, 1000)
+
+
+def local_timer_interrupts(text: str, cpu: int) -> int | None:
+    """The local timer interrupts CPU ``cpu`` has taken, from /proc/interrupts' text (its
+    ``LOC`` row; the header names the columns CPU0, CPU1, ...)."""
+    lines = text.splitlines()
+    if not lines:
+        return None
+    columns = lines[0].split()
+    try:
+        column = columns.index(f"CPU{cpu}")
+    except ValueError:
+        return None
+    for line in lines[1:]:
+        fields = line.split()
+        if fields and fields[0] == "LOC:" and len(fields) > column + 1:
+            try:
+                return int(fields[column + 1])
+            except ValueError:
+                return None
+    return None
+
+
+def nearest_hz(rate: float) -> int | None:
+    """The kernel tick rate nearest (by ratio) to ``rate`` ticks a second counted on a busy
+    core (other timers add a few), or None when none is within a factor 1.5."""
+    if rate <= 0:
+        return None
+    hz = min(KERNEL_HZ, key=lambda h: abs(math.log(rate / h)))
+    return hz if abs(math.log(rate / hz)) < math.log(1.5) else None
+
+
+def scheduler_tick_s(busy_s: float = 0.25) -> float:
+    """The kernel's scheduler tick (1 / HZ), counted: the calling thread, bound for a moment to
+    one core, computes ``busy_s`` while that core's local timer interrupts are counted (a busy
+    core ticks at HZ; an idle one stops its tick). 0.0 where /proc/interrupts or affinity is
+    missing, or the count matches no kernel's rate (simdist.analytic.transport_wake uses it)."""
+    try:
+        allowed = os.sched_getaffinity(0)
+        cpu = min(allowed)
+        os.sched_setaffinity(0, {cpu})
+    except (AttributeError, OSError, ValueError):
+        return 0.0
+    try:
+        before = local_timer_interrupts(Path("/proc/interrupts").read_text(), cpu)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < busy_s:
+            pass
+        after = local_timer_interrupts(Path("/proc/interrupts").read_text(), cpu)
+        elapsed = time.perf_counter() - t0
+    except OSError:
+        return 0.0
+    finally:
+        os.sched_setaffinity(0, allowed)
+    if before is None or after is None:
+        return 0.0
+    hz = nearest_hz((after - before) / elapsed)
+    return 1.0 / hz if hz else 0.0

@@ -6,10 +6,8 @@ GPU with nothing else running (the cost model for compute, the alpha-beta model 
 the host's PCIe/NVMe/CPU figures for offload and parameter servers), and lays the results out
 per stage (:class:`StageDescription`). Nothing here decides what overlaps with what:
 
-- the closed form (:mod:`simdist.analytic.steptime`) reduces the descriptions with the pipeline
-  and overlap formulas;
-- the event engine's lowering (:mod:`simdist.sim.lowering`) maps them to tasks on streams, and
-  its network backend re-times the transfers with contention.
+- the closed form (:mod:`simdist.analytic.steptime`) reduces them with the pipeline and overlap formulas;
+- the event engine's lowering (:mod:`simdist.sim.lowering`) maps them to tasks on streams (its network re-times the transfers).
 
 Stages of one *kind* (the same layers per model chunk and the same first/last role: the
 embedding before virtual stage 0, the LM head after the last) are identical, so a deep
@@ -68,6 +66,7 @@ from simdist.analytic.params import (
 )
 from simdist.analytic.passes import ZERO_PASS, OpTimer, PassTime, transfer_wait
 from simdist.analytic.runtime_memory import runtime_memory
+from simdist.analytic.transport_wake import wake_tick_s
 from simdist.analytic.variants import layer_ops, mtp_ops, recompute_ops
 from simdist.frozen import frozen
 from simdist.spec.frameworks import framework_of
@@ -111,6 +110,7 @@ class PipelineSend:
     gather_s: float  # the receiver's TP all-gather
     overlapped: bool = False  # the sender does not wait for its sends (Megatron's interleaved overlap_p2p_comm)
     wait_s: float = 0.0  # a calibration profile's wait per pipeline transfer (simdist.analytic.passes.transfer_wait)
+    wake_tick_s: float = 0.0  # the tick that delays isends on a CPU (simdist.analytic.transport_wake)
 
     @property
     def after_s(self) -> float:
@@ -249,7 +249,7 @@ def describe(sc: Scenario, cost: CostModel, net: Network, per_kind: bool = True,
     sync = sync_of or (lambda c, s: stage_sync(sc, c, cost, s))
     kinds = tuple(_describe_stage(sc, ctx, cost, passes, embedding, head, stage_chunks(sc, s), s, sync(ctx, s))
                   for s in firsts)
-    send = pipeline_send(sc, net, transfer_wait(sc, cost))
+    send = pipeline_send(sc, net, transfer_wait(sc, cost), wake_tick_s(sc, cost.profile))
     return StepDescription(sc, cost, net, layer, embedding, head, send, kinds, kind_of, kinds_passes)
 
 
@@ -307,7 +307,7 @@ def _stage_chunks(m: ModelSpec, tp: int, p: int, v: int, schedule: str, layout: 
     return tuple(out)
 
 
-def pipeline_send(sc: Scenario, net: Network, wait_s: float = 0.0) -> PipelineSend | None:
+def pipeline_send(sc: Scenario, net: Network, wait_s: float = 0.0, tick_s: float = 0.0) -> PipelineSend | None:
     """One micro-batch's activation between neighbouring virtual stages ([s/cp, b, h] per rank).
     With sequence parallelism the activation is already split over the TP ranks, so each sends
     its shard and nothing is gathered (Megatron-Core sends the [s/tp, b, h] tensor; torchtitan's
@@ -324,7 +324,7 @@ def pipeline_send(sc: Scenario, net: Network, wait_s: float = 0.0) -> PipelineSe
     if plan.tp > 1 and not plan.sequence_parallel:
         gather = collective_time("allgather", act, layout_for_axis(sc.cluster, plan, "tp"), net)
     overlapped = plan.interleaved and framework_of(plan.framework).overlap_p2p
-    return PipelineSend(sent, send, gather, overlapped, wait_s)
+    return PipelineSend(sent, send, gather, overlapped, wait_s, tick_s)
 
 
 def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, passes: dict[LayerKind, LayerPasses],

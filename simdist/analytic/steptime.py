@@ -8,7 +8,9 @@ dp_times`, :func:`offload_per_microbatch`). The pipeline then costs
   1F1B / GPipe:   (m - 1) * t_max + sum_s t_s                   (= (m + p - 1) t if uniform)
   interleaved:    m * t_max + (sum_s t_s - t_max) / v            (= (m + (p-1)/v) t)
   zero-bubble:    m * t_max + (p - 1)(t - 2 t_W)                  (ZB-H1, Qi et al. 2024)
-(Narayanan et al. SC'21 sec 2.2; DualPipe README's bubble table for ZB1P), then what each stage
+(Narayanan et al. SC'21 sec 2.2; DualPipe README's bubble table for ZB1P), plus, on a CPU whose
+cores all compute, the wait of the sends posted before a stage computes on (:func:`wake_lags`),
+then what each stage
 does after its last backward (:func:`end_of_step`: the gradient sync that backward could not
 hide, offload, compression kernels, the optimizer), or the parameter servers' push, update and
 pull (:func:`parameter_server_step`). ``offload`` and ``compression`` appear in the breakdown
@@ -28,6 +30,7 @@ from simdist.analytic.param_server import async_staleness_steps
 from simdist.analytic.passes import PassTime, sync_wait_part
 from simdist.analytic.result import StepResult
 from simdist.analytic.stage import StageDescription, StepDescription, describe
+from simdist.analytic.transport_wake import wake_lag_s
 from simdist.frozen import frozen
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.scenario import Scenario
@@ -155,6 +158,21 @@ def pipeline_time(plan: ParallelPlan, times: list[float], weight_grads: list[flo
     return (m - 1) * t_max + sum(times)
 
 
+def wake_lags(plan: ParallelPlan, stages: list[StageTime], tick_s: float) -> float:
+    """What the critical path of a GPipe or 1F1B step waits for sends whose stage computes on
+    after posting them (simdist.analytic.transport_wake): stage 0's first forward send, posted
+    before its other forwards that need no input (GPipe: m - 1 of them; 1F1B's warm-up: one),
+    and under GPipe the last stage's first backward send, before its other m - 1 backwards. The
+    later sends of every stage are posted just before it waits for its next input. The event
+    engine applies the same rule to every schedule's actions."""
+    m = plan.num_microbatches
+    if tick_s <= 0 or m == 1 or plan.interleaved or plan.split_backward or plan.dualpipe:
+        return 0.0
+    if plan.schedule != "gpipe":
+        return wake_lag_s(stages[0].fwd.total, tick_s)
+    return wake_lag_s((m - 1) * stages[0].fwd.total, tick_s) + wake_lag_s((m - 1) * stages[-1].last_backward, tick_s)
+
+
 def parameter_server_step(d: StepDescription, t_pipe: float, last: StageTime) -> tuple[float, float, float]:
     """(total step, exposed communication, exposed server update) of the parameter-server modes.
 
@@ -206,6 +224,8 @@ def reduce_step(d: StepDescription) -> StepResult:
         t_pipe = dualpipe_time(plan, totals, last_backwards)
     else:
         t_pipe = pipeline_time(plan, totals, [st.bwd.weight_grad for st in stages])
+    lag = wake_lags(plan, stages, d.send.wake_tick_s) if d.send is not None else 0.0
+    t_pipe += lag
     busiest = max(range(plan.pp), key=totals.__getitem__)
     m = plan.num_microbatches
     # the last backward of stage s ends about s backward-passes before stage 0's, later by what
@@ -234,13 +254,13 @@ def reduce_step(d: StepDescription) -> StepResult:
         "recompute": m * st.recompute.compute,
         "tp_comm": m * sum(p.tp_exposed + (0.0 if plan.cp > 1 else p.cp_exposed) + (0.0 if plan.ep > 1 else p.ep_exposed)
                            for p in (st.fwd, st.bwd, st.recompute)),
-        "pp_comm": m * st.p2p,
+        "pp_comm": m * st.p2p + lag,
         "dp_comm": m * st.dp_per_microbatch + dp_end - ends[busiest].stretch,
     }
     # waits at the per-layer sync points: TP/CP collectives, else the ZeRO-3 gathers
     breakdown[sync_wait_part(plan)] += m * (st.fwd.sync_wait + st.bwd.sync_wait + st.recompute.sync_wait)
     breakdown |= {
-        "bubble": t_pipe - m * totals[busiest],
+        "bubble": t_pipe - lag - m * totals[busiest],
         "optimizer": opt,
     }
     if plan.offload.any:

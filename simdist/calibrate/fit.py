@@ -124,6 +124,7 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
                      for r in gemm if "m" in r],
         bus_bandwidth=bus_bandwidth(bench.get("collectives", [])) if cuda else {},
         select_rates=select_rates(bench.get("select", [])),
+        scheduler_tick_s=0.0 if cuda else float(bench.get("scheduler_tick_s") or 0.0),
     )
 
 

@@ -262,8 +262,9 @@ def _chunk(d: StepDescription, chunk: Chunk, index: int, split: bool, traffic: D
     send = None
     if d.send is not None:
         send = comm("sendrecv", "pp", d.send.nbytes, d.send.after_s)
+    tick = d.send.wake_tick_s if d.send is not None else 0.0
     return ChunkWork(tasks, None if chunk.last else send, None if chunk.first else send, n,
-                     send_async=d.send is not None and d.send.overlapped)
+                     send_async=d.send is not None and (d.send.overlapped or tick > 0), wake_tick_s=tick)
 
 
 def _tasks(plan: ParallelPlan, fwd: list[Work], bwd: list[Work], wgt: list[Work], split: bool,

@@ -137,6 +137,9 @@ class ChunkWork:
     send_bwd: CommSpec | None  # input gradient to the previous virtual stage
     layers: int
     send_async: bool = False  # sends do not block the sender (Megatron's overlap_p2p_comm)
+    # on a CPU whose cores all compute, the tick that delays a send until its stage blocks
+    # (simdist.analytic.transport_wake; the sends are then torch's isends: async)
+    wake_tick_s: float = 0.0
 
     def task(self, kind: str, last: bool) -> Task:
         return self.tasks.get((kind, last)) or self.tasks[(kind, False)]

@@ -55,9 +55,10 @@ Version 8 gives zero-bubble's split backward its own layer, "split_backward" (an
 
 Version 9 times top-k at three kept shares (``select_rates`` rows of (elements, share, seconds
 per element)): torch heap-selects a share of at most 1/64 (:mod:`simdist.spec.selection`).
+Version 10 adds the host's scheduler tick (``scheduler_tick_s``, :mod:`simdist.analytic.transport_wake`).
 
-Versions 1 to 8 still load (the new fields take their defaults: no cores known, no band,
-no optimizer term, no per-call wait, no host speed, no sleep shares, no selection rate; version 8's rows kept 5%).
+Versions 1 to 9 still load (the new fields take their defaults: no cores known, no band, no optimizer
+term, no per-call wait, no host speed, no sleep shares, no selection rate, no tick; version 8's rows kept 5%).
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ from simdist.spec.curves import log_interpolated
 from simdist.spec.files import read_json_object, write_json_atomic
 from simdist.spec.selection import OLD_SHARE, select_seconds
 
-PROFILE_VERSION = 9
-READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+PROFILE_VERSION = 10
+READABLE_VERSIONS = tuple(range(1, PROFILE_VERSION + 1))
 
 
 @frozen
@@ -157,6 +158,7 @@ class CalibrationProfile:
     sleep_shares: dict[str, float] = field(default_factory=dict)
     # v8: top-k selection, (elements per call, share kept (v9), seconds per element) by size
     select_rates: list[tuple[float, float, float]] = field(default_factory=list)
+    scheduler_tick_s: float = 0.0  # v10: the host kernel's tick (1 / HZ); 0 = not measured
 
     def select_time(self, elements: float, k: float) -> float | None:
         """Seconds to select the top ``k`` of one ``elements``-long tensor at the measured rates

@@ -11,7 +11,9 @@ with Megatron's ``--overlap-param-gather`` the ZeRO-1 parameter all-gather only 
 step's first forward as far as it must. Offload: after the last gradient copy the node's CPU runs
 the optimizer step while the updated parameters go up and the states swap with NVMe (pipelined
 tile by tile, so they run together). Pipeline sends block the sender (Megatron's batched
-isend/irecv is waited for before the next action). A task's steps are in :mod:`.tasks`, the
+isend/irecv is waited for before the next action), but Megatron's overlapped ones and, on a CPU
+whose cores all compute, torch's isends, which leave when their stage next waits for an input
+or the scheduler's tick lets them (:meth:`StepDriver._wake_lags`). A task's steps are in :mod:`.tasks`, the
 steps after the flush in :mod:`.flush`.
 
 The hot loop runs a plain action (one stretch of compute, no spans kept, not DualPipe) inline,
@@ -33,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from simdist.analytic.passes import sync_wait_part
+from simdist.analytic.transport_wake import wake_lag_s
 from simdist.sim import dualpipe, kernel
 from simdist.sim.actions import chunks_per_stage, decode
 from simdist.sim.engine.flush import AfterFlush
@@ -115,6 +118,7 @@ class StepDriver(AfterFlush, TaskSteps):
             t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp, t.offload
         # (the clock read as SimPy's step keeps it, env._now: the ``now`` property is a call per read)
         sched = work.schedule
+        lags = self._wake_lags(sl, work)
         for action, index, mine, need in zip(sched.actions, sched.tasks, sched.codes, sched.inputs, strict=True):
             if record is not None:  # the clock and the tally's running sums (what periodic.extend compares)
                 record.append((env._now, compute, recompute, compression, tp, cp, ep, pp, dp, offload))
@@ -130,7 +134,7 @@ class StepDriver(AfterFlush, TaskSteps):
                     yield from (self._wait if keep else self._input)(sl, need, mail)
                 yield from self._task(sl, action, task)
                 if spec is not None and chunk.send_async:
-                    self._send_async(sl, spec, dst, mine, mail)
+                    self._send_async(sl, spec, dst, mine, mail, lags.get(mine, 0.0))
                 elif spec is not None:
                     yield from (self._send(sl, action, spec, mine, mail) if dual else
                                 self._blocking(sl, spec, dst, mine, mail))
@@ -182,7 +186,7 @@ class StepDriver(AfterFlush, TaskSteps):
             if spec is None:
                 continue
             if chunk.send_async:
-                self._send_async(sl, spec, dst, mine, mail)
+                self._send_async(sl, spec, dst, mine, mail, lags.get(mine, 0.0))
                 continue
             start = env._now  # a blocking send (_blocking's steps, inline)
             done = sending[mine] = p2p(spec.nbytes, stage, dst, replica, spec.extra_s)
@@ -302,14 +306,34 @@ class StepDriver(AfterFlush, TaskSteps):
         else:  # waiting since before the send: it resumes right after this, as above
             kernel.resume_with(ev, start, running)
 
-    def _send_async(self, sl: Slice, spec: CommSpec, dst: int, mine: int, mail: Mail) -> None:
+    def _send_async(self, sl: Slice, spec: CommSpec, dst: int, mine: int, mail: Mail, lag: float = 0.0) -> None:
         """A pipeline send to stage ``dst`` that does not block the sender (isend, waited for by
-        the receiver): the receiver's wait for it is the exposed part."""
+        the receiver), ``lag`` later than its transfer alone: the receiver's wait for it is the
+        exposed part."""
         start = self.env.now
-        done = self.net.p2p(spec.nbytes, sl.stage, dst, sl.replica, spec.extra_s)
+        done = self.net.p2p(spec.nbytes, sl.stage, dst, sl.replica, spec.extra_s + lag)
         done.callbacks.append(lambda _ev: self._arrive(mail, mine, start))
         if self.keep_spans:
             done.callbacks.append(lambda _ev: self.run.span(sl, "pp", spec.name, start, self.env.now, "pp_comm"))
+
+    def _wake_lags(self, sl: Slice, work: StageWork) -> dict[int, float]:
+        """Per sending action (its code), what its send waits on a CPU whose cores all compute
+        (simdist.analytic.transport_wake): the stage computes on after posting it, through the
+        actions that need no other stage's input, and blocks at the next that does (or at the
+        step's end). Empty where the sends do not wait so (no chunk has a tick)."""
+        tick = max((c.wake_tick_s for c in work.chunks), default=0.0)
+        if tick <= 0:
+            return {}
+        sched, m, lags = work.schedule, self.run.microbatches, {}
+        after = 0.0  # the compute from the action after this one to the next that waits
+        for i in range(len(sched.actions) - 1, -1, -1):
+            kind, mb, c = sched.actions[i]
+            chunk = work.chunks[c]
+            if (chunk.send_fwd if kind == "F" else chunk.send_bwd if kind == "B" else None) is not None:
+                lags[sched.codes[i]] = wake_lag_s(after, tick)
+            length = chunk.task(kind, mb == m - 1).work.total(sl.factor)
+            after = 0.0 if sched.inputs[i] >= 0 else length + after
+        return lags
 
     def _send(self, sl: Slice, action: Action, spec: CommSpec, mine: int, mail: Mail) -> Proc:
         """A DualPipe pipeline send (blocking) to the stage that needs this action's output."""
