@@ -159,18 +159,24 @@ def pipeline_time(plan: ParallelPlan, times: list[float], weight_grads: list[flo
 
 
 def wake_lags(plan: ParallelPlan, stages: list[StageTime], tick_s: float) -> float:
-    """What the critical path of a GPipe or 1F1B step waits for sends whose stage computes on
-    after posting them (simdist.analytic.transport_wake): stage 0's first forward send, posted
-    before its other forwards that need no input (GPipe: m - 1 of them; 1F1B's warm-up: one),
-    and under GPipe the last stage's first backward send, before its other m - 1 backwards. The
-    later sends of every stage are posted just before it waits for its next input. The event
-    engine applies the same rule to every schedule's actions."""
-    m = plan.num_microbatches
+    """What the critical path of a GPipe or 1F1B step waits for the first sends whose stage
+    computes on after posting them (simdist.analytic.transport_wake): stage 0's first forward
+    send, posted before its other forwards that need no input (GPipe: m - 1 of them; 1F1B's
+    warm-up: one), and under GPipe the last stage's first backward send, before its other m - 1
+    backwards. A receiver faster than its sender makes up the wait while the later sends come,
+    (m - 1) times the difference: the event engine, which runs the dependencies, agrees."""
+    m, p = plan.num_microbatches, plan.pp
     if tick_s <= 0 or m == 1 or plan.interleaved or plan.split_backward or plan.dualpipe:
         return 0.0
+
+    def exposed(busy: float, sender: float, receiver: float) -> float:
+        return max(0.0, wake_lag_s(busy, tick_s) - (m - 1) * max(0.0, sender - receiver))
+
+    f0, f1 = stages[0].fwd.total, stages[1].fwd.total
     if plan.schedule != "gpipe":
-        return wake_lag_s(stages[0].fwd.total, tick_s)
-    return wake_lag_s((m - 1) * stages[0].fwd.total, tick_s) + wake_lag_s((m - 1) * stages[-1].last_backward, tick_s)
+        return exposed(f0, stages[0].total, stages[1].total)
+    b_last, b_before = stages[p - 1].last_backward, stages[p - 2].last_backward
+    return exposed((m - 1) * f0, f0, f1) + exposed((m - 1) * b_last, b_last, b_before)
 
 
 def parameter_server_step(d: StepDescription, t_pipe: float, last: StageTime) -> tuple[float, float, float]:

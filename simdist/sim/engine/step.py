@@ -317,22 +317,31 @@ class StepDriver(AfterFlush, TaskSteps):
             done.callbacks.append(lambda _ev: self.run.span(sl, "pp", spec.name, start, self.env.now, "pp_comm"))
 
     def _wake_lags(self, sl: Slice, work: StageWork) -> dict[int, float]:
-        """Per sending action (its code), what its send waits on a CPU whose cores all compute
-        (simdist.analytic.transport_wake): the stage computes on after posting it, through the
-        actions that need no other stage's input, and blocks at the next that does (or at the
-        step's end). Empty where the sends do not wait so (no chunk has a tick)."""
+        """What the first send of the step to each neighbour waits on a CPU whose cores all
+        compute (simdist.analytic.transport_wake), by the sending action's code: the stage
+        computes on after posting it, through the actions that need no other stage's input, and
+        blocks at the next that does (or at the step's end). Later sends to the same neighbour
+        left at once in the traces. Empty where the sends do not wait so (no chunk has a tick)."""
         tick = max((c.wake_tick_s for c in work.chunks), default=0.0)
         if tick <= 0:
             return {}
-        sched, m, lags = work.schedule, self.run.microbatches, {}
-        after = 0.0  # the compute from the action after this one to the next that waits
+        sched, m, p = work.schedule, self.run.microbatches, self.plan.pp
+        after, busy = [0.0] * len(sched.actions), 0.0  # the compute after each action until a wait
         for i in range(len(sched.actions) - 1, -1, -1):
+            after[i] = busy
             kind, mb, c = sched.actions[i]
+            length = work.chunks[c].task(kind, mb == m - 1).work.total(sl.factor)
+            busy = 0.0 if sched.inputs[i] >= 0 else length + busy
+        lags: dict[int, float] = {}
+        sent_to: set[int] = set()
+        for i, (kind, _mb, c) in enumerate(sched.actions):
             chunk = work.chunks[c]
-            if (chunk.send_fwd if kind == "F" else chunk.send_bwd if kind == "B" else None) is not None:
-                lags[sched.codes[i]] = wake_lag_s(after, tick)
-            length = chunk.task(kind, mb == m - 1).work.total(sl.factor)
-            after = 0.0 if sched.inputs[i] >= 0 else length + after
+            if (chunk.send_fwd if kind == "F" else chunk.send_bwd if kind == "B" else None) is None:
+                continue
+            dst = (sl.stage + (1 if kind == "F" else -1)) % p
+            if dst not in sent_to:
+                sent_to.add(dst)
+                lags[sched.codes[i]] = wake_lag_s(after[i], tick)
         return lags
 
     def _send(self, sl: Slice, action: Action, spec: CommSpec, mine: int, mail: Mail) -> Proc:
