@@ -37,6 +37,7 @@ from simdist.analytic.param_server import async_staleness_steps
 from simdist.analytic.result import StepResult
 from simdist.analytic.stage import StepDescription, describe
 from simdist.analytic.timeshare import time_share_note, time_shared
+from simdist.analytic.transport_wake import wake_note
 from simdist.errors import Problem, ScenarioError
 from simdist.results import Prediction, StageMemoryReport, to_gib
 from simdist.spec.profile import CalibrationProfile
@@ -99,6 +100,8 @@ def _predict(scenario: Scenario, profile: CalibrationProfile | None, engine: str
     assumptions = _assumptions(scenario, profile) + step_lines(described)
     if slowed != 1.0 and profile is not None:
         assumptions.append(time_share_note(scenario, profile, slowed))
+    if described.send is not None and described.send.wake_tick_s > 0:
+        assumptions.append(wake_note(described.send.wake_tick_s))
     assumptions += [f"not simulated yet: {n.field} ({n.instead})" for n in unsimulated]
 
     result: StepResult

@@ -58,3 +58,10 @@ def wake_tick_s(scenario: Any, profile: Any) -> float:
     if scenario.cluster.num_nodes > 1 or local_processes(scenario) > profile.cores:
         return 0.0
     return profile.scheduler_tick_s
+
+
+def wake_note(tick_s: float) -> str:
+    """The assumption line of a prediction whose pipeline sends wait so."""
+    return (f"pipeline sends on a CPU whose cores all compute: a step's first send to each neighbour leaves "
+            f"when its stage next blocks or at the scheduler's tick ({tick_s * 1e3:g} ms), whichever comes first "
+            "(the mean over the tick)")

@@ -12,9 +12,9 @@ step's first forward as far as it must. Offload: after the last gradient copy th
 the optimizer step while the updated parameters go up and the states swap with NVMe (pipelined
 tile by tile, so they run together). Pipeline sends block the sender (Megatron's batched
 isend/irecv is waited for before the next action), but Megatron's overlapped ones and, on a CPU
-whose cores all compute, torch's isends, which leave when their stage next waits for an input
-or the scheduler's tick lets them (:meth:`StepDriver._wake_lags`). A task's steps are in :mod:`.tasks`, the
-steps after the flush in :mod:`.flush`.
+whose cores all compute, torch's isends, the first of which leave when their stage next waits
+for an input or the scheduler's tick lets them (:meth:`StepDriver._wake_lags`). A task's steps
+are in :mod:`.tasks`, the steps after the flush in :mod:`.flush`.
 
 The hot loop runs a plain action (one stretch of compute, no spans kept, not DualPipe) inline,
 with the tally's running sums in locals; any other action takes the general steps,

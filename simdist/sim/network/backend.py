@@ -118,7 +118,8 @@ class FluidBackend:
         plan = self.sc.plan
         out = ["event engine: links shared as a fluid (NIC, NVSwitch port, leaf uplink"
                + (", PCIe, NVMe, host CPU" if plan.offload.any or plan.uses_parameter_servers else "")
-               + "); TP/CP collectives timed in closed form inside each layer; pipeline sends block the sender"]
+               + "); TP/CP collectives timed in closed form inside each layer; pipeline sends block the sender "
+               "(but Megatron's overlapped ones, and torch's isends on a CPU whose cores all compute)"]
         if self.fluid.peak_overload > 1.0 + 1e-6:
             out.append(f"link contention slowed transfers by up to {self.fluid.peak_overload:.2f}x")
         return out
