@@ -105,3 +105,12 @@ def test_the_profile_keeps_the_tick_the_microbenchmarks_counted():
     assert cuda.scheduler_tick_s == 0.0
     again = CalibrationProfile.from_dict(cpu_profile().to_dict())
     assert again.scheduler_tick_s == TICK
+
+
+def test_calibrate_says_which_tick_it_counted(capsys):
+    from simdist.cli.calibrate import _summary
+
+    _summary(cpu_profile())
+    assert "scheduler tick 4 ms" in capsys.readouterr().out
+    _summary(cpu_profile(tick=0.0))
+    assert "scheduler tick" not in capsys.readouterr().out

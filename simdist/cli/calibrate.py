@@ -198,7 +198,9 @@ def _summary(profile) -> None:
              + "".join(f" ({k} +{v * 1e6:.1f})" for k, v in profile.optimizer_layer_tensor_s.items() if v))
           + (f"; {profile.coschedule_wait_s * 1e3:.2f} ms per sync point of time-shared ranks"
              if profile.coschedule_wait_s else "")
-          + "".join(f"; a rank sleeps {v:.0%} of its {k} communication" for k, v in profile.sleep_shares.items()))
+          + "".join(f"; a rank sleeps {v:.0%} of its {k} communication" for k, v in profile.sleep_shares.items())
+          + (f"; scheduler tick {profile.scheduler_tick_s * 1e3:g} ms (a pipeline's first sends wait for it)"
+             if profile.scheduler_tick_s else ""))
     if profile.select_rates:
         print("top-k selection: " + ", ".join(f"{r * 1e9:.1f} ns per entry keeping {share:.1%} of {n:,.0f}"
                                                for n, share, r in profile.select_rates))
