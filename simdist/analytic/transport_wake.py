@@ -16,12 +16,12 @@ Measured with torch.profiler on 2 cores (``simdist run scenarios/tiny-pp-gpipe.y
 receiver's receive, the receiver waiting: GPipe's first forward transfer 0.11-2.76 ms, mean 1.69,
 in 5 of 11 steps exactly when the sender blocked (2.3-2.8 ms after the post); its first backward
 transfer 0.07-5.47 ms, mean 1.73 (the sender blocked 4.6-7.2 ms after); 1F1B's first forward
-transfer 0.08-4.07 ms, in 7 of 11 steps when the sender blocked (0.8-1.2 ms after). A bare gloo
-transfer takes 0.07-0.1 ms. The balancer's pull comes at a uniform point of a tick (4 ms, the
+transfer 0.08-4.07 ms, mean 0.98 (0.67 without the one step at 4.07), in 7 of 11 steps when the
+sender blocked (0.8-1.2 ms after). The balancer's pull comes at a uniform point of a tick (4 ms, the
 kernel's 250 Hz here), so with the sender blocking ``T`` after its post the transfer waits
 E[min(U(0, tick), T)]: 1.72, 2.0 and 0.76 ms for the three cases above (measured 1.69, 1.73 and
-0.67). The step's later transfers left at once, the sender computing on or not (means 0.06-0.37
-ms, 88 of them over the two traces, a receiver waiting in 41): only the first send of a step to
+0.98). The step's later transfers left at once, the sender computing on or not (132 of them over
+the two traces, means by position in the step 0.06-0.37 ms): only the first send of a step to
 each neighbour waits so, after its transport thread slept since the step before (that a process
 woken by a busy core's socket write reaches an idle core in 0.1 ms here, and that a bare gloo
 transfer between two such ranks takes 0.07-0.2 ms, leaves what puts the first one to sleep open).
