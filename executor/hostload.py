@@ -316,11 +316,24 @@ def nearest_hz(rate: float) -> int | None:
     return hz if abs(math.log(rate / hz)) < math.log(1.5) else None
 
 
+def kernel_jiffies(text: str) -> int | None:
+    """The kernel's tick count, from /proc/timer_list's text (its ``jiffies:`` line)."""
+    for line in text.splitlines():
+        if line.startswith("jiffies:"):
+            try:
+                return int(line.split()[1])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
 def scheduler_tick_s(busy_s: float = 0.25) -> float:
-    """The kernel's scheduler tick (1 / HZ), counted: the calling thread, bound for a moment to
-    one core, computes ``busy_s`` while that core's local timer interrupts are counted (a busy
-    core ticks at HZ; an idle one stops its tick). 0.0 where /proc/interrupts or affinity is
-    missing, or the count matches no kernel's rate (simdist.analytic.transport_wake uses it)."""
+    """The kernel's scheduler tick (1 / HZ), counted while the calling thread computes
+    ``busy_s``: the kernel's tick count (``jiffies`` in /proc/timer_list, which only root may
+    read), else the local timer interrupts of the one core the thread is bound to for the while
+    (a busy core ticks at HZ; other timers add a few, so the fewest over several windows counts).
+    0.0 where neither can be read or the count matches no kernel's rate
+    (simdist.analytic.transport_wake uses it)."""
     try:
         allowed = os.sched_getaffinity(0)
         cpu = min(allowed)
@@ -328,17 +341,27 @@ def scheduler_tick_s(busy_s: float = 0.25) -> float:
     except (AttributeError, OSError, ValueError):
         return 0.0
     try:
-        before = local_timer_interrupts(Path("/proc/interrupts").read_text(), cpu)
+        rates = [r for r in (_tick_rate(kernel_jiffies, "/proc/timer_list", busy_s),) if r]
+        if not rates:
+            count = lambda text: local_timer_interrupts(text, cpu)  # noqa: E731
+            rates = [r for _ in range(4) if (r := _tick_rate(count, "/proc/interrupts", busy_s / 4))]
+    finally:
+        os.sched_setaffinity(0, allowed)
+    hz = nearest_hz(min(rates)) if rates else None
+    return 1.0 / hz if hz else 0.0
+
+
+def _tick_rate(count: Callable[[str], int | None], path: str, busy_s: float) -> float | None:
+    """Ticks a second by ``count`` of ``path``'s text, before and after ``busy_s`` of compute."""
+    try:
+        before = count(Path(path).read_text())
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < busy_s:
             pass
-        after = local_timer_interrupts(Path("/proc/interrupts").read_text(), cpu)
+        after = count(Path(path).read_text())
         elapsed = time.perf_counter() - t0
     except OSError:
-        return 0.0
-    finally:
-        os.sched_setaffinity(0, allowed)
-    if before is None or after is None:
-        return 0.0
-    hz = nearest_hz((after - before) / elapsed)
-    return 1.0 / hz if hz else 0.0
+        return None
+    if before is None or after is None or after <= before:
+        return None
+    return (after - before) / elapsed

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from test_calibration import local_scenario, synthetic_bench
 
-from executor.hostload import local_timer_interrupts, nearest_hz
+from executor.hostload import kernel_jiffies, local_timer_interrupts, nearest_hz
 from simdist.analytic.transport_wake import wake_lag_s, wake_tick_s
 from simdist.calibrate.fit import fit_profile
 from simdist.predict import predict
@@ -96,6 +96,10 @@ def test_the_tick_is_counted_from_the_local_timer_row():
     # a busy core's count a second: the tick plus a few other timers (278 measured here over 1.05 s)
     assert nearest_hz(265) == 250 and nearest_hz(1012) == 1000 and nearest_hz(104) == 100
     assert nearest_hz(40) is None and nearest_hz(0) is None
+    # the kernel's own count, where root may read it (/proc/timer_list)
+    timers = "Timer List Version: v0.10\nHRTIMER_MAX_CLOCK_BASES: 8\nnow at 5377461372079 nsecs\n\n" \
+             "  .idle_jiffies   : 4296816360\njiffies: 4296816497\n"
+    assert kernel_jiffies(timers) == 4296816497 and kernel_jiffies("jiffies: x\n") is None
 
 
 def test_the_profile_keeps_the_tick_the_microbenchmarks_counted():
