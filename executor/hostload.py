@@ -341,10 +341,10 @@ def scheduler_tick_s(busy_s: float = 0.25) -> float:
     except (AttributeError, OSError, ValueError):
         return 0.0
     try:
-        rates = [r for r in (_tick_rate(kernel_jiffies, "/proc/timer_list", busy_s),) if r]
-        if not rates:
-            count = lambda text: local_timer_interrupts(text, cpu)  # noqa: E731
-            rates = [r for _ in range(4) if (r := _tick_rate(count, "/proc/interrupts", busy_s / 4))]
+        jiffies = _tick_rate(kernel_jiffies, "/proc/timer_list", busy_s)
+        count = lambda text: local_timer_interrupts(text, cpu)  # noqa: E731
+        rates = [jiffies] if jiffies else [
+            r for _ in range(4) if (r := _tick_rate(count, "/proc/interrupts", busy_s / 4))]
     finally:
         os.sched_setaffinity(0, allowed)
     hz = nearest_hz(min(rates)) if rates else None
