@@ -17,6 +17,7 @@ keeps them (``host``), so that a calibration can say which run was noisy and why
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -342,7 +343,7 @@ def scheduler_tick_s(busy_s: float = 0.25) -> float:
         return 0.0
     try:
         jiffies = _tick_rate(kernel_jiffies, "/proc/timer_list", busy_s)
-        count = lambda text: local_timer_interrupts(text, cpu)  # noqa: E731
+        count = functools.partial(local_timer_interrupts, cpu=cpu)
         rates = [jiffies] if jiffies else [
             r for _ in range(4) if (r := _tick_rate(count, "/proc/interrupts", busy_s / 4))]
     finally:

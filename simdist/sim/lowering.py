@@ -173,7 +173,7 @@ def _kind_work(d: StepDescription, s: StageDescription, split: bool) -> StageWor
     forward_stretch = contention_stretch(traffic, plan, s.fwd.total, s.bwd.total + s.recompute.total)[1]
     return StageWork(-1, chunks, NO_ACTIONS, flush, s.optimizer, calls(traffic.post_step_gathers),
                      traffic.post_step_behind_forward, first_forward, flush_compression, extra.host_step,
-                     extra.host_after_optimizer, forward_stretch)
+                     extra.host_after_optimizer, forward_stretch, d.send.wake_tick_s if d.send is not None else 0.0)
 
 
 def stage_systems(d: StepDescription, s: StageDescription) -> StageSystems:
@@ -262,9 +262,8 @@ def _chunk(d: StepDescription, chunk: Chunk, index: int, split: bool, traffic: D
     send = None
     if d.send is not None:
         send = comm("sendrecv", "pp", d.send.nbytes, d.send.after_s)
-    tick = d.send.wake_tick_s if d.send is not None else 0.0
     return ChunkWork(tasks, None if chunk.last else send, None if chunk.first else send, n,
-                     send_async=d.send is not None and (d.send.overlapped or tick > 0), wake_tick_s=tick)
+                     send_async=d.send is not None and (d.send.overlapped or d.send.wake_tick_s > 0))
 
 
 def _tasks(plan: ParallelPlan, fwd: list[Work], bwd: list[Work], wgt: list[Work], split: bool,

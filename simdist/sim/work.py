@@ -136,10 +136,9 @@ class ChunkWork:
     send_fwd: CommSpec | None  # activation to the next virtual stage
     send_bwd: CommSpec | None  # input gradient to the previous virtual stage
     layers: int
-    send_async: bool = False  # sends do not block the sender (Megatron's overlap_p2p_comm)
-    # on a CPU whose cores all compute, the tick that delays a send until its stage blocks
-    # (simdist.analytic.transport_wake; the sends are then torch's isends: async)
-    wake_tick_s: float = 0.0
+    # sends do not block the sender: Megatron's overlap_p2p_comm, and torch's isends on a CPU
+    # whose cores all compute (StageWork.wake_tick_s)
+    send_async: bool = False
 
     def task(self, kind: str, last: bool) -> Task:
         return self.tasks.get((kind, last)) or self.tasks[(kind, False)]
@@ -159,6 +158,9 @@ class StageWork:
     host_step: HostXfer | None = None  # ZeRO-Offload: CPU step + parameter upload + NVMe swap
     host_after_optimizer: HostXfer | None = None  # parameter offload: updated shard back to host
     forward_stretch: float = 0.0  # first_forward's extra beside the gathers (overlap.contended_prefetch)
+    # on a CPU whose cores all compute, the scheduler tick that delays the step's first send to
+    # each neighbour until the stage blocks (simdist.analytic.transport_wake); 0 = no such delay
+    wake_tick_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ class StepDriver(AfterFlush, TaskSteps):
         self.sync_on_tp = sync_wait_part(run.plan) == "tp_comm"
         self.ahead_of = getattr(self.net, "p2p_at", None)  # a send timed with its compute (backend's choice)
         self.mail: dict[tuple[int, int], Mail] = {}  # (cycle, replica) -> its step's arrivals
+        self.lags: dict[tuple[int, float], dict[int, float]] = {}  # (stage, compute factor) -> _wake_lags
 
     def process(self, sl: Slice, work: StageWork) -> Proc:
         """The slice's process: one step, or (asynchronous parameter servers) cycles of them."""
@@ -118,7 +119,9 @@ class StepDriver(AfterFlush, TaskSteps):
             t.compute, t.recompute, t.compression, t.tp, t.cp, t.ep, t.pp, t.dp, t.offload
         # (the clock read as SimPy's step keeps it, env._now: the ``now`` property is a call per read)
         sched = work.schedule
-        lags = self._wake_lags(sl, work)
+        lags = self.lags.get((sl.stage, sl.factor))
+        if lags is None:
+            lags = self.lags[sl.stage, sl.factor] = self._wake_lags(sl, work)
         for action, index, mine, need in zip(sched.actions, sched.tasks, sched.codes, sched.inputs, strict=True):
             if record is not None:  # the clock and the tally's running sums (what periodic.extend compares)
                 record.append((env._now, compute, recompute, compression, tp, cp, ep, pp, dp, offload))
@@ -321,8 +324,8 @@ class StepDriver(AfterFlush, TaskSteps):
         compute (simdist.analytic.transport_wake), by the sending action's code: the stage
         computes on after posting it, through the actions that need no other stage's input, and
         blocks at the next that does (or at the step's end). Later sends to the same neighbour
-        left at once in the traces. Empty where the sends do not wait so (no chunk has a tick)."""
-        tick = max((c.wake_tick_s for c in work.chunks), default=0.0)
+        left at once in the traces. Empty where the sends do not wait so (no tick)."""
+        tick = work.wake_tick_s
         if tick <= 0:
             return {}
         sched, m, p = work.schedule, self.run.microbatches, self.plan.pp
