@@ -79,6 +79,10 @@ def test_protocol_override_and_bad_names():
     with pytest.raises(ScenarioError) as e:
         cluster(nccl_protocols="^LL,LL128,Simple")
     assert "cluster.nccl_protocols" in str(e.value)
+    with pytest.raises(ScenarioError) as e:  # the user's text quoted on one line (found by the slow fuzz test)
+        cluster(nccl_algorithms="0\n0," + "x" * 300)
+    (problem,) = e.value.problems
+    assert "\n" not in problem.message and "'0\\n0'" in problem.message and len(problem.message) < 200
 
 
 def test_a_slower_link_slows_every_algorithm_alike():

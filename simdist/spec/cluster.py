@@ -28,7 +28,8 @@ def parse_nccl_list(text: str, names: Mapping[str, str], every: tuple[str, ...])
     items = [t.strip().lower() for t in text.lstrip("^").split(",") if t.strip()]
     unknown = [t for t in items if t not in names]
     if unknown:
-        raise ValueError(f"unknown {', '.join(unknown)} (one of {', '.join(sorted(names))})")
+        shown = ", ".join(short_repr(t, 30) for t in unknown[:4]) + (", ..." if len(unknown) > 4 else "")
+        raise ValueError(f"unknown {shown} (one of {', '.join(sorted(names))})")
     picked = {names[t] for t in items}
     return frozenset(set(every) - picked) if negate else frozenset(picked)
 
