@@ -20,11 +20,13 @@ interleaved one's, which tells the multi-chunk wait per transfer from its share 
 compression, the synchronous parameter server and the asynchronous one, expert
 parallelism (all-to-all dispatch) and context parallelism (4 ranks: a ring of point-to-point
 exchanges; with HSDP they fit the waits of ranks that time-share the cores). A refused fit (a
-noisy machine) stops here with the reasons.
+noisy machine) stops here with the reasons (``--force`` goes on with it).
 
 Held out: every bundled ``scenarios/local-*.yaml`` and ``scenarios/tiny-*.yaml`` the fit did not
 use, 2 to 8 ranks on this machine's cores (more ranks than cores are priced as time-sharing
-them), each run repeated like the fitted ones. The table gives the measured median, the
+them), measured in the same rounds as the fitted runs, taking turns with them (``simdist calibrate
+--held-out``), so that a slow phase of the machine moves a run of each plan, not every run of some
+(with ``--profile``: the held-out plans take turns among themselves). The table gives the measured median, the
 run-to-run spread, the prediction and the error, and the machine's load during the runs
 (``others`` = CPU other processes used, in cores). Results go to ``--out`` (profile, run store,
 ``report.json``).
@@ -35,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -78,31 +79,42 @@ def processes(path: Path) -> int:
     return total_processes(load_scenario(path))
 
 
-def measure(path: Path, db: str, steps: int, min_runs: int, max_runs: int,
-            baseline) -> tuple[list[float], list[dict], str]:
-    """Run a held-out plan until its median is stable, each run sized to about a second of steps
-    (simdist.calibrate.repeat's rules); the runs that count go to the run store. The doubt note
-    compares the host's speed with ``baseline``, the profile's (Repeated.doubt)."""
-    from simdist.calibrate.repeat import repeat_sized
+def measure_in_rounds(paths: list[Path], db: str, steps: int, min_runs: int, max_runs: int) -> None:
+    """With a profile given (no fit): run the held-out plans, taking turns, each until its median is
+    stable (simdist.calibrate.repeat.repeat_in_rounds), every run kept in the run store."""
+    from simdist.calibrate.repeat import repeat_in_rounds
     from simdist.cli.run import store_measurement
     from simdist.spec.measurement import load_measurement
 
     tmp = Path(db).parent / "measurements"
     tmp.mkdir(exist_ok=True)
-    count = [0]
 
-    def once(n: int):
-        count[0] += 1
-        out = tmp / f"{path.stem}-{count[0]}.json"
-        r = simdist("run", str(path), "--nproc", str(_workers(path)), "--steps", str(n), "--out", str(out),
-                    "--no-store")
-        if r.returncode != 0:
-            raise RuntimeError(f"{path.stem}: simdist run exited {r.returncode}: {r.stderr[-800:]}")
-        return load_measurement(out)
+    def plan_runs(path: Path):
+        count = [0]
 
-    rep = repeat_sized(path.stem, once, steps, keep=lambda m: store_measurement(m, str(path), db),
-                       min_runs=min_runs, max_runs=max_runs)
-    return rep.medians, [dict(m.extras.get("host") or {}) for m in rep.runs], rep.doubt(_cores(), baseline) or ""
+        def once(n: int):
+            count[0] += 1
+            out = tmp / f"{path.stem}-{count[0]}.json"
+            r = simdist("run", str(path), "--nproc", str(_workers(path)), "--steps", str(n), "--out", str(out),
+                        "--no-store")
+            if r.returncode != 0:
+                raise RuntimeError(f"{path.stem}: simdist run exited {r.returncode}: {r.stderr[-800:]}")
+            return load_measurement(out)
+        return path.stem, once, lambda m: store_measurement(m, str(path), db)
+
+    repeat_in_rounds([plan_runs(p) for p in paths], steps, min_runs=min_runs, max_runs=max_runs)
+
+
+def measured_since(store, path: Path, first_id: int):
+    """The plan's runs stored after ``first_id`` (this calibration's, not an earlier one's in the
+    same store) as one repeated series, or None."""
+    from simdist.calibrate.repeat import Repeated
+    from simdist.spec.measurement import Measurement
+    from simdist.spec.scenario import load_scenario
+
+    runs = tuple(Measurement.from_dict(r.payload) for r in store.runs("measurement", load_scenario(path).hash())
+                 if r.id > first_id)
+    return Repeated(path.stem, runs, True, "stored") if runs else None
 
 
 def _cores() -> int:
@@ -113,12 +125,8 @@ def _cores() -> int:
 
 def stored_doubt(store, path: Path, baseline) -> str:
     """The doubt note of a held-out plan's stored runs (simdist.calibrate.repeat.Repeated.doubt)."""
-    from simdist.calibrate.repeat import Repeated
-    from simdist.spec.measurement import Measurement
-    from simdist.spec.scenario import load_scenario
-
-    runs = tuple(Measurement.from_dict(r.payload) for r in store.runs("measurement", load_scenario(path).hash()))
-    return (Repeated(path.stem, runs, True, "stored").doubt(_cores(), baseline) or "") if runs else ""
+    rep = measured_since(store, path, 0)
+    return (rep.doubt(_cores(), baseline) or "") if rep else ""
 
 
 def _workers(path: Path) -> int:
@@ -179,43 +187,49 @@ def main() -> int:
     print(f"load average at the start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on {os.cpu_count()} CPUs",
           flush=True)
     fit = [REPO / "scenarios" / f"{n}.yaml" for n in FIT_BUNDLED] + [variant(n, out / "fit") for n in FIT_VARIANTS]
-    if not args.profile:
-        t0 = time.time()
-        r = simdist("calibrate", "--nproc", "2", "--out", profile, "--steps", str(args.steps), "--db", db,
-                    "--min-runs", str(args.min_runs), "--max-runs", str(args.max_runs), *map(str, fit),
-                    *(["--force"] if args.force else []))
-        print(r.stdout, flush=True)
-        print("\n".join(line for line in r.stderr.splitlines() if not line.startswith(("[rank", "running "))
-                         and "Warning" not in line and "return func" not in line)[-6000:], flush=True)
-        if r.returncode != 0:
-            return r.returncode
-        print(f"fitted in {time.time() - t0:.0f} s", flush=True)
     held = sorted(p for p in (REPO / "scenarios").glob("*.yaml")
                   if p.stem.startswith(("local-", "tiny-")) and p.stem not in FIT_BUNDLED)
     if args.only:
         held = [p for p in held if p.stem in args.only]
+    from simdist.calibrate.store import RunStore
+
+    store = RunStore(db)
+    first_id = max((r.id for r in store.runs()), default=0)
+    t0 = time.time()
+    if args.profile:
+        measure_in_rounds(held, db, args.steps, args.min_runs, args.max_runs)
+    else:  # the held-out plans take turns with the fitted ones (simdist calibrate --held-out)
+        r = simdist("calibrate", "--nproc", "2", "--out", profile, "--steps", str(args.steps), "--db", db,
+                    "--min-runs", str(args.min_runs), "--max-runs", str(args.max_runs), *map(str, fit),
+                    "--held-out", *map(str, held), *(["--force"] if args.force else []))
+        print(r.stdout.split("\nheld-out run")[0], flush=True)  # its held-out table: the rows below, with more
+        print("\n".join(line for line in r.stderr.splitlines() if not line.startswith(("[rank", "running "))
+                         and "Warning" not in line and "return func" not in line)[-6000:], flush=True)
+        if r.returncode != 0:
+            return r.returncode
+    print(f"{'measured' if args.profile else 'measured and fitted'} in {time.time() - t0:.0f} s", flush=True)
+    from simdist.spec.files import write_json_atomic
     from simdist.spec.profile import load_profile
 
     baseline = load_profile(profile).host_speed
     rows = []
     for path in held:
-        try:
-            medians, hosts, doubt = measure(path, db, args.steps, args.min_runs, args.max_runs, baseline)
-        except RuntimeError as exc:
-            print(f"{path.stem}: not measured ({exc})", flush=True)
+        rep = measured_since(store, path, first_id)
+        if rep is None:
+            print(f"{path.stem}: not measured", flush=True)
             continue
-        median = statistics.median(medians)
-        spread = (max(medians) - min(medians)) / median if len(medians) > 1 else 0.0
+        median, spread, doubt = rep.median, rep.spread, rep.doubt(_cores(), baseline) or ""
         predicted, kind = predict(path, profile)
-        others = max(float(h.get("others_cores") or 0) for h in hosts)
-        row = {"scenario": path.stem, "kind": kind, "ranks": processes(path), "runs": len(medians),
+        hosts = [dict(m.extras.get("host") or {}) for m in rep.runs]
+        row = {"scenario": path.stem, "kind": kind, "ranks": processes(path), "runs": len(rep.runs),
                "median_s": median, "spread": spread, "predicted_s": predicted, "error": predicted / median - 1,
-               "others_cores": others, "loadavg": max(h.get("loadavg") or [0.0] for h in hosts), "doubt": doubt}
+               "others_cores": rep.others_cores, "loadavg": max(h.get("loadavg") or [0.0] for h in hosts),
+               "doubt": doubt}
         rows.append(row)
         print(f"{row['scenario']:<24} {kind:<26} {row['ranks']:>2} ranks  {median:8.4f} s  spread {spread:6.1%}  "
-              f"predicted {predicted:8.4f} s  error {row['error']:+7.1%}  others {others:.2f} cores"
+              f"predicted {predicted:8.4f} s  error {row['error']:+7.1%}  others {rep.others_cores:.2f} cores"
               + (f"  [{doubt}]" if doubt else ""), flush=True)
-        (out / "report.json").write_text(json.dumps(rows, indent=2))
+    write_json_atomic(out / "report.json", rows)  # whole or not at all
     within = [r for r in rows if abs(r["error"]) <= 0.15]
     load1 = os.getloadavg()
     print(f"\n{len(within)} of {len(rows)} held-out plans within 15% of their measured median; load average at "

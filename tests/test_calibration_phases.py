@@ -188,6 +188,35 @@ def test_refit_from_the_run_store_keeps_the_microbenchmarks(tmp_path):
     assert missing.returncode == 2 and "holds no measurement of it" in missing.stderr
 
 
+def test_held_out_runs_are_not_fitted_and_are_checked_against_the_new_profile(tmp_path):
+    """`simdist calibrate --held-out`: the plans are measured with the fitted ones (here: stored,
+    --refit) but left out of the fit; once the profile is written each is predicted with it, its
+    error printed beside its spread. A plan given both ways is refused, naming --held-out."""
+    t = truth()
+    store = RunStore(tmp_path / "runs.db")
+    files = {}
+    for name, plan in (("small", {}), ("large", {"micro_batch_size": 8, "global_batch_size": 16}),
+                       ("mid", {"micro_batch_size": 4, "global_batch_size": 8})):
+        payload, run = phased(t, name, **plan)
+        store.add("measurement", payload, run.scenario_yaml)
+        files[name] = tmp_path / f"{name}.yaml"
+        files[name].write_text(run.scenario_yaml)
+    t.save(tmp_path / "old.json")
+    r = run_cli("calibrate", "--refit", str(tmp_path / "old.json"), "--db", str(tmp_path / "runs.db"),
+                "--out", str(tmp_path / "new.json"), str(files["small"]), str(files["large"]),
+                "--held-out", str(files["mid"]))
+    assert r.returncode == 0, r.stderr
+    assert load_profile(tmp_path / "new.json").fitted_from == ["microbenchmarks", "small", "large"]
+    table = r.stdout[r.stdout.index("held-out run"):].splitlines()
+    row = next(line for line in table if line.startswith("mid "))
+    error = float(row.split()[5].rstrip("%"))
+    assert abs(error) < 2.0  # the machine the runs came from: the refitted terms predict it
+    assert "1 of 1 held-out plans within 15% of their measured median" in r.stdout
+    both = run_cli("calibrate", "--refit", str(tmp_path / "old.json"), "--db", str(tmp_path / "runs.db"),
+                   "--out", str(tmp_path / "x.json"), str(files["small"]), "--held-out", str(files["small"]))
+    assert both.returncode == 2 and "--held-out" in both.stderr and "held out of its own fit" in both.stderr
+
+
 def test_sync_points_follow_the_executors_calls():
     """The counts the executor measured on the bundled plans (collectives_per_rank, 2026-11-28:
     every collective, and of a pipeline's transfers the receives, which wait for the peer to run;

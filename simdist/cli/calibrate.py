@@ -10,6 +10,13 @@ own runs by more than that run's spread, or when other processes were busy durin
 (simdist.calibrate.honesty). The profile keeps the runs' spreads and the error band that
 ``simdist predict --profile`` prints. It is written atomically.
 
+``--held-out FILE ...``: scenarios measured in the same rounds as the fitted ones but not fitted;
+once the profile is written, each is predicted with it and its error printed beside its run-to-run
+spread, and a note where its measurement is in doubt (its runs' compute in two groups, or the host
+at another speed than during the fit). Taking turns with the fitted runs, each held-out plan's runs
+meet the same slow and fast phases of the machine as the fit did (with ``--refit``: their stored
+runs).
+
 ``--from-logs LOG ... --scenario FILE``: fit a GPU cluster's GEMM and network efficiencies
 from its training logs instead (simdist.calibrate.logs).
 """
@@ -31,6 +38,9 @@ if TYPE_CHECKING:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="*", help="scenarios to run with the executor and fit the overheads to")
+    p.add_argument("--held-out", nargs="+", default=[], metavar="FILE",
+                   help="scenarios to measure in the same rounds but not fit: after the fit, each one's error "
+                        "against its measured median (with --refit: its stored runs)")
     p.add_argument("--nproc", type=int, default=2, help="ranks of the microbenchmarks (at most the cores)")
     p.add_argument("--out", required=True, help="calibration profile to write (JSON)")
     p.add_argument("--steps", type=int, default=5,
@@ -90,6 +100,9 @@ def main(args: argparse.Namespace) -> int:
         if getattr(args, key) < 1:
             problems.append(Problem(f"--{key.replace('_', '-')}", f"must be at least 1, got {getattr(args, key)}"))
     problems += [Problem("file", f"{f} does not exist") for f in args.files if not Path(f).is_file()]
+    problems += [Problem("--held-out", f"{f} does not exist") for f in args.held_out if not Path(f).is_file()]
+    problems += [Problem("--held-out", f"{f} is also fitted (a FILE): a plan cannot be held out of its own fit")
+                 for f in args.held_out if any(Path(f).resolve() == Path(g).resolve() for g in args.files)]
     if problems:
         raise ScenarioError(problems)
     return fit_machine(args)
@@ -110,7 +123,8 @@ def fit_machine(args: argparse.Namespace) -> int:
 
         print(f"running microbenchmarks on {max(2, args.nproc)} ranks ...", file=sys.stderr)
         bench = microbenchmarks(args.nproc, quick=args.quick, device=args.device)
-    print(f"running {len(args.files)} plan(s) with the executor, taking turns, until each median step is "
+    held_out = f" and {len(args.held_out)} held out" if args.held_out else ""
+    print(f"running {len(args.files)} plan(s){held_out} with the executor, taking turns, until each median step is "
           "stable ...", file=sys.stderr)
 
     def plan_runs(f: str):  # (name, a run of n steps, what keeps a run): simdist.calibrate.repeat.PlanRuns
@@ -119,14 +133,16 @@ def fit_machine(args: argparse.Namespace) -> int:
             return run_executor(f, n, args.device)
         return Path(f).stem, once, lambda m: store_measurement(m, f, args.db)
 
-    reps = repeat_in_rounds([plan_runs(f) for f in args.files], args.steps, min_runs=args.min_runs, max_runs=args.max_runs,
+    files = [*args.files, *args.held_out]
+    reps = repeat_in_rounds([plan_runs(f) for f in files], args.steps, min_runs=args.min_runs, max_runs=args.max_runs,
                             tolerance=args.tolerance, budget_s=args.budget)
     runs = []
-    for f, rep in zip(args.files, reps, strict=True):
+    for f, rep in zip(files, reps, strict=True):
         print(f"  {rep.name}: {len(rep.runs)} run(s), medians {', '.join(f'{t:.4f}' for t in rep.medians)} s "
               f"({rep.stopped})", file=sys.stderr)
         runs.append(FitRun(rep.name, Path(f).read_text(encoding="utf-8"), str(Path(f).parent), rep))
-    return fit_and_write(fit_profile(bench, ["microbenchmarks"] + [r.name for r in runs]), runs, args)
+    fitted, held = runs[:len(args.files)], runs[len(args.files):]
+    return fit_and_write(fit_profile(bench, ["microbenchmarks"] + [r.name for r in fitted]), fitted, args, held)
 
 
 def refit_machine(args: argparse.Namespace) -> int:
@@ -136,17 +152,19 @@ def refit_machine(args: argparse.Namespace) -> int:
     from simdist.spec.profile import load_profile
 
     base = microbenchmark_part(load_profile(args.refit))
-    runs = stored_fit_runs(RunStore(args.db), args.files)
-    for r in runs:
+    store = RunStore(args.db)
+    runs, held = stored_fit_runs(store, args.files), stored_fit_runs(store, args.held_out)
+    for r in runs + held:
         print(f"  {r.name}: {len(r.repeated.runs)} stored run(s), medians "
               f"{', '.join(f'{t:.4f}' for t in r.repeated.medians)} s", file=sys.stderr)
     from dataclasses import replace
 
-    return fit_and_write(replace(base, fitted_from=["microbenchmarks"] + [r.name for r in runs]), runs, args)
+    return fit_and_write(replace(base, fitted_from=["microbenchmarks"] + [r.name for r in runs]), runs, args, held)
 
 
-def fit_and_write(profile, runs, args: argparse.Namespace) -> int:
-    """Fit the executor terms, check the fit (refuse it unless --force) and write the profile."""
+def fit_and_write(profile, runs, args: argparse.Namespace, held=()) -> int:
+    """Fit the executor terms, check the fit (refuse it unless --force) and write the profile;
+    then the held-out runs against it."""
     from simdist.calibrate.honesty import refusal
     from simdist.calibrate.terms import fit_checks, fit_terms, with_honesty
 
@@ -166,6 +184,8 @@ def fit_and_write(profile, runs, args: argparse.Namespace) -> int:
     profile.save(args.out)
     _summary(profile)
     print(f"wrote {args.out}")
+    if held:
+        print(_held_table(profile, list(held)))
     return 0
 
 
@@ -176,6 +196,28 @@ def _table(checks) -> str:
              f"{c.core_wait:.0%}", f"{c.others_cores:.2f}"] for c in checks]
     return table(["fitted run", "runs", "median s", "spread", "fitted s", "error", "core wait", "other CPU (cores)"],
                  rows, align="lrrrrrrr") if rows else "(no executor runs: microbenchmarks only)"
+
+
+HELD_OUT_BAR = 0.15  # the error a held-out local plan is held to (benchmarks/local_calibration.py's bar)
+
+
+def _held_table(profile, held) -> str:
+    """The held-out runs against the written profile: error beside spread, and why a measurement
+    is in doubt (simdist.calibrate.repeat.Repeated.doubt)."""
+    from simdist.calibrate.honesty import FLOOR
+    from simdist.calibrate.terms import fit_checks
+    from simdist.table import table
+
+    checks = fit_checks(profile, held)
+    rows = [[c.name, c.runs, f"{c.measured:.4f}", f"{c.spread:.1%}", f"{c.predicted:.4f}", f"{c.error:+.1%}",
+             r.repeated.doubt(profile.cores, profile.host_speed) or ""] for c, r in zip(checks, held, strict=True)]
+    close = sum(abs(c.error) <= HELD_OUT_BAR for c in checks)
+    within = sum(abs(c.error) <= max(c.spread, FLOOR) for c in checks)
+    return ("\n" + table(["held-out run", "runs", "median s", "spread", "predicted s", "error", "in doubt"], rows,
+                         align="lrrrrrl")
+            + f"\n{close} of {len(checks)} held-out plans within {HELD_OUT_BAR:.0%} of their measured median, {within} "
+              f"within their run-to-run spread (at least {FLOOR:.0%})")
+
 
 
 POINT_NAMES = {"transfer": "transfer", "gather": "FSDP2 collective", "call": "collective call"}
