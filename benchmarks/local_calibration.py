@@ -82,7 +82,7 @@ def processes(path: Path) -> int:
 def measure_in_rounds(paths: list[Path], db: str, steps: int, min_runs: int, max_runs: int) -> None:
     """With a profile given (no fit): run the held-out plans, taking turns, each until its median is
     stable (simdist.calibrate.repeat.repeat_in_rounds), every run kept in the run store."""
-    from simdist.calibrate.repeat import repeat_in_rounds
+    from simdist.calibrate.repeat import PlanFailed, repeat_in_rounds
     from simdist.cli.run import store_measurement
     from simdist.spec.measurement import load_measurement
 
@@ -98,7 +98,7 @@ def measure_in_rounds(paths: list[Path], db: str, steps: int, min_runs: int, max
             r = simdist("run", str(path), "--nproc", str(_workers(path)), "--steps", str(n), "--out", str(out),
                         "--no-store")
             if r.returncode != 0:
-                raise RuntimeError(f"{path.stem}: simdist run exited {r.returncode}: {r.stderr[-800:]}")
+                raise PlanFailed(f"{path.stem}: simdist run exited {r.returncode}: {r.stderr[-800:]}")
             return load_measurement(out)
         return path.stem, once, lambda m: store_measurement(m, str(path), db)
 
@@ -220,11 +220,9 @@ def main() -> int:
             continue
         median, spread, doubt = rep.median, rep.spread, rep.doubt(_cores(), baseline) or ""
         predicted, kind = predict(path, profile)
-        hosts = [dict(m.extras.get("host") or {}) for m in rep.runs]
         row = {"scenario": path.stem, "kind": kind, "ranks": processes(path), "runs": len(rep.runs),
                "median_s": median, "spread": spread, "predicted_s": predicted, "error": predicted / median - 1,
-               "others_cores": rep.others_cores, "loadavg": max(h.get("loadavg") or [0.0] for h in hosts),
-               "doubt": doubt}
+               "others_cores": rep.others_cores, "loadavg": rep.loadavg or [0.0], "doubt": doubt}
         rows.append(row)
         print(f"{row['scenario']:<24} {kind:<26} {row['ranks']:>2} ranks  {median:8.4f} s  spread {spread:6.1%}  "
               f"predicted {predicted:8.4f} s  error {row['error']:+7.1%}  others {rep.others_cores:.2f} cores"

@@ -20,6 +20,7 @@ from simdist.calibrate.honesty import (
     refusal,
 )
 from simdist.calibrate.repeat import (
+    PlanFailed,
     Repeated,
     repeat_in_rounds,
     repeat_sized,
@@ -103,6 +104,29 @@ def test_plans_take_turns_so_a_slow_phase_moves_one_run_of_each():
     order.clear()  # back to back, two runs of one plan fall in such a phase: it becomes their median
     slow.clear(), slow.update({1, 2})
     assert repeat_sized("a", plan("a", 0.5)[1], 5, min_runs=3, max_runs=3).median == 0.65
+
+
+def test_a_plan_whose_run_fails_leaves_the_rounds_and_the_others_go_on():
+    """PlanFailed (a held-out plan the executor could not run) ends that plan's series with the
+    reason and the runs it made; another error ends every series."""
+    calls: list[str] = []
+
+    def plan(name: str, fail_at: int | None = None, error: type[Exception] = PlanFailed):
+        def run(n: int) -> Measurement:
+            calls.append(name)
+            if calls.count(name) == fail_at:
+                raise error(f"{name}: simdist run exited 1")
+            return m(0.5)
+        return name, run, lambda _m: None
+
+    ok, late, early = repeat_in_rounds([plan("ok"), plan("late", fail_at=2), plan("early", fail_at=1)], 5,
+                                       min_runs=3, max_runs=3)
+    assert calls == ["ok", "late", "early", "ok", "late", "ok"]
+    assert ok.stopped == "stable" and len(ok.runs) == 3
+    assert late.stopped == "failed" and len(late.runs) == 1 and late.notes[-1] == "late: simdist run exited 1"
+    assert early.stopped == "failed" and early.runs == () and early.notes == ("early: simdist run exited 1",)
+    with pytest.raises(RuntimeError, match="fit"):
+        repeat_in_rounds([plan("ok"), plan("fit", fail_at=1, error=RuntimeError)], 5, min_runs=3, max_runs=3)
 
 
 def test_a_run_says_how_busy_the_machine_was():

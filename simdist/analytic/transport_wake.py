@@ -25,6 +25,12 @@ the two traces, means by position in the step 0.06-0.37 ms): only the first send
 each neighbour waits so, after its transport thread slept since the step before (that a process
 woken by a busy core's socket write reaches an idle core in 0.1 ms here, and that a bare gloo
 transfer between two such ranks takes 0.07-0.2 ms, leaves what puts the first one to sleep open).
+Why a send needs its transport thread at all is gloo's protocol (gloo/transport/tcp/pair.cc,
+``Pair::send``): the calling thread writes the data itself only when this side's transport thread
+has already handled the receiver's recv-ready notification; else the send is queued and that
+thread writes it when it handles the notification (``handleRemotePendingRecv``). A lead for the
+first-send rule, not checked: after it the thread last ran on the receiver's core, which idles
+whenever the receiver waits for the next transfer.
 
 Only ranks that have a core each are bound so (:func:`wake_tick_s`); time-shared ranks wait at
 their sync points instead (simdist.analytic.cpu_syncs).

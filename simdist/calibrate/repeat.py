@@ -51,7 +51,7 @@ class Repeated:
     name: str
     runs: tuple[Measurement, ...]
     stable: bool  # the median settled within the tolerance
-    stopped: str  # "stable" | "max runs" | "budget"
+    stopped: str  # "stable" | "max runs" | "budget" | "failed" (PlanFailed) | "stored"
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -163,6 +163,11 @@ def sized_steps(step_s: float, steps: int, measured_s: float = MEASURED_S, max_s
 PlanRuns = tuple[str, Callable[[int], Measurement], Callable[[Measurement], object]]  # name, run(n steps), keep
 
 
+class PlanFailed(RuntimeError):
+    """Raised by a plan's run to drop that plan from the rounds while the others go on (a
+    held-out plan the executor could not run); the message becomes the plan's note."""
+
+
 def repeat_sized(name: str, run: Callable[[int], Measurement], steps: int, *,
                  keep: Callable[[Measurement], object] = lambda m: None, **repeat: Any) -> Repeated:
     """:func:`repeat_in_rounds` of one plan: ``run(n)`` (a run of ``n`` measured steps, not
@@ -182,12 +187,20 @@ def repeat_in_rounds(plans: Sequence[PlanRuns], steps: int, *, measured_s: float
     back-to-back runs came out within 2% of each other and 24% slower than in the calibration
     before, 2026-11-29: benchmarks/README.md, run S). A plan's first run, of ``steps``, sizes its
     others (:func:`sized_steps`); it counts when it measured enough, else it is set aside (its
-    median, of fewer steps, is noisier) and named in the notes."""
+    median, of fewer steps, is noisier) and named in the notes. A run that raises
+    :class:`PlanFailed` ends its plan's series ("failed", the reason in the notes, the runs so far
+    kept); any other error ends them all."""
     series, sizes = [], []
     for name, run, keep in plans:
         s = _Series(name, **repeat)
+        series.append(s)
         t0 = clock()
-        first = run(steps)
+        try:
+            first = run(steps)
+        except PlanFailed as exc:
+            s.fail(str(exc))
+            sizes.append(steps)
+            continue
         n = sized_steps(first.step_time_s, steps, measured_s, max_steps)
         if n == steps:
             keep(first)
@@ -195,14 +208,17 @@ def repeat_in_rounds(plans: Sequence[PlanRuns], steps: int, *, measured_s: float
         else:
             s.notes = (f"{n} steps a run (a first run of {steps} took {first.step_time_s * 1e3:.1f} ms a step; "
                        "set aside)",)
-        series.append(s)
         sizes.append(n)
     while not all(s.stopped for s in series):
         for s, (_, run, keep), n in zip(series, plans, sizes, strict=True):
             if s.stopped:
                 continue
             t0 = clock()
-            m = run(n)
+            try:
+                m = run(n)
+            except PlanFailed as exc:
+                s.fail(str(exc))
+                continue
             keep(m)
             s.add(m, s.seconds + clock() - t0)
     return [s.result() for s in series]
@@ -217,7 +233,7 @@ class _Series:
             name, min_runs, max(1, max_runs), tolerance, budget_s)
         self.runs: list[Measurement] = []
         self.previous: float | None = None
-        self.stopped = ""  # "stable" | "budget" | "max runs" once done
+        self.stopped = ""  # "stable" | "budget" | "max runs" | "failed" once done
         self.seconds = 0.0
         self.notes: tuple[str, ...] = ()
 
@@ -234,6 +250,10 @@ class _Series:
         elif len(self.runs) >= self.max_runs:
             self.stopped = "max runs"
         self.previous = current
+
+    def fail(self, why: str) -> None:
+        self.stopped = "failed"
+        self.notes = (*self.notes, why)
 
     def result(self) -> Repeated:
         return Repeated(self.name, tuple(self.runs), self.stopped == "stable", self.stopped, self.seconds, self.notes)

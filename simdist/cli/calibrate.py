@@ -110,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
 
 def fit_machine(args: argparse.Namespace) -> int:
     from simdist.calibrate.fit import fit_profile
-    from simdist.calibrate.repeat import repeat_in_rounds
+    from simdist.calibrate.repeat import PlanFailed, repeat_in_rounds
     from simdist.calibrate.terms import FitRun
     from simdist.cli.run import store_measurement
 
@@ -127,20 +127,27 @@ def fit_machine(args: argparse.Namespace) -> int:
     print(f"running {len(args.files)} plan(s){held_out} with the executor, taking turns, until each median step is "
           "stable ...", file=sys.stderr)
 
-    def plan_runs(f: str):  # (name, a run of n steps, what keeps a run): simdist.calibrate.repeat.PlanRuns
+    def plan_runs(f: str, held: bool):  # (name, a run of n steps, what keeps a run): repeat.PlanRuns
         def once(n: int):
             print(f"running {f} ({n} steps) ...", file=sys.stderr)
-            return run_executor(f, n, args.device)
+            try:
+                return run_executor(f, n, args.device)
+            except RuntimeError as exc:  # a held-out plan that fails leaves the others to go on
+                if held:
+                    raise PlanFailed(str(exc)) from None
+                raise
         return Path(f).stem, once, lambda m: store_measurement(m, f, args.db)
 
     files = [*args.files, *args.held_out]
-    reps = repeat_in_rounds([plan_runs(f) for f in files], args.steps, min_runs=args.min_runs, max_runs=args.max_runs,
-                            tolerance=args.tolerance, budget_s=args.budget)
+    reps = repeat_in_rounds([plan_runs(f, i >= len(args.files)) for i, f in enumerate(files)], args.steps,
+                            min_runs=args.min_runs, max_runs=args.max_runs, tolerance=args.tolerance,
+                            budget_s=args.budget)
     runs = []
     for f, rep in zip(files, reps, strict=True):
         print(f"  {rep.name}: {len(rep.runs)} run(s), medians {', '.join(f'{t:.4f}' for t in rep.medians)} s "
-              f"({rep.stopped})", file=sys.stderr)
-        runs.append(FitRun(rep.name, Path(f).read_text(encoding="utf-8"), str(Path(f).parent), rep))
+              f"({rep.stopped}{': ' + rep.notes[-1] if rep.stopped == 'failed' else ''})", file=sys.stderr)
+        if rep.runs:
+            runs.append(FitRun(rep.name, Path(f).read_text(encoding="utf-8"), str(Path(f).parent), rep))
     fitted, held = runs[:len(args.files)], runs[len(args.files):]
     return fit_and_write(fit_profile(bench, ["microbenchmarks"] + [r.name for r in fitted]), fitted, args, held)
 
