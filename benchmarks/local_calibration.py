@@ -72,13 +72,6 @@ def variant(name: str, out: Path) -> Path:
     return path
 
 
-def processes(path: Path) -> int:
-    from executor.launch import total_processes
-    from simdist.spec.scenario import load_scenario
-
-    return total_processes(load_scenario(path))
-
-
 def measure_in_rounds(paths: list[Path], db: str, steps: int, min_runs: int, max_runs: int) -> None:
     """With a profile given (no fit): run the held-out plans, taking turns, each until its median is
     stable (simdist.calibrate.repeat.repeat_in_rounds), every run kept in the run store."""
@@ -202,30 +195,35 @@ def main() -> int:
         r = simdist("calibrate", "--nproc", "2", "--out", profile, "--steps", str(args.steps), "--db", db,
                     "--min-runs", str(args.min_runs), "--max-runs", str(args.max_runs), *map(str, fit),
                     "--held-out", *map(str, held), *(["--force"] if args.force else []))
-        print(r.stdout.split("\nheld-out run")[0], flush=True)  # its held-out table: the rows below, with more
+        from simdist.cli.calibrate import HELD_OUT_HEADING
+
+        print(r.stdout.split("\n" + HELD_OUT_HEADING)[0], flush=True)  # its held-out table: the rows below, with more
         print("\n".join(line for line in r.stderr.splitlines() if not line.startswith(("[rank", "running "))
                          and "Warning" not in line and "return func" not in line)[-6000:], flush=True)
         if r.returncode != 0:
             return r.returncode
     print(f"{'measured' if args.profile else 'measured and fitted'} in {time.time() - t0:.0f} s", flush=True)
+    from simdist.calibrate.terms import FitRun, fit_checks
     from simdist.spec.files import write_json_atomic
     from simdist.spec.profile import load_profile
 
-    baseline = load_profile(profile).host_speed
-    rows = []
+    prof = load_profile(profile)
+    runs = []
     for path in held:
         rep = measured_since(store, path, first_id)
         if rep is None:
             print(f"{path.stem}: not measured", flush=True)
-            continue
-        median, spread, doubt = rep.median, rep.spread, rep.doubt(_cores(), baseline) or ""
-        predicted, kind = predict(path, profile)
-        row = {"scenario": path.stem, "kind": kind, "ranks": processes(path), "runs": len(rep.runs),
-               "median_s": median, "spread": spread, "predicted_s": predicted, "error": predicted / median - 1,
-               "others_cores": rep.others_cores, "loadavg": rep.loadavg or [0.0], "doubt": doubt}
+        else:
+            runs.append(FitRun(path.stem, path.read_text(encoding="utf-8"), str(path.parent), rep))
+    rows = []  # checked as simdist calibrate checks its fitted and held-out runs (the plan as it ran, the event engine)
+    for run, c in zip(runs, fit_checks(prof, runs), strict=True):
+        kind, doubt = "+".join(run.layers) or "ddp", run.repeated.doubt(_cores(), prof.host_speed) or ""
+        row = {"scenario": c.name, "kind": kind, "ranks": c.processes, "runs": c.runs, "median_s": c.measured,
+               "spread": c.spread, "predicted_s": c.predicted, "error": c.error, "others_cores": c.others_cores,
+               "loadavg": list(c.loadavg or [0.0]), "doubt": doubt}
         rows.append(row)
-        print(f"{row['scenario']:<24} {kind:<26} {row['ranks']:>2} ranks  {median:8.4f} s  spread {spread:6.1%}  "
-              f"predicted {predicted:8.4f} s  error {row['error']:+7.1%}  others {rep.others_cores:.2f} cores"
+        print(f"{c.name:<24} {kind:<26} {c.processes:>2} ranks  {c.measured:8.4f} s  spread {c.spread:6.1%}  "
+              f"predicted {c.predicted:8.4f} s  error {c.error:+7.1%}  others {c.others_cores:.2f} cores"
               + (f"  [{doubt}]" if doubt else ""), flush=True)
     write_json_atomic(out / "report.json", rows)  # whole or not at all
     within = [r for r in rows if abs(r["error"]) <= 0.15]

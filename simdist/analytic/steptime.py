@@ -10,9 +10,9 @@ dp_times`, :func:`offload_per_microbatch`). The pipeline then costs
   zero-bubble:    m * t_max + (p - 1)(t - 2 t_W)                  (ZB-H1, Qi et al. 2024)
 (Narayanan et al. SC'21 sec 2.2; DualPipe README's bubble table for ZB1P), plus, on a CPU whose
 cores all compute, the wait of the first sends posted before a stage computes on
-(:func:`wake_lags`), then what each stage does after its last backward (:func:`end_of_step`: the gradient sync that backward could not
-hide, offload, compression kernels, the optimizer), or the parameter servers' push, update and
-pull (:func:`parameter_server_step`). ``offload`` and ``compression`` appear in the breakdown
+(:func:`wake_lags`), then what each stage does after its last backward (:func:`end_of_step`: the
+gradient sync that backward could not hide, offload, compression kernels, the optimizer), or the
+parameter servers' push, update and pull (:func:`parameter_server_step`). ``offload`` and ``compression`` appear in the breakdown
 only when the plan uses them.
 """
 

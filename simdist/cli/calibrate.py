@@ -138,18 +138,17 @@ def fit_machine(args: argparse.Namespace) -> int:
                 raise
         return Path(f).stem, once, lambda m: store_measurement(m, f, args.db)
 
-    files = [*args.files, *args.held_out]
-    reps = repeat_in_rounds([plan_runs(f, i >= len(args.files)) for i, f in enumerate(files)], args.steps,
-                            min_runs=args.min_runs, max_runs=args.max_runs, tolerance=args.tolerance,
-                            budget_s=args.budget)
-    runs = []
-    for f, rep in zip(files, reps, strict=True):
+    files = [(f, False) for f in args.files] + [(f, True) for f in args.held_out]
+    reps = repeat_in_rounds([plan_runs(f, held) for f, held in files], args.steps, min_runs=args.min_runs,
+                            max_runs=args.max_runs, tolerance=args.tolerance, budget_s=args.budget)
+    fitted, held_out = [], []
+    for (f, held), rep in zip(files, reps, strict=True):
         print(f"  {rep.name}: {len(rep.runs)} run(s), medians {', '.join(f'{t:.4f}' for t in rep.medians)} s "
               f"({rep.stopped}{': ' + rep.notes[-1] if rep.stopped == 'failed' else ''})", file=sys.stderr)
-        if rep.runs:
-            runs.append(FitRun(rep.name, Path(f).read_text(encoding="utf-8"), str(Path(f).parent), rep))
-    fitted, held = runs[:len(args.files)], runs[len(args.files):]
-    return fit_and_write(fit_profile(bench, ["microbenchmarks"] + [r.name for r in fitted]), fitted, args, held)
+        if rep.runs:  # a fitted plan always has runs: its failure ends the rounds
+            (held_out if held else fitted).append(
+                FitRun(rep.name, Path(f).read_text(encoding="utf-8"), str(Path(f).parent), rep))
+    return fit_and_write(fit_profile(bench, ["microbenchmarks"] + [r.name for r in fitted]), fitted, args, held_out)
 
 
 def refit_machine(args: argparse.Namespace) -> int:
@@ -206,6 +205,7 @@ def _table(checks) -> str:
 
 
 HELD_OUT_BAR = 0.15  # the error a held-out local plan is held to (benchmarks/local_calibration.py's bar)
+HELD_OUT_HEADING = "held-out run"  # the held-out table's first column (benchmarks/local_calibration.py cuts there)
 
 
 def _held_table(profile, held) -> str:
@@ -220,11 +220,10 @@ def _held_table(profile, held) -> str:
              r.repeated.doubt(profile.cores, profile.host_speed) or ""] for c, r in zip(checks, held, strict=True)]
     close = sum(abs(c.error) <= HELD_OUT_BAR for c in checks)
     within = sum(abs(c.error) <= max(c.spread, FLOOR) for c in checks)
-    return ("\n" + table(["held-out run", "runs", "median s", "spread", "predicted s", "error", "in doubt"], rows,
+    return ("\n" + table([HELD_OUT_HEADING, "runs", "median s", "spread", "predicted s", "error", "in doubt"], rows,
                          align="lrrrrrl")
             + f"\n{close} of {len(checks)} held-out plans within {HELD_OUT_BAR:.0%} of their measured median, {within} "
               f"within their run-to-run spread (at least {FLOOR:.0%})")
-
 
 
 POINT_NAMES = {"transfer": "transfer", "gather": "FSDP2 collective", "call": "collective call"}
