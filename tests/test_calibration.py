@@ -158,6 +158,31 @@ def test_framework_overhead_applies_only_to_its_software_layer():
         tp, profile=prof, engine="analytic").step_time_s
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_tp_dispatch_cost_is_paid_by_the_ops_on_dtensors_only(sequence_parallel):
+    """DTensor TP's per-op term prices what the executor runs on DTensors: the split linears' GEMMs
+    (4 forward, 8 backward) and, with sequence parallelism, the 2 norms; the attention, activations
+    and residual adds run on local tensors and pay nothing (simdist.analytic.passes.runs_on_dtensors)."""
+    from dataclasses import replace
+
+    from simdist.analytic.collectives import Network
+    from simdist.analytic.cost import CostModel
+    from simdist.analytic.ops import layer_ops
+    from simdist.analytic.passes import OpTimer
+
+    prof = fit_profile(synthetic_bench())
+    sc = scenario_from_dict(local_scenario(tp=2, sequence_parallel=sequence_parallel))
+
+    def compute(p: CalibrationProfile, phase: str) -> float:
+        timer = OpTimer(sc, CostModel(sc.cluster.gpu, sc.plan.precision, p), Network.of(sc.cluster, p))
+        return timer.passes(layer_ops(sc.model, sc.plan, phase)).compute
+
+    dear = replace(prof, framework_overheads_s={"tp": 1e-3})
+    for phase, gemms in (("fwd", 4), ("bwd", 8)):
+        paying = gemms + (2 if sequence_parallel else 0)
+        assert compute(dear, phase) - compute(prof, phase) == pytest.approx(paying * 1e-3, rel=1e-9)
+
+
 def test_sync_wait_fraction_is_the_unexplained_comm_over_compute():
     from simdist.calibrate.fit import fit_sync_wait
 

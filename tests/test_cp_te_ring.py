@@ -85,7 +85,7 @@ def test_every_transfer_hides_behind_a_long_kernel_and_engines_agree():
         got = timer.passes(ops)
         assert got.cp_exposed == 0.0
         assert all(op.axis == "cp" for op in ops if isinstance(op, Comm))  # tp 1: no other collective
-        plain = sum(cost.time(op) + timer.op_extra for op in ops if isinstance(op, Compute))
+        plain = sum(cost.time(op) + timer.op_extra[0] for op in ops if isinstance(op, Compute))
         hidden = sum(timer.comm(op) for op in ops if isinstance(op, Comm))
         assert got.compute == pytest.approx(plain + timer.contention * hidden, rel=1e-9)
     p = predict(sc, engine="analytic", keep_spans=False)

@@ -97,8 +97,10 @@ class OpTimer:
         self._passes: dict[tuple[Op, ...], PassTime] = {}
         # per op list with expert all-to-alls: compute (with exposed TP/CP) between them, and their times
         self._ep_parts: dict[tuple[Op, ...], tuple[tuple[float, ...], tuple[float, ...]]] = {}
-        self.op_extra = framework_overhead(sc, cost)
-        self.recompute_extra = framework_overhead(sc, cost, recompute=True)
+        # framework seconds per op: (on plain tensors, on DTensors)
+        self.op_extra = (framework_overhead(sc, cost), framework_overhead(sc, cost, dtensor=True))
+        self.recompute_extra = (framework_overhead(sc, cost, recompute=True),
+                                framework_overhead(sc, cost, recompute=True, dtensor=True))
         self.split_op = split_weight_pass_s(sc, cost)
         self.sync_wait = sync_wait_fraction(sc, cost)
         self.call_wait = sync_call_wait(sc, cost)
@@ -144,7 +146,7 @@ class OpTimer:
         """Sum an op list; a comm hides behind the GEMM it may overlap with."""
         cached = self._passes.get(ops)
         if cached is None:
-            cached = self._passes[ops] = self._sum(ops, self.op_extra)
+            cached = self._passes[ops] = self._sum(ops)
         return cached
 
     def recompute(self, ops: tuple[Op, ...]) -> PassTime:
@@ -152,7 +154,7 @@ class OpTimer:
         the hook layers', :func:`framework_overhead`)."""
         if self.recompute_extra == self.op_extra:
             return self.passes(ops)
-        return self._sum(ops, self.recompute_extra)
+        return self._sum(ops, recompute=True)
 
     def split_weight(self, bwd_ops: tuple[Op, ...]) -> PassTime:
         """What zero-bubble's split backward adds to the weight pass of ``bwd_ops`` in a chunk
@@ -182,8 +184,9 @@ class OpTimer:
                                 p.sync_wait + (compute - p.compute) * self.sync_wait, p.ep, h))
         return out[0], out[1]
 
-    def _sum(self, ops: tuple[Op, ...], op_extra: float) -> PassTime:
+    def _sum(self, ops: tuple[Op, ...], recompute: bool = False) -> PassTime:
         plan = self.sc.plan
+        plain_extra, dtensor_extra = self.recompute_extra if recompute else self.op_extra
         compute = tp = cp = w = ep = 0.0
         prev: Compute | None = None
         segments: list[float] = []  # compute-stream time before each expert all-to-all
@@ -194,7 +197,7 @@ class OpTimer:
                             + host.drain_gap(dispatch_overlapped(plan), self.cost.profile))
                 continue
             if isinstance(op, Compute):
-                t = self.cost.time(op) + op_extra
+                t = self.cost.time(op) + (dtensor_extra if runs_on_dtensors(op, plan) else plain_extra)
                 compute += t
                 if op.name.endswith("wgrad"):
                     w += t
@@ -229,7 +232,7 @@ class OpTimer:
                 cp += exposed
             else:
                 tp += exposed
-        if comms and op_extra == self.op_extra:  # pair()'s forward and backward
+        if comms and not recompute:  # pair()'s forward and backward
             self._ep_parts[ops] = ((*segments, compute + tp + cp - sum(segments)), tuple(comms))
         # on its own stream, beside everything the compute stream does (another micro-batch's
         # pass); a layer's forward and backward paired node by node: pair()
@@ -280,15 +283,42 @@ def software_layers(sc: Scenario) -> tuple[str, ...]:
     return profile_layers(sc.plan)
 
 
-def framework_overhead(sc: Scenario, cost: CostModel, recompute: bool = False) -> float:
+def framework_overhead(sc: Scenario, cost: CostModel, recompute: bool = False, dtensor: bool = False) -> float:
     """Extra framework seconds per compute op that a calibration profile measured for the
     software layers this plan runs through; 0 otherwise. ``recompute``: per op of the forward
     that backward runs again, which does not pay the layers whose cost is in hooks around a
-    module's forward (:data:`simdist.spec.profile.HOOK_LAYERS`)."""
+    module's forward (:data:`simdist.spec.profile.HOOK_LAYERS`). Tensor parallelism's term
+    (:data:`DTENSOR_LAYER`) is paid only by ops on DTensors (``dtensor``: :func:`runs_on_dtensors`)."""
     over = cost.profile.framework_overheads_s if cost.profile else {}
-    extra = sum(over.get(k, 0.0) for k in software_layers(sc)
-                if k != SPLIT_LAYER and not (recompute and k in HOOK_LAYERS))
+    extra = sum(over.get(k, 0.0) for k in software_layers(sc) if k != SPLIT_LAYER
+                and not (recompute and k in HOOK_LAYERS) and (dtensor or k != DTENSOR_LAYER))
     return max(extra, -cost.kernel_overhead)  # a layer cheaper per op than plain DDP, an op never below zero
+
+
+# The layer whose per-op cost is DTensor's dispatch (torch.distributed.tensor: sharding propagation,
+# and the redistributes a split linear's hooks make, in Python and C++ around each op on DTensors:
+# hundreds of microseconds on a CPU). The ops the executor's layout (executor.parallelize.
+# tensor_parallel_plan, Megatron's split as DTensor styles) runs on DTensors pay it; the attention,
+# the activations and the residual adds run on each rank's local tensors and do not. Measured on
+# this project's 2-core guest (2026-11-29, torch 2.13, 2 ranks, one layer against three,
+# training-thread CPU time per micro-batch, forward and backward): a TP layer of the tiny GPT cost
+# 7.1 ms (12 GEMMs on DTensors, 24 ops in all), with sequence parallelism 9.9 ms (and its 4 norm
+# passes on sequence shards); a cost per op of every kind priced both alike, and the tiny Llama's
+# (26 ops) as dear as the GPT's, where its layer costs 11.4 ms: the plain GPT's TP plans came out
+# 11-21% slow in five of six calibrations (tiny-2d-tp-dp) and the GPT fit plan was missed by +2 to
+# +11%; priced per op on DTensors, -16 to +8% and -5 to +5% (benchmarks/README.md).
+DTENSOR_LAYER = "tp"
+
+
+def runs_on_dtensors(op: Compute, plan: ParallelPlan) -> bool:
+    """Whether a tensor-parallel plan's executor runs ``op`` on DTensors: the split linears' GEMMs
+    (q/k/v, attention out, fc1/fc2, the LM head; forward and both gradients), the vocabulary-
+    parallel embedding, and with sequence parallelism the norms on sequence shards."""
+    if plan.tp == 1:
+        return False
+    if op.kind == "gemm":
+        return not op.name.startswith("router")
+    return op.name.startswith("embedding") or (plan.sequence_parallel and op.name.startswith(("norm", "final norm")))
 
 
 SPLIT_LAYER = "split_backward"  # its per-op term is paid in the weight pass only: split_weight_pass_s
