@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -28,8 +29,6 @@ STEPS = 10
 
 
 def layer_cost_s(name: str, sequence_parallel: bool | None, mesh) -> float:
-    from torch.distributed.tensor import DTensor
-
     from executor.model import build_model
     from executor.parallelize import apply_tensor_parallel
     from simdist.spec.scenario import load_scenario
@@ -43,17 +42,17 @@ def layer_cost_s(name: str, sequence_parallel: bool | None, mesh) -> float:
         tokens = torch.randint(0, sc.model.vocab_size, (plan.micro_batch_size, sc.model.seq_length))
 
         for _ in range(3):
-            step(model, tokens, DTensor)
+            step(model, tokens)
         t0 = time.thread_time()
         for _ in range(STEPS):
-            step(model, tokens, DTensor)
+            step(model, tokens)
         cpu[layers] = (time.thread_time() - t0) / STEPS
     return (cpu[3] - cpu[1]) / 2
 
 
-def step(model: torch.nn.Module, tokens: torch.Tensor, dtensor: type) -> None:
+def step(model: torch.nn.Module, tokens: torch.Tensor) -> None:
     out = model(tokens)
-    out = out.full_tensor() if isinstance(out, dtensor) else out
+    out = out.full_tensor() if isinstance(out, DTensor) else out
     out.float().pow(2).mean().backward()
 
 

@@ -98,28 +98,10 @@ def measure_in_rounds(paths: list[Path], db: str, steps: int, min_runs: int, max
     repeat_in_rounds([plan_runs(p) for p in paths], steps, min_runs=min_runs, max_runs=max_runs)
 
 
-def measured_since(store, path: Path, first_id: int):
-    """The plan's runs stored after ``first_id`` (this calibration's, not an earlier one's in the
-    same store) as one repeated series, or None."""
-    from simdist.calibrate.repeat import Repeated
-    from simdist.spec.measurement import Measurement
-    from simdist.spec.scenario import load_scenario
-
-    runs = tuple(Measurement.from_dict(r.payload) for r in store.runs("measurement", load_scenario(path).hash())
-                 if r.id > first_id)
-    return Repeated(path.stem, runs, True, "stored") if runs else None
-
-
 def _cores() -> int:
     from executor.hostload import cores
 
     return cores()
-
-
-def stored_doubt(store, path: Path, baseline) -> str:
-    """The doubt note of a held-out plan's stored runs (simdist.calibrate.repeat.Repeated.doubt)."""
-    rep = measured_since(store, path, 0)
-    return (rep.doubt(_cores(), baseline) or "") if rep else ""
 
 
 def _workers(path: Path) -> int:
@@ -128,19 +110,42 @@ def _workers(path: Path) -> int:
     return load_scenario(path).plan.world_size
 
 
-def predict(path: Path, profile: str) -> tuple[float, str]:
-    """The step time of the plan as the executor runs it (its ``as_run`` fields, as simdist
-    compare predicts a measurement), and the plan's software layers."""
-    from executor.checks import as_run
-    from simdist.calibrate.compare import as_run_dict
-    from simdist.predict import predict as run_predict
-    from simdist.spec.profile import load_profile, profile_layers
-    from simdist.spec.scenario import load_scenario, scenario_from_dict
+def checked(runs, profile: str, before: str | None = None, role: str = "") -> list[dict]:
+    """A row per plan (stored runs, simdist.calibrate.terms.FitRun) as simdist calibrate checks its
+    fitted and held-out runs (terms.fit_checks: the median the fit reads, the plan as it ran, the
+    event engine), with the prediction of the ``before`` profile beside it and why the
+    measurement is in doubt (simdist.calibrate.repeat.Repeated.doubt)."""
+    from simdist.calibrate.terms import fit_checks
+    from simdist.spec.profile import load_profile
 
-    sc = load_scenario(path)
-    sc = scenario_from_dict(as_run_dict(yaml.safe_load(path.read_text()), as_run(sc)), str(path.parent))
-    kind = "+".join(profile_layers(sc.plan)) or "ddp"
-    return run_predict(sc, profile=load_profile(profile), engine="des", keep_spans=False).step_time_s, kind
+    prof = load_profile(profile)
+    was = fit_checks(load_profile(before), runs) if before else [None] * len(runs)
+    return [{"scenario": c.name, "role": role, "kind": "+".join(run.layers) or "ddp", "ranks": c.processes,
+             "runs": c.runs, "median_s": c.measured, "spread": c.spread, "predicted_s": c.predicted,
+             "before_s": old and old.predicted, "error": c.error, "others_cores": c.others_cores,
+             "loadavg": list(c.loadavg or [0.0]), "doubt": run.repeated.doubt(_cores(), prof.host_speed) or ""}
+            for run, c, old in zip(runs, fit_checks(prof, runs), was, strict=True)]
+
+
+def print_rows(rows: list[dict]) -> None:
+    """The rows, then how many held-out plans are within the bar and which measurements are in doubt."""
+    from simdist.cli.calibrate import HELD_OUT_BAR
+
+    for row in rows:
+        old = row["before_s"]
+        was = "" if old is None else f"  before {old:8.4f} s ({old / row['median_s'] - 1:+7.1%})"
+        print(f"{row['role']:<4} {row['scenario']:<24} {row['kind']:<26} {row['ranks']:>2} ranks  "
+              f"{row['median_s']:8.4f} s  spread {row['spread']:6.1%}{was}  predicted {row['predicted_s']:8.4f} s  "
+              f"error {row['error']:+7.1%}  others {row['others_cores']:.2f} cores"
+              + (f"  [{row['doubt']}]" if row["doubt"] else ""), flush=True)
+    held = [r for r in rows if r["role"] == "held"]
+    within = [r for r in held if abs(r["error"]) <= HELD_OUT_BAR]
+    print(f"\n{len(within)} of {len(held)} held-out plans within {HELD_OUT_BAR:.0%} of their measured median")
+    doubted = [r for r in held if r["doubt"]]
+    if doubted:
+        print(f"{len(doubted)} held-out measurement(s) in doubt (their runs' compute fell in two groups on a quiet "
+              "machine, or the host ran at another speed than during the fit): "
+              + ", ".join(f"{r['scenario']} {r['error']:+.1%}" for r in doubted))
 
 
 def main() -> int:
@@ -203,93 +208,42 @@ def main() -> int:
         if r.returncode != 0:
             return r.returncode
     print(f"{'measured' if args.profile else 'measured and fitted'} in {time.time() - t0:.0f} s", flush=True)
-    from simdist.calibrate.terms import FitRun, fit_checks
+    from simdist.calibrate.refit import stored_fit_runs
     from simdist.spec.files import write_json_atomic
-    from simdist.spec.profile import load_profile
 
-    prof = load_profile(profile)
-    runs = []
-    for path in held:
-        rep = measured_since(store, path, first_id)
-        if rep is None:
-            print(f"{path.stem}: not measured", flush=True)
-        else:
-            runs.append(FitRun(path.stem, path.read_text(encoding="utf-8"), str(path.parent), rep))
-    rows = []  # checked as simdist calibrate checks its fitted and held-out runs (the plan as it ran, the event engine)
-    for run, c in zip(runs, fit_checks(prof, runs), strict=True):
-        kind, doubt = "+".join(run.layers) or "ddp", run.repeated.doubt(_cores(), prof.host_speed) or ""
-        row = {"scenario": c.name, "kind": kind, "ranks": c.processes, "runs": c.runs, "median_s": c.measured,
-               "spread": c.spread, "predicted_s": c.predicted, "error": c.error, "others_cores": c.others_cores,
-               "loadavg": list(c.loadavg or [0.0]), "doubt": doubt}
-        rows.append(row)
-        print(f"{c.name:<24} {kind:<26} {c.processes:>2} ranks  {c.measured:8.4f} s  spread {c.spread:6.1%}  "
-              f"predicted {c.predicted:8.4f} s  error {c.error:+7.1%}  others {c.others_cores:.2f} cores"
-              + (f"  [{doubt}]" if doubt else ""), flush=True)
-    write_json_atomic(out / "report.json", rows)  # whole or not at all
-    within = [r for r in rows if abs(r["error"]) <= 0.15]
+    rows = checked(stored_fit_runs(store, [str(p) for p in stored(held, db, since=first_id)], since=first_id),
+                   profile, role="held")
+    print_rows(rows)
+    write_json_atomic(out / "report.json", [{k: v for k, v in r.items() if k not in ("role", "before_s")}
+                                            for r in rows])  # whole or not at all
     load1 = os.getloadavg()
-    print(f"\n{len(within)} of {len(rows)} held-out plans within 15% of their measured median; load average at "
-          f"the end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
-    print_doubted(rows)
+    print(f"load average at the end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
     return 0
 
 
-def print_doubted(held: list[dict]) -> None:
-    """The held-out plans whose measurement is in doubt (simdist.calibrate.repeat.Repeated.doubt)."""
-    doubted = [r for r in held if r.get("doubt")]
-    if doubted:
-        print(f"{len(doubted)} held-out measurement(s) in doubt (their runs' compute fell in two groups on a quiet "
-              "machine, or the host ran at another speed than during the fit): "
-              + ", ".join(f"{r['scenario']} {r['error']:+.1%}" for r in doubted))
-
-
-def stored(files: list[Path], db: str) -> list[Path]:
-    """The fit scenarios the run store has runs of (naming the others: an older calibration)."""
+def stored(files: list[Path], db: str, since: int = 0) -> list[Path]:
+    """The scenarios the run store has runs of (stored after run id ``since``), naming the others
+    (an older calibration's plan, or one whose runs failed)."""
     from simdist.calibrate.store import RunStore
     from simdist.spec.scenario import load_scenario
 
     store = RunStore(db)
-    have = [f for f in files if store.runs("measurement", load_scenario(f).hash())]
+    have = [f for f in files if any(r.id > since for r in store.runs("measurement", load_scenario(f).hash()))]
     for f in sorted(set(files) - set(have)):
-        print(f"{f.stem}: no stored runs in {db}, left out of the refit", flush=True)
+        print(f"{f.stem}: no stored runs in {db}, left out", flush=True)
     return have
 
 
 def repredict(out: Path, profile: str, before: str | None = None, fit: list[Path] | None = None) -> int:
-    """Predict the fit runs (from the run store) and the held-out plans (report.json's
-    measurements) with ``profile``, and with ``before`` beside it (else report.json's own)."""
+    """Predict the fit runs and the held-out plans (report.json's) from the run store with
+    ``profile``, and with ``before`` beside it (else without)."""
     from simdist.calibrate.refit import stored_fit_runs
     from simdist.calibrate.store import RunStore
-    from simdist.calibrate.terms import fit_checks
-    from simdist.spec.profile import load_profile
 
-    rows = []
-    runs = stored_fit_runs(RunStore(out / "runs.db"), [str(p) for p in fit or []])
-    # the fitted rows are simdist calibrate's own checks (the medians the fit reads, predict's engine)
-    was = fit_checks(load_profile(before), runs) if before else [None] * len(runs)
-    baseline = load_profile(profile).host_speed
-    for run, check, old in zip(runs, fit_checks(load_profile(profile), runs), was, strict=True):
-        rows.append({"scenario": check.name, "role": "fit", "median_s": check.measured, "spread": check.spread,
-                     "ranks": check.processes, "predicted_s": check.predicted, "before_s": old and old.predicted,
-                     "kind": "+".join(run.layers) or "ddp", "doubt": run.repeated.doubt(_cores(), baseline) or ""})
     store = RunStore(out / "runs.db")
-    for row in json.loads((out / "report.json").read_text()):
-        path = REPO / "scenarios" / f"{row['scenario']}.yaml"
-        row["doubt"] = stored_doubt(store, path, baseline)
-        old = predict(path, before)[0] if before else row.get("predicted_s")
-        row["predicted_s"], row["kind"] = predict(path, profile)
-        rows.append({**row, "role": "held", "before_s": old})
-    for row in rows:
-        row["error"] = row["predicted_s"] / row["median_s"] - 1
-        old = row.pop("before_s")
-        was = "" if old is None else f"  before {old:8.4f} s ({old / row['median_s'] - 1:+7.1%})"
-        print(f"{row['role']:<4} {row['scenario']:<24} {row['kind']:<26} {row['ranks']:>2} ranks  {row['median_s']:8.4f} s"
-              f"  spread {row['spread']:6.1%}{was}  predicted {row['predicted_s']:8.4f} s  error {row['error']:+7.1%}"
-              + (f"  [{row['doubt']}]" if row["doubt"] else ""))
-    held = [r for r in rows if r["role"] == "held"]
-    within = [r for r in held if abs(r["error"]) <= 0.15]
-    print(f"\n{len(within)} of {len(held)} held-out plans within 15% of their measured median")
-    print_doubted(held)
+    held = [str(REPO / "scenarios" / f"{row['scenario']}.yaml") for row in json.loads((out / "report.json").read_text())]
+    print_rows(checked(stored_fit_runs(store, [str(p) for p in fit or []]), profile, before, role="fit")
+               + checked(stored_fit_runs(store, held), profile, before, role="held"))
     return 0
 
 

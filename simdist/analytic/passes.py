@@ -300,11 +300,11 @@ def framework_overhead(sc: Scenario, cost: CostModel, recompute: bool = False, d
 # hundreds of microseconds on a CPU). The ops the executor's layout (executor.parallelize.
 # tensor_parallel_plan, Megatron's split as DTensor styles) runs on DTensors pay it; the attention,
 # the activations and the residual adds run on each rank's local tensors and do not. Measured on
-# this project's 2-core guest (benchmarks/dtensor_layer.py, 2026-11-29, torch 2.13, 2 ranks, four
+# this project's 2-core guest (benchmarks/dtensor_layer.py, 2026-11-29, torch 2.13, 2 ranks, eight
 # runs; training-thread CPU per layer and micro-batch, forward and backward): the tiny GPT's TP
-# layer cost 5.7-7.1 ms (12 GEMMs on DTensors, 24 ops in all), 7.6-9.9 ms with sequence
-# parallelism (1.29-1.39x: its 4 norm passes on sequence shards make 16 ops on DTensors, 1.33x),
-# the tiny Llama's 9.1-12.0 ms; a cost per op of every kind priced the GPT's layer with and without
+# layer cost 5.2-7.1 ms (12 GEMMs on DTensors, 24 ops in all), 6.5-9.9 ms with sequence
+# parallelism (1.09-1.47x the same run's, median 1.33x: its 4 norm passes on sequence shards make
+# 16 ops on DTensors, 1.33x), the tiny Llama's 8.4-12.0 ms (seven runs); a cost per op of every kind priced the GPT's layer with and without
 # sequence parallelism alike, and as dear as the Llama's (26 ops): the plain GPT's TP plans came out
 # 11-21% slow in five of six calibrations (tiny-2d-tp-dp) and the GPT fit plan was missed by +2 to
 # +11%; priced per op on DTensors, -16 to +8% and -5 to +5% in the same six refitted, +17% and

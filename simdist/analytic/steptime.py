@@ -12,8 +12,8 @@ dp_times`, :func:`offload_per_microbatch`). The pipeline then costs
 cores all compute, the wait of the first sends posted before a stage computes on
 (:func:`wake_lags`), then what each stage does after its last backward (:func:`end_of_step`: the
 gradient sync that backward could not hide, offload, compression kernels, the optimizer), or the
-parameter servers' push, update and pull (:func:`parameter_server_step`). ``offload`` and ``compression`` appear in the breakdown
-only when the plan uses them.
+parameter servers' push, update and pull (:func:`parameter_server_step`). ``offload`` and
+``compression`` appear in the breakdown only when the plan uses them.
 """
 
 from __future__ import annotations

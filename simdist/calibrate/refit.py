@@ -33,15 +33,16 @@ def microbenchmark_part(profile: CalibrationProfile) -> CalibrationProfile:
         spreads={}, core_waits={}, error_band=0.0, terms_from={})
 
 
-def stored_fit_runs(store: RunStore, files: list[str]) -> list[FitRun]:
-    """Each scenario file's stored measurements (matched by the scenario's hash) as one repeated
+def stored_fit_runs(store: RunStore, files: list[str], since: int = 0) -> list[FitRun]:
+    """Each scenario file's stored measurements (matched by the scenario's hash; only those stored
+    after run id ``since``: one calibration's in a store that holds several) as one repeated
     series; a file with none is a problem naming it."""
     from simdist.spec.scenario import load_scenario
 
     runs, problems = [], []
     for f in files:
         sc = load_scenario(f)
-        stored = store.runs("measurement", sc.hash())
+        stored = [r for r in store.runs("measurement", sc.hash()) if r.id > since]
         if not stored:
             problems.append(Problem("file", f"{f}: the run store {store.path} holds no measurement of it "
                                     f"(scenario hash {sc.hash()}); run it first (simdist run, or calibrate without --refit)"))

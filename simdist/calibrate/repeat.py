@@ -195,10 +195,8 @@ def repeat_in_rounds(plans: Sequence[PlanRuns], steps: int, *, measured_s: float
         s = _Series(name, **repeat)
         series.append(s)
         t0 = clock()
-        try:
-            first = run(steps)
-        except PlanFailed as exc:
-            s.fail(str(exc))
+        first = s.attempt(run, steps)
+        if first is None:
             sizes.append(steps)
             continue
         n = sized_steps(first.step_time_s, steps, measured_s, max_steps)
@@ -214,10 +212,8 @@ def repeat_in_rounds(plans: Sequence[PlanRuns], steps: int, *, measured_s: float
             if s.stopped:
                 continue
             t0 = clock()
-            try:
-                m = run(n)
-            except PlanFailed as exc:
-                s.fail(str(exc))
+            m = s.attempt(run, n)
+            if m is None:
                 continue
             keep(m)
             s.add(m, s.seconds + clock() - t0)
@@ -251,9 +247,15 @@ class _Series:
             self.stopped = "max runs"
         self.previous = current
 
-    def fail(self, why: str) -> None:
-        self.stopped = "failed"
-        self.notes = (*self.notes, why)
+    def attempt(self, run: Callable[[int], Measurement], n: int) -> Measurement | None:
+        """``run(n)``, or None when it raised :class:`PlanFailed`: the series stops ("failed"),
+        the reason in its notes."""
+        try:
+            return run(n)
+        except PlanFailed as exc:
+            self.stopped = "failed"
+            self.notes = (*self.notes, str(exc))
+            return None
 
     def result(self) -> Repeated:
         return Repeated(self.name, tuple(self.runs), self.stopped == "stable", self.stopped, self.seconds, self.notes)
