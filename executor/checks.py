@@ -12,6 +12,7 @@ from typing import Any
 
 from executor.layouts import v12_problems
 from simdist.errors import Problem
+from simdist.spec.frameworks import framework_of, grad_accumulation_fusion
 from simdist.spec.scenario import Scenario
 
 SUPPORTED_OPTIMIZERS = ("adam", "adamw", "sgd", "lamb", "lars")  # executor.optim
@@ -157,13 +158,13 @@ def as_run(scenario: Any, device: str = "cpu") -> dict[str, Any]:
         out["plan.ep_comm_overlap"] = False
     if _fused(plan) and _has_composite_elementwise(scenario.model):
         out["plan.fused_elementwise"] = False
+    if plan.num_microbatches > 1 and grad_accumulation_fusion(plan):
+        out["plan.grad_accumulation_fusion"] = False
     return out
 
 
 def _fused(plan: Any) -> bool:
     """The elementwise fusion the plan asks for (its framework's default when unset)."""
-    from simdist.spec.frameworks import framework_of
-
     return plan.fused_elementwise if plan.fused_elementwise is not None else framework_of(plan.framework).fused_elementwise
 
 
@@ -180,6 +181,8 @@ _WHY = {
     "plan.ep_comm_overlap": "its expert all-to-all dispatch is synchronous, nothing overlaps it",
     "plan.fused_elementwise": "it runs eager PyTorch, RMSNorm, RoPE and SwiGLU as several kernels each (no "
                               "torch.compile or fused kernels)",
+    "plan.grad_accumulation_fusion": "autograd adds each later micro-batch's gradients into .grad, one add per "
+                                     "parameter tensor",
 }
 
 

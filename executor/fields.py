@@ -61,6 +61,8 @@ EXECUTOR_READS: dict[str, str] = {
     "plan.fused_elementwise": "runs as false with RMSNorm, RoPE or SwiGLU: eager PyTorch, no torch.compile "
                               "(executor.checks.as_run)",
     "plan.pipeline_layout": "refused when set (the executor splits the layers evenly)",
+    "plan.grad_accumulation_fusion": "runs as false with several micro-batches: autograd's add into .grad "
+                                     "(executor.checks.as_run)",
     "plan.recompute_early_stop": "torch.utils.checkpoint's early stop on or off under full recompute "
                                  "(set_checkpoint_early_stop; executor.model.Block)",
 }

@@ -4,10 +4,10 @@ what each piece costs alone, computed once and consumed by both engines.
 :func:`describe` times every op list, collective and host transfer of the scenario once, on one
 GPU with nothing else running (the cost model for compute, the alpha-beta model for the links,
 the host's PCIe/NVMe/CPU figures for offload and parameter servers), and lays the results out
-per stage (:class:`StageDescription`). Nothing here decides what overlaps with what:
-
-- the closed form (:mod:`simdist.analytic.steptime`) reduces them with the pipeline and overlap formulas;
-- the event engine's lowering (:mod:`simdist.sim.lowering`) maps them to tasks on streams (its network re-times the transfers).
+per stage (:class:`StageDescription`). Nothing here decides what overlaps with what: the closed
+form (:mod:`simdist.analytic.steptime`) reduces them with the pipeline and overlap formulas, the
+event engine's lowering (:mod:`simdist.sim.lowering`) maps them to tasks on streams (its network
+re-times the transfers).
 
 Stages of one *kind* (the same layers per model chunk and the same first/last role: the
 embedding before virtual stage 0, the LM head after the last) are identical, so a deep
@@ -40,6 +40,7 @@ from simdist.analytic.fsdp2 import (
     root_params_on_rank,
     runs_fsdp2,
 )
+from simdist.analytic.grad_accumulation import accumulation_time
 from simdist.analytic.memory import (
     StageMemory,
     model_state_bytes,
@@ -146,6 +147,7 @@ class StageDescription:
     compression_per_microbatch: float  # ZeRO-2/3: the kernels of every micro-batch's sync
     compression_per_step: float  # ZeRO-0/1 and parameter servers: the kernels of the one sync
     optimizer: float  # the optimizer step on the GPU (0 on the CPU or on the servers)
+    accumulation: float = 0.0  # of bwd: adding its gradients into the kept ones (grad_accumulation)
 
     @property
     def layers(self) -> int:
@@ -178,10 +180,7 @@ class StepDescription:
 
     def passes(self, kind: LayerKind) -> LayerPasses:
         """The passes of one layer of ``kind``."""
-        for k, p in self.layer_kinds:
-            if k == kind:
-                return p
-        return self.layer
+        return next((p for k, p in self.layer_kinds if k == kind), self.layer)
 
     @cached_property
     def stages(self) -> tuple[StageDescription, ...]:
@@ -338,7 +337,9 @@ def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, passes: dic
     for c in chunks:
         for k in c.layout:
             counts[k] = counts.get(k, 0) + 1
-    fwd = bwd = recompute = PassTime()
+    accumulation = accumulation_time(sc, cost, stage)
+    fwd = recompute = PassTime()
+    bwd = PassTime(compute=accumulation, weight_grad=accumulation if plan.split_backward else 0.0)
     for k, n in counts.items():
         fwd, bwd, recompute = fwd + passes[k].fwd * n, bwd + passes[k].bwd * n, recompute + passes[k].recompute * n
     for k in (k for c in chunks if not c.first for k in c.layout):  # zero-bubble's weight-pass traversals
@@ -357,11 +358,10 @@ def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, passes: dic
                            server_update_time(m, plan, cluster, stage), 2 * ctx.net.inter_latency)
     per_mb, per_step = compression_times(m, plan, stage, max(1, sync[0].step_buckets), layers, cost)
     return StageDescription(
-        chunks=chunks, fwd=fwd, bwd=bwd, recompute=recompute,
-        dp=sync[0],
+        chunks=chunks, fwd=fwd, bwd=bwd, recompute=recompute, dp=sync[0],
         offload=offload, offload_s=offload_times(offload, cluster, plan), ps=ps,
         compression_per_microbatch=per_mb, compression_per_step=per_step,
-        optimizer=sync[1],
+        optimizer=sync[1], accumulation=accumulation,
     )
 
 

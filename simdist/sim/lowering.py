@@ -90,6 +90,7 @@ class StageSystems:
     host_after_optimizer: HostXfer | None = None
     compression_per_microbatch: float = 0.0  # ZeRO-2/3: kernels of every micro-batch's sync
     compression_per_step: float = 0.0  # ZeRO-0/1 and parameter servers: kernels of the one sync
+    accumulation: float = 0.0  # every micro-batch's add into the kept gradients (StageDescription)
     down_buckets: int = 1  # buckets of down_per_step when no collective sets them (dp = 1)
     ps_bytes: float = 0.0  # parameter servers: one worker rank's push (= its pull) per step
     ps_buckets: int = 0  # buckets it is pushed in (0: no parameter servers)
@@ -185,6 +186,7 @@ def stage_systems(d: StepDescription, s: StageDescription) -> StageSystems:
         out.update(_offload_work(plan, node_gpus(cluster), s))
     out["compression_per_microbatch"] = s.compression_per_microbatch
     out["compression_per_step"] = s.compression_per_step
+    out["accumulation"] = s.accumulation
     if s.ps is not None:
         out["ps_bytes"] = s.ps.traffic.worker_bytes
         out["ps_buckets"] = s.ps.buckets
@@ -249,8 +251,9 @@ def _chunk(d: StepDescription, chunk: Chunk, index: int, split: bool, traffic: D
         fwd[-1] = fwd[-1] + _work(head_fwd)
         bwd[0] = bwd[0] + _work(head_bwd, drop_weight_grad=split)
         wgt[0] = wgt[0] + Work(head_bwd.weight_grad)
-    if extra.compression_per_microbatch:  # ZeRO-2/3: each layer's gradients compressed as produced
-        kernels = Work(compression=extra.compression_per_microbatch * share / len(fwd))
+    if extra.compression_per_microbatch or extra.accumulation:  # as each layer's gradients come
+        kernels = Work(compute=extra.accumulation * share / len(fwd),
+                       compression=extra.compression_per_microbatch * share / len(fwd))
         if split:
             wgt = [w + kernels for w in wgt]
         else:

@@ -20,7 +20,8 @@ this module only says which rule a plan gets, so the executor and the simulator 
   interleaved schedule the sender does not wait for its pipeline sends (``--overlap-p2p-communication``,
   on by default for interleaving, ``overlap_p2p_comm``), though the receiver still waits for
   each one (simdist.analytic.steptime.stage_time); the loss is the unfused vocabulary-parallel
-  cross-entropy (``cross_entropy_loss_fusion`` off by default); the experts' output bias of a
+  cross-entropy (``cross_entropy_loss_fusion`` off by default); the weight-gradient GEMM adds
+  into ``main_grad`` (``gradient_accumulation_fusion``, on by default); the experts' output bias of a
   model with biases (GPT-OSS) is added expert by expert in eager PyTorch (``expert_bias``
   per_expert: TEGroupedMLP._apply_bias, simdist.analytic.moe.expert_bias_ops).
 - ``nemo``: NeMo 2 / Megatron-Bridge performance recipes (the configurations of NVIDIA's
@@ -31,7 +32,8 @@ this module only says which rule a plan gets, so the executor and the simulator 
   DistributedDataParallel bucket_cap_mb=25), FSDP reduces and gathers per wrapped module (one
   transformer block), forward and backward prefetch on, SDPA's FlashAttention-2 kernel; torchao float8
   (tensorwise dynamic scaling) when FP8; the loss ``F.cross_entropy`` on fp32 logits (torchtitan and
-  DeepSpeed's Hugging Face models too).
+  DeepSpeed's Hugging Face models too); autograd adds each later micro-batch's gradients into
+  ``.grad``, a pass of their own (torchtitan and DeepSpeed too: simdist.analytic.grad_accumulation).
 - ``torchtitan``: FSDP2 over the data-parallel ranks (data_parallel_shard_degree -1), sequence
   parallelism with every TP plan, per-op selective activation checkpointing (its Llama 3
   configs' ``selective_ac_option = 'op'``: saves every matmul output but every second one, and
@@ -97,6 +99,10 @@ class Framework:
     # plan.moe_expert_bias when unset: "per_expert" where the experts' fc2 bias is added expert by
     # expert in eager PyTorch (Megatron-Core's TEGroupedMLP: simdist.analytic.moe.expert_bias_ops)
     expert_bias: str = "fused"
+    # plan.grad_accumulation_fusion when unset: the weight-gradient GEMM adds into the kept gradient
+    # (Megatron's gradient_accumulation_fusion), or autograd adds each later micro-batch's gradients
+    # in a pass of their own (simdist.analytic.grad_accumulation)
+    grad_accumulation_fusion: bool = True
     description: str = ""
 
 
@@ -108,11 +114,14 @@ FRAMEWORKS: dict[str, Framework] = {
                       expert_bias="per_expert",
                       description="NeMo 2 / Megatron-Bridge performance recipes"),
     "pytorch": Framework("pytorch", "ddp", "attention-core", "tensorwise", cross_entropy="torch",
-                         recompute_early_stop=True, description="PyTorch DDP / FSDP defaults"),
+                         recompute_early_stop=True, grad_accumulation_fusion=False,
+                         description="PyTorch DDP / FSDP defaults"),
     "torchtitan": Framework("torchtitan", "ddp", "op-level", "tensorwise", fsdp_pipeline_no_sync=True, fsdp2=True,
                             fused_elementwise=False, sdpa_context_parallel=True, cross_entropy="torch",
-                            recompute_early_stop=True, description="torchtitan (FSDP2, per-op selective AC, torchao float8)"),
+                            recompute_early_stop=True, grad_accumulation_fusion=False,
+                            description="torchtitan (FSDP2, per-op selective AC, torchao float8)"),
     "deepspeed": Framework("deepspeed", "deepspeed", "attention-core", "te-default", cross_entropy="torch",
+                           grad_accumulation_fusion=False,
                            description="DeepSpeed ZeRO defaults"),
 }
 NO_FRAMEWORK = Framework("none", "ddp", "attention-core", "te-default", description="simdist's own defaults")
@@ -120,6 +129,14 @@ NO_FRAMEWORK = Framework("none", "ddp", "attention-core", "te-default", descript
 
 def framework_of(name: str | None) -> Framework:
     return FRAMEWORKS.get(name or "", NO_FRAMEWORK)
+
+
+def grad_accumulation_fusion(plan: Any) -> bool:
+    """Whether the weight-gradient GEMM adds into the kept gradient (no add per micro-batch):
+    ``plan.grad_accumulation_fusion`` when set, else the framework's."""
+    if plan.grad_accumulation_fusion is not None:
+        return plan.grad_accumulation_fusion
+    return framework_of(plan.framework).grad_accumulation_fusion
 
 
 def attention_kernel(plan: Any) -> str:

@@ -98,16 +98,14 @@ class ParallelPlan:
     global_batch_size: int = spec_field(check="positive", doc="sequences per optimizer step")
     precision: Precision = spec_field("bf16", doc="training precision")
     optimizer: Optimizer = spec_field("adam", doc="optimizer (sets the optimizer-state bytes)")
-    # Megatron keeps a fp32 "main_grad" buffer for accumulation; the ZeRO paper counts 16-bit grads.
     fp32_grad_accumulation: bool = spec_field(False, doc="fp32 main_grad buffer (Megatron)")
     flash_attention: bool = spec_field(True, doc="fused attention: no s^2 activations, one kernel")
     overlap_grad_reduce: bool = spec_field(True, doc="DP gradient sync overlaps backward (DDP buckets)")
     overlap_param_gather: bool = spec_field(True, doc="ZeRO-3/FSDP prefetches the next layer's parameters")
     tp_comm_overlap: bool = spec_field(False, doc="TP collectives overlapped with GEMMs (Megatron-Core/TE)")
-    # ZeRO-3 gather unit: "layer" (FSDP wraps each block: one collective per layer and pass) or
-    # "module" (DeepSpeed ZeRO-3 fetches each submodule's parameters with its own collective,
-    # at a bus-bandwidth ceiling of its own: simdist.analytic.collectives.DEEPSPEED_ZERO3_BUSBW);
-    # "module_sync": DeepSpeed <= 0.4.0, one submodule ahead, device synced (analytic.zero3_sync)
+    # ZeRO-3 gather unit: "layer" (FSDP wraps each block: one collective per layer and pass),
+    # "module" (DeepSpeed ZeRO-3: each submodule's own, at collectives.DEEPSPEED_ZERO3_BUSBW) or
+    # "module_sync" (DeepSpeed <= 0.4.0, one submodule ahead, device synced: analytic.zero3_sync)
     zero3_fetch: Zero3Fetch = spec_field("layer", doc="ZeRO-3 gather unit: layer (FSDP), module (DeepSpeed) "
                                          "or module_sync (DeepSpeed <= 0.4.0)")
     # v1.1
@@ -143,15 +141,17 @@ class ParallelPlan:
         None, since="1.2", doc="elementwise ops (norms, RoPE, activations) in fused kernels (Transformer Engine, "
                                "torch.compile) or eager, one kernel per op; default the framework's")
     recompute_early_stop: bool | None = spec_field(
-        None, since="1.2", doc="full recompute stops once the tensors backward needs are recomputed (PyTorch's "
-                               "non-reentrant checkpoint): a 16-bit down-projection is not run again; default "
-                               "the framework's")
+        None, since="1.2", doc="full recompute stops once backward's tensors are back (PyTorch's non-reentrant "
+                               "checkpoint): a 16-bit down-projection is not rerun; default the framework's")
     moe_expert_bias: ExpertBias | None = spec_field(None, since="1.2", doc="the experts' output bias (models with bias): per_expert "
                                                     "(a multiply and an add per local expert) or fused; default the framework's")
     zero_hpz_partition_size: int = spec_field(0, check="positive", since="1.2",
                                               doc="ZeRO++ hpZ: secondary weight copy sharded in groups of this size")
     pipeline_layout: str | None = spec_field(None, since="1.2", doc="Megatron-Core pipeline layout, e.g. "
                                              "Et|(tt|)*30mL (simdist.spec.stages); default an even split")
+    grad_accumulation_fusion: bool | None = spec_field(
+        None, since="1.2", doc="the weight-gradient GEMM adds into the kept gradient (Megatron), or autograd "
+                               "adds later micro-batches' in a pass of their own; default the framework's")
 
     def __post_init__(self) -> None:
         validate(self)

@@ -68,6 +68,9 @@ def test_fields_run_another_way_are_said_before_launch_and_kept():
     assert as_run(scenario("tiny-llama-tp", fused_elementwise=False)) == {}
     (warning,) = field_warnings(scenario("tiny-llama-tp"))
     assert warning.field == "plan.fused_elementwise" and "runs as false in the executor" in str(warning)
+    # autograd adds each later micro-batch's gradients: what the bundled scenarios state
+    assert as_run(scenario("tiny-ddp", grad_accumulation_fusion=True)) == {"plan.grad_accumulation_fusion": False}
+    assert as_run(scenario("tiny-ddp", grad_accumulation_fusion=True, global_batch_size=2)) == {}  # 1 micro-batch
 
 
 def test_compare_predicts_the_plan_that_ran():
