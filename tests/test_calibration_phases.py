@@ -292,23 +292,30 @@ def test_the_fit_finds_the_share_of_its_tp_communication_a_rank_sleeps():
     assert fitted.sleep_shares == {"tp": pytest.approx(0.7, rel=0.02)}  # the plain layer's is not fitted
 
 
-def test_a_tp_groups_sleep_fills_with_its_stages_other_groups_when_the_cores_are_shared():
-    """Ranks beyond the cores: the sleep share of a TP group's communication leaves its busy time
-    when its stage holds other TP groups (data-parallel replicas); a pipeline's other stage, or a
-    plan without TP, leaves the step as it was."""
+@pytest.mark.parametrize(("layer", "part", "cases"), [
+    ("tp", "tp_comm", (("tiny-2d-tp-dp", True), ("tiny-3d", True), ("tiny-2d-pp-tp", False), ("tiny-hsdp", False))),
+    # HSDP's other shard group fills; a pipeline stage of one shard group does not
+    ("zero3", "dp_comm", (("tiny-hsdp", True), ("tiny-2d-pp-fsdp", False), ("tiny-2d-tp-dp", False))),
+    ("ep", "ep_comm", (("tiny-moe-ep-dp", True), ("tiny-moe-ep-pp", False), ("tiny-cp", False))),
+])
+def test_a_groups_sleep_fills_with_its_stages_other_groups_when_the_cores_are_shared(layer, part, cases):
+    """Ranks beyond the cores: the sleep share of a layer's communication leaves its busy time
+    when its stage holds other groups of the layer (a TP group's data-parallel replicas, HSDP's
+    other shard groups, other expert groups); a pipeline's other stage, or a plan without the
+    layer, leaves the step as it was."""
     from simdist.analytic.timeshare import slept, time_share_note, time_shared
     from simdist.spec.scenario import load_scenario
 
     t = truth()
-    sleeping = replace(t, sleep_shares={"tp": 0.5})
-    for name, fills in (("tiny-2d-tp-dp", True), ("tiny-3d", True), ("tiny-2d-pp-tp", False), ("tiny-hsdp", False)):
+    sleeping = replace(t, sleep_shares={layer: 0.5})
+    for name, fills in cases:
         sc = load_scenario(f"scenarios/{name}.yaml")
         full = predict(sc, profile=replace(t, cores=0), engine="analytic")
         asleep = slept(sc, full.breakdown_s, sleeping)
-        assert asleep == (pytest.approx(0.5 * full.breakdown_s["tp_comm"]) if fills else 0.0), name
+        assert asleep == (pytest.approx(0.5 * full.breakdown_s[part]) if fills else 0.0), name
         before, after = time_shared(sc, t)[1], time_shared(sc, sleeping)[1]
         assert (after < before) if fills else (after == before), name
-        assert ("50% of its tp communication it sleeps" in time_share_note(sc, sleeping, after)) == fills, name
+        assert (f"50% of its {layer} communication it sleeps" in time_share_note(sc, sleeping, after)) == fills, name
 
 
 def test_ops_below_the_smallest_benchmark_keep_their_fixed_cost():

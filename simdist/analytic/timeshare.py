@@ -30,13 +30,14 @@ What a rank sleeps of its communication at full speed, though, is time other ran
 the layer's sleep share (``CalibrationProfile.sleep_shares``, fitted on the layer's runs with a
 core per rank, simdist.calibrate.phases.fit_sleep) of the communication the model prices for it
 (:data:`SLEEPING_COMM`) leaves the busy time when the rank's stage holds other groups of that
-layer, which run in lock-step with it and fill its sleep: a TP group's data-parallel replicas.
-A pipeline's other stages do not: at a few micro-batches they compute mostly in other slots of
+layer, which run in lock-step with it and fill its sleep: a TP group's data-parallel replicas,
+HSDP's other shard groups, the other expert groups. A pipeline's other stages do not: at a few micro-batches they compute mostly in other slots of
 the schedule (the fill and drain), and the bubble already leaves them the cores. Fitted on the
 tiny TP plan (2 ranks, the ``tiny-llama`` model), a rank sleeps 36-48% of the TP communication
 the model prices (six calibration runs, 2026-11-28); without it the TP x DP plans of 4 and 8
 ranks (tiny-2d-tp-dp, tiny-3d) came out 8-46% too slow in the five whose fit was sound, with it
--4% to +17% (benchmarks/README.md).
+-4% to +17% (benchmarks/README.md). ZeRO-3's share, fitted on its 2-rank runs, came out 14-23%
+and expert parallelism's 24-81% over nine calibrations (2026-11-29).
 
 To that come the waits at the sync points whose peers the scheduler has not running
 (simdist.analytic.cpu_syncs), when the profile fitted them, counting the ranks that compete for
@@ -85,12 +86,19 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     return profile.slowed(factor), factor
 
 
-# software layer -> the breakdown entry of its communication, and the ranks of one of its groups.
-# Expert parallelism stays out: its ranks wait at the dispatch mostly for a peer whose experts got
-# more tokens, work that stays on the step's critical path however the cores are shared (with
-# its fitted share, 0.36-0.41, tiny-moe-ep-dp came out 5-7% faster in each of four calibration
-# runs: -3, -7, -11, +18% -> -10, -14, -17, +13%; benchmarks/README.md)
-SLEEPING_COMM: dict[str, tuple[str, Any]] = {"tp": ("tp_comm", lambda plan: plan.tp)}
+# software layer -> the breakdown entry of its communication, and the ranks of one of its groups:
+# TP's groups (the data-parallel replicas of a TP group), the shard groups of ZeRO-3 under HSDP
+# (its gathers and reduce-scatters are most of dp_comm) and expert parallelism's groups. Refitted
+# over the nine stored calibrations of benchmarks/README.md (q28-q36), TP's alone against TP's,
+# ZeRO-3's and EP's: the two time-shared fit runs, fit-cp and fit-hsdp, -3.7 to -7.0% and +2.0 to
+# +7.1% in all nine (the fitted wait at a descheduled sync point, 0-0.16 ms, could not serve both)
+# -> -0.1 to -2.9% and -3.4 to +0.9% (0.15-0.38 ms); held-out plans within 15% 228 -> 230 of 279;
+# tiny-moe-ep-dp's mean error 11.1 -> 9.6%. (EP's share alone, before the sync-point wait could
+# serve both fit runs, made tiny-moe-ep-dp 5-7% faster in four runs: -3, -7, -11, +18% -> -10,
+# -14, -17, +13%.)
+SLEEPING_COMM: dict[str, tuple[str, Any]] = {"tp": ("tp_comm", lambda plan: plan.tp),
+                                             "zero3": ("dp_comm", lambda plan: plan.dp_shard),
+                                             "ep": ("ep_comm", lambda plan: plan.ep)}
 
 
 def filled(plan: Any, profile: CalibrationProfile) -> dict[str, float]:
