@@ -26,18 +26,19 @@ let the sync-point waits and the links' latency fill with other ranks' work too;
 fresh calibration runs since, that held 15 of 36 time-shared held-out predictions within 15%,
 this 23; benchmarks/README.md.)
 
-What a rank sleeps of its communication at full speed, though, is time other ranks can use:
-the layer's sleep share (``CalibrationProfile.sleep_shares``, fitted on the layer's runs with a
-core per rank, simdist.calibrate.phases.fit_sleep) of the communication the model prices for it
+What a rank sleeps of its communication at full speed, though, is time other ranks can use: the
+layer's sleep share (``CalibrationProfile.sleep_shares``, fitted on the layer's runs with a core
+per rank, simdist.calibrate.phases.fit_sleep) of the communication the model prices for it
 (:data:`SLEEPING_COMM`) leaves the busy time when the rank's stage holds other groups of that
 layer, which run in lock-step with it and fill its sleep: a TP group's data-parallel replicas,
-HSDP's other shard groups, the other expert groups. A pipeline's other stages do not: at a few micro-batches they compute mostly in other slots of
-the schedule (the fill and drain), and the bubble already leaves them the cores. Fitted on the
-tiny TP plan (2 ranks, the ``tiny-llama`` model), a rank sleeps 36-48% of the TP communication
-the model prices (six calibration runs, 2026-11-28); without it the TP x DP plans of 4 and 8
-ranks (tiny-2d-tp-dp, tiny-3d) came out 8-46% too slow in the five whose fit was sound, with it
--4% to +17% (benchmarks/README.md). ZeRO-3's share, fitted on its 2-rank runs, came out 14-23%
-and expert parallelism's 24-81% over nine calibrations (2026-11-29).
+HSDP's other shard groups, the other expert groups. A pipeline's other stages do not: at a few
+micro-batches they compute mostly in other slots of the schedule (the fill and drain), and the
+bubble already leaves them the cores. Fitted on the tiny TP plan (2 ranks, the ``tiny-llama``
+model), a rank sleeps 36-48% of the TP communication the model prices (six calibration runs,
+2026-11-28); without it the TP x DP plans of 4 and 8 ranks (tiny-2d-tp-dp, tiny-3d) came out
+8-46% too slow in the five whose fit was sound, with it -4% to +17% (benchmarks/README.md).
+ZeRO-3's share, fitted on its 2-rank runs, came out 14-23% and expert parallelism's 24-81% over
+nine calibrations (2026-11-29).
 
 To that come the waits at the sync points whose peers the scheduler has not running
 (simdist.analytic.cpu_syncs), when the profile fitted them, counting the ranks that compete for
