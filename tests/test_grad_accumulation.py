@@ -53,12 +53,15 @@ def test_the_first_micro_batch_of_a_step_adds_nothing():
 
 
 def test_sharded_gradients_accumulate_their_shard_unless_a_pipeline_defers_the_reduction():
+    """The rule the data-parallel traffic follows (data_parallel.reduced_once_under_pipeline)."""
     s = scenario(zero=2)
     n = params_per_rank(s.model, s.plan, 0)
-    assert kept_gradients(scenario(zero=1).plan, n) == n
-    assert kept_gradients(s.plan, n) == pytest.approx(n / s.plan.dp)
-    titan = scenario("torchtitan", zero=3, pp=2)
-    assert kept_gradients(titan.plan, n) == n  # torchtitan's stage reduces at the last micro-batch
+    assert kept_gradients(scenario(zero=1).plan, n, fsdp2=False) == n
+    assert kept_gradients(s.plan, n, fsdp2=False) == pytest.approx(n / s.plan.dp)
+    assert kept_gradients(scenario(zero=2, pp=2).plan, n, fsdp2=False) == pytest.approx(n / s.plan.dp * 2)
+    # FSDP2 in a pipeline stage (the executor's, torchtitan's) reduces at the last micro-batch
+    assert kept_gradients(scenario(zero=2, pp=2).plan, n, fsdp2=True) == n
+    assert kept_gradients(scenario("torchtitan", zero=3, pp=2).plan, n, fsdp2=False) == n
     assert accumulation_time(s, cost(s), 0) < accumulation_time(scenario(zero=1), cost(s), 0)
 
 

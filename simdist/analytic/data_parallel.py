@@ -132,7 +132,7 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = Non
     layers = max(1, stage_num_layers(m, plan, stage))
     method = plan.grad_compression.method
 
-    if plan.pp > 1 and (fsdp2 or (plan.shards_params and framework_of(plan.framework).fsdp_pipeline_no_sync)):
+    if reduced_once_under_pipeline(plan, fsdp2):
         return _fsdp_under_pipeline(plan, n, layers)
     if plan.shards_gradients:
         gb = grad_wire_bytes(plan, sharded=True)
@@ -211,6 +211,13 @@ def dp_traffic(m: ModelSpec, plan: ParallelPlan, stage: int, n: int | None = Non
                 else CollectiveCall("allgather params", "allgather", ax, params),)
     return DataParallelTraffic(step_grad_sync=tuple(calls), post_step_gathers=post, step_buckets=nb,
                                post_step_behind_forward=behind)
+
+
+def reduced_once_under_pipeline(plan: ParallelPlan, fsdp2: bool) -> bool:
+    """Whether sharded data parallelism inside a pipeline keeps each step's gradients unreduced
+    (and unsharded) until the last micro-batch: FSDP2 (``fsdp2``), or a framework whose ZeRO-3
+    stage does so (:func:`_fsdp_under_pipeline`)."""
+    return plan.pp > 1 and (fsdp2 or (plan.shards_params and framework_of(plan.framework).fsdp_pipeline_no_sync))
 
 
 def _fsdp_under_pipeline(plan: ParallelPlan, n: float, layers: int) -> DataParallelTraffic:

@@ -7,8 +7,8 @@ accumulate_grad.h, ``accumulateGrad``: ``variable_grad += new_grad`` outside gra
 reads the kept gradient and the new one and writes the sum: 3 x the gradient's bytes, one
 kernel per tensor. That is the path of DDP under ``no_sync`` and of a pipeline stage's backward
 (torch.distributed.pipelining), and, on the gradient shards, of FSDP2 reducing every
-micro-batch; under a pipeline that defers FSDP's reduction to the last micro-batch
-(``Framework.fsdp_pipeline_no_sync``) the unsharded gradients accumulate.
+micro-batch; under a pipeline that defers FSDP's reduction to the last micro-batch (FSDP2,
+``Framework.fsdp_pipeline_no_sync``) the unsharded gradients accumulate.
 
 Megatron-LM and NeMo fuse the add into the weight-gradient GEMM instead (``gradient_accumulation_
 fusion``, on by default in megatron/training/arguments.py; Transformer Engine's
@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from simdist.analytic.cost import CostModel
 from simdist.analytic.cpu_optimizer import stage_tensors
+from simdist.analytic.data_parallel import reduced_once_under_pipeline
+from simdist.analytic.fsdp2 import runs_fsdp2
 from simdist.analytic.memory import resident_state_bytes, shard_group
 from simdist.analytic.params import params_per_rank
 from simdist.spec.frameworks import framework_of, grad_accumulation_fusion
@@ -43,11 +45,15 @@ from simdist.spec.scenario import Scenario
 ADD_PASSES = 3.0  # read the kept gradient, read the new one, write the sum
 
 
-def kept_gradients(plan: ParallelPlan, params_on_rank: float) -> float:
+def kept_gradients(plan: ParallelPlan, params_on_rank: float, fsdp2: bool) -> float:
     """Gradient elements a rank keeps between the micro-batches of a step: all of its own, or its
-    shard where the gradients are reduce-scattered every micro-batch (ZeRO-2/3)."""
-    fw = framework_of(plan.framework)
-    if plan.shards_gradients and not (plan.pp > 1 and fw.fsdp_pipeline_no_sync):
+    shard where the gradients are reduce-scattered every micro-batch (ZeRO-2/3), unless a pipeline
+    defers the reduction to the last one: FSDP2's (simdist.analytic.data_parallel's rule) and
+    torchtitan's at any ZeRO stage (its stage's no-sync backward, as simdist.analytic.memory
+    counts it; the traffic model defers it at ZeRO-3 only)."""
+    deferred = reduced_once_under_pipeline(plan, fsdp2) or (
+        plan.pp > 1 and framework_of(plan.framework).fsdp_pipeline_no_sync)
+    if plan.shards_gradients and not deferred:
         return params_on_rank / shard_group(plan)
     return params_on_rank
 
@@ -63,5 +69,6 @@ def accumulation_time(sc: Scenario, cost: CostModel, stage: int) -> float:
     if plan.offload.optimizer != "none" and plan.shards_gradients:
         return 0.0
     tensors = max(1, stage_tensors(m, plan, stage))
-    nbytes = ADD_PASSES * kept_gradients(plan, params_per_rank(m, plan, stage)) * resident_state_bytes(m, plan).grads
+    kept = kept_gradients(plan, params_per_rank(m, plan, stage), runs_fsdp2(plan, cost.profile))
+    nbytes = ADD_PASSES * kept * resident_state_bytes(m, plan).grads
     return (n - 1) / n * tensors * cost.memory_time(nbytes / tensors, kernels=0)

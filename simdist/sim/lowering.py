@@ -252,12 +252,12 @@ def _chunk(d: StepDescription, chunk: Chunk, index: int, split: bool, traffic: D
         bwd[0] = bwd[0] + _work(head_bwd, drop_weight_grad=split)
         wgt[0] = wgt[0] + Work(head_bwd.weight_grad)
     if extra.compression_per_microbatch or extra.accumulation:  # as each layer's gradients come
-        kernels = Work(compute=extra.accumulation * share / len(fwd),
-                       compression=extra.compression_per_microbatch * share / len(fwd))
+        per_layer = Work(compute=extra.accumulation * share / len(fwd),
+                         compression=extra.compression_per_microbatch * share / len(fwd))
         if split:
-            wgt = [w + kernels for w in wgt]
+            wgt = [w + per_layer for w in wgt]
         else:
-            bwd = [w + kernels for w in bwd]
+            bwd = [w + per_layer for w in bwd]
     m = d.scenario.model
     first = chunk.layout[0] if chunk.layout else DENSE
     labels = (tp_label(layer_ops(m, plan, "fwd", first), n), tp_label(layer_ops(m, plan, "bwd", first), n))
