@@ -8,7 +8,7 @@ and tiny plan, and set each error beside the run-to-run spread of its measuremen
         [--before PROFILE]   (with --repredict/--refit: a column of this profile's predictions)
 
 Fit (``simdist calibrate --nproc 2``, every run repeated until its median is stable): the
-microbenchmarks, then one plan per software layer of the executor (simdist.spec.profile.
+microbenchmarks, then one plan per software layer of the executor (simdist.spec.software_layers.
 profile_layers), each of another shape than the bundled plans it predicts: local-dp and a tiny
 DDP plan (the kernels' rate and the per-op overhead: large ops and small ones), local-tp-fit and
 a tiny TP plan (DTensor TP), local-zero3-fit and a tiny FSDP plan (FSDP2 resharding), local-pp-fit

@@ -30,14 +30,9 @@ from simdist.calibrate.terms import FitRun, fit_checks, fit_terms, with_honesty
 from simdist.errors import ScenarioError
 from simdist.predict import predict
 from simdist.spec.measurement import Measurement
-from simdist.spec.profile import (
-    PROFILE_VERSION,
-    CalibrationProfile,
-    HostSpeed,
-    load_profile,
-    profile_layers,
-)
+from simdist.spec.profile import PROFILE_VERSION, CalibrationProfile, HostSpeed, load_profile
 from simdist.spec.scenario import scenario_from_dict
+from simdist.spec.software_layers import profile_layers
 
 
 def m(step: float, **extra) -> Measurement:

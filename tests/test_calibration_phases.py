@@ -22,8 +22,9 @@ from simdist.calibrate.store import RunStore
 from simdist.calibrate.terms import FitRun, fit_checks, fit_terms
 from simdist.predict import predict
 from simdist.spec.measurement import Measurement
-from simdist.spec.profile import BASE_TERMS, load_profile
+from simdist.spec.profile import load_profile
 from simdist.spec.scenario import scenario_from_dict
+from simdist.spec.software_layers import BASE_TERMS
 
 
 def truth():
@@ -346,8 +347,8 @@ def test_bf16_plans_use_the_cpus_bf16_gemms():
 def test_all_to_all_is_benchmarked_and_fitted_as_the_model_prices_it():
     """S bytes per rank, S/n to each of n - 1 peers: one latency and (n-1)/n S over the link."""
     from simdist.calibrate.fit import fit_alpha_beta, ring_terms
-    from simdist.spec.profile import profile_layers
     from simdist.spec.scenario import load_scenario
+    from simdist.spec.software_layers import profile_layers
 
     assert ring_terms("alltoall", 4, 4096.0) == (1, 3072.0)
     rows = [{"kind": "alltoall", "ranks": 2, "bytes": b, "seconds": 2e-4 + b / 2 / 1e9} for b in (4096.0, 2**20, 2**24)]

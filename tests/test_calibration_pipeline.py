@@ -22,8 +22,9 @@ from simdist.calibrate.repeat import Repeated
 from simdist.calibrate.terms import FitRun
 from simdist.predict import predict
 from simdist.spec.measurement import Measurement
-from simdist.spec.profile import BASE_TERMS, load_profile, wait_keys
+from simdist.spec.profile import load_profile
 from simdist.spec.scenario import scenario_from_dict
+from simdist.spec.software_layers import BASE_TERMS, wait_keys
 
 # the ranks of one run of scenarios/local-pp-1f1b.yaml on the 2-core guest (2026-11-28, seconds):
 # stage 0 waits for the busier stage 1 every micro-batch (123 ms of "comm"), stage 1 waits 20 ms

@@ -16,8 +16,8 @@ from simdist.calibrate.compare import predicted_quantities
 from simdist.calibrate.refit import microbenchmark_part
 from simdist.calibrate.terms import fit_checks, fit_terms
 from simdist.predict import predict
-from simdist.spec.profile import BASE_TERMS
 from simdist.spec.scenario import scenario_from_dict
+from simdist.spec.software_layers import BASE_TERMS
 
 PS = {"gradient_sync": "parameter-server", "parameter_servers": 2, "optimizer": "lars", "micro_batch_size": 1}
 

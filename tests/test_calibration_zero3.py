@@ -10,8 +10,8 @@ from test_calibration_phases import phased, truth
 from simdist.calibrate.refit import microbenchmark_part
 from simdist.calibrate.terms import fit_checks, fit_terms
 from simdist.predict import predict
-from simdist.spec.profile import BASE_TERMS
 from simdist.spec.scenario import scenario_from_dict
+from simdist.spec.software_layers import BASE_TERMS
 
 # scenarios/local-zero3-fit.yaml's model: few large ops beside each gather, where the tiny plan has many small ones
 LARGE = {"num_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "ffn_hidden_size": 1024,

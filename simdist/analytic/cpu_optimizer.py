@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simdist.spec.profile import profile_layers
+from simdist.spec.software_layers import profile_layers
 from simdist.spec.stages import stage_layer_ranges
 
 

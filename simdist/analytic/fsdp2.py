@@ -45,7 +45,8 @@ from simdist.analytic.params import (
     routed_params,
 )
 from simdist.spec.frameworks import framework_of
-from simdist.spec.profile import on_cpu, replicates_with_fsdp2
+from simdist.spec.profile import on_cpu
+from simdist.spec.software_layers import replicates_with_fsdp2
 
 
 def runs_fsdp2(plan: Any, profile: Any) -> bool:

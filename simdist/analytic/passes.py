@@ -30,8 +30,9 @@ from simdist.analytic.moe import (
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.frozen import frozen
 from simdist.spec.plan import ParallelPlan
-from simdist.spec.profile import HOOK_LAYERS, on_cpu, profile_layers, sync_points, wait_keys
+from simdist.spec.profile import on_cpu
 from simdist.spec.scenario import Scenario
+from simdist.spec.software_layers import HOOK_LAYERS, profile_layers, sync_points, wait_keys
 
 
 @frozen(slots=True)
@@ -279,7 +280,7 @@ def _next_compute(ops: tuple[Op, ...], i: int) -> Compute | None:
 
 def software_layers(sc: Scenario) -> tuple[str, ...]:
     """The software layers a calibration profile fits separately that this plan runs through
-    ("tp", "zero3", ...: :func:`simdist.spec.profile.profile_layers`)."""
+    ("tp", "zero3", ...: :func:`simdist.spec.software_layers.profile_layers`)."""
     return profile_layers(sc.plan)
 
 

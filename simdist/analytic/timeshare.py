@@ -52,7 +52,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from simdist.spec.profile import CalibrationProfile, busy_ranks, profile_layers
+from simdist.spec.profile import CalibrationProfile, busy_ranks
+from simdist.spec.software_layers import profile_layers
 
 
 def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[CalibrationProfile | None, float]:

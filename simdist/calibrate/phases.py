@@ -34,7 +34,8 @@ from dataclasses import replace
 from typing import Any
 
 from simdist.analytic.passes import SPLIT_LAYER
-from simdist.spec.profile import BASE_TERMS, CalibrationProfile
+from simdist.spec.profile import CalibrationProfile
+from simdist.spec.software_layers import BASE_TERMS
 
 PROBE_S = 1e-4  # the probe value of a per-op or per-tensor term (s)
 SCALE_RANGE = (0.2, 5.0)  # executor rate / microbenchmark rate a fit may find

@@ -2,7 +2,7 @@
 
 The microbenchmarks fix the compute curves and the links (simdist.calibrate.fit). What they
 cannot see is the framework around the kernels, so executor runs fit it, phase by phase
-(simdist.calibrate.phases) and layer by layer (:func:`simdist.spec.profile.profile_layers`: "tp",
+(simdist.calibrate.phases) and layer by layer (:func:`simdist.spec.software_layers.profile_layers`: "tp",
 "cp", "ep", "zero1", "zero2", "zero3", "hsdp", "pipeline", "multichunk", "split_backward",
 "compression", "ps", "async"):
 
@@ -49,14 +49,8 @@ from simdist.calibrate.phases import (
 from simdist.calibrate.repeat import Repeated
 from simdist.frozen import frozen
 from simdist.spec.measurement import Measurement
-from simdist.spec.profile import (
-    BASE_TERMS,
-    CalibrationProfile,
-    HostSpeed,
-    busy_ranks,
-    local_processes,
-    profile_layers,
-)
+from simdist.spec.profile import CalibrationProfile, HostSpeed, busy_ranks, local_processes
+from simdist.spec.software_layers import BASE_TERMS, profile_layers
 
 
 @frozen

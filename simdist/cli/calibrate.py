@@ -230,7 +230,7 @@ POINT_NAMES = {"transfer": "transfer", "gather": "FSDP2 collective", "call": "co
 
 
 def _summary(profile) -> None:
-    from simdist.spec.profile import sync_points
+    from simdist.spec.software_layers import sync_points
 
     print(f"\npeak {profile.peak_flops / 1e9:.1f} GFLOP/s per rank, memory {profile.memory_bandwidth_bytes_per_s / 1e9:.1f}"
           f" GB/s, {profile.cores or '-'} cores, fitted at {profile.ranks} ranks; per-op overhead "

@@ -213,7 +213,7 @@ class Evaluator:
         scenario's): the layer shapes, the TP/CP/EP groups on the rank grid (and their fabric
         slow-downs), and whether a DualPipe schedule hides the expert all-to-all. A calibration
         profile's per-layer terms follow the software layers, which read the schedule, the
-        chunks and the ZeRO stage too (simdist.spec.profile.profile_layers): with one, nothing
+        chunks and the ZeRO stage too (simdist.spec.software_layers.profile_layers): with one, nothing
         is shared."""
         key = (plan.micro_batch_size, plan.sequence_parallel, plan.recompute, plan.dualpipe, *grid(plan))
         if self.cost.profile is not None:
