@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from executor.devices import choose
 from executor.faults import pid_path
-from executor.hostload import scheduler_tick_s
+from executor.hostload import last_level_cache_bytes, scheduler_tick_s
 from simdist.spec.files import write_json_atomic
 
 GEMM_SHAPES = [(m, n, k) for m, n, k in [  # from a tiny plan's 32 tokens x width 64 up
@@ -44,6 +44,10 @@ ATTENTION = [(b, h, s, d) for b, h, s, d in [(1, 4, 32, 16), (1, 4, 64, 16), (2,
 MEMORY_SIZES = [2**p for p in range(12, 28, 2)]  # 4 KiB .. 64 MiB per tensor
 COLD_SIZES = [2**p for p in range(20, 27)]  # 1 .. 64 MiB per tensor: an FSDP2 module's parameters
 EVICT_BYTES = 128 * 2**20  # passed over between copies: four times the largest L3 of the machines in view (32 MiB)
+# a layer's GEMM with its weight in the cache and out of it: the local GPT's projections (weights of
+# 0.25-2 MiB at 256 tokens) and a wider one (4 MiB), fp32 (simdist.analytic.cache_residency)
+COLD_GEMM_SHAPES = [(256, 256, 256), (256, 1024, 256), (256, 256, 1024), (512, 768, 256), (256, 2048, 256),
+                    (512, 1024, 1024)]
 SELECT_SIZES = [2**p for p in range(14, 24, 2)]  # 16 Ki .. 4 Mi fp32 entries: a tiny model's bucket to DDP's 25 MiB
 # the shares top-k compression keeps that it times: two where torch heap-selects (k <= n/64), one where
 # it runs nth_element (5%: scenarios/tiny-compress-topk.yaml); simdist.spec.selection
@@ -176,6 +180,38 @@ def bench_cold_copy(quick: bool) -> list[dict[str, Any]]:
     return out
 
 
+def bench_cold_gemm(quick: bool) -> list[dict[str, Any]]:
+    """Each of :data:`COLD_GEMM_SHAPES` timed with its weight in the cache (just used) and out of
+    it (after a pass over :data:`EVICT_BYTES`; the input is read again first, as a layer's input
+    is fresh from the op before it), in alternation. Every rank times each GEMM at once, after a
+    barrier: they share the memory bandwidth and the last-level cache, as a run's ranks do, and
+    one rank's eviction pass must not overlap another's GEMM (unsynchronised, the 2-rank medians
+    of 9 moved by +-0.5 ms); each pair's difference cancels what drifts slower than a pair. Measured on the 2-core EPYC this was written on: 0.03-0.21 ms more a
+    GEMM, growing with the weight's size to 2 MiB (the core's L2), 5-30% of the GEMM."""
+    evict = torch.zeros(EVICT_BYTES // 4)
+    barrier = dist.barrier if dist.is_initialized() else (lambda: None)
+
+    def timed(x: torch.Tensor, w: torch.Tensor) -> float:
+        x.add_(0.0)
+        barrier()
+        t0 = time.thread_time()
+        x @ w
+        return time.thread_time() - t0
+
+    out = []
+    for m, n, k in COLD_GEMM_SHAPES[: 3 if quick else None]:
+        x, w = torch.randn(m, k), torch.randn(k, n)
+        hot, cold = [], []
+        for _ in range(3 if quick else 21):
+            hot.append(timed(x, w))
+            evict.add_(1.0)
+            cold.append(timed(x, w))
+        out.append({"m": m, "n": n, "k": k, "weight_bytes": 4.0 * k * n, "hot_s": statistics.median(hot),
+                    "cold_s": statistics.median(cold),  # the fetch: the median of each pair's difference
+                    "fetch_s": statistics.median(c - h for h, c in zip(hot, cold, strict=True))})
+    return out
+
+
 def bench_select(quick: bool, device: str = "cpu") -> list[dict[str, Any]]:
     """Top-k of a gradient-like bucket's magnitudes (what the top-k compression hook runs,
     executor.compression), by size and share kept (:data:`SELECT_SHARES`: torch's CPU kernel
@@ -290,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     result["select"] = bench_select(args.quick, device)
     if device == "cpu":
         result["memory_cold"] = bench_cold_copy(args.quick)
+        result["cold_gemm"] = bench_cold_gemm(args.quick)
+        result["llc_bytes"] = last_level_cache_bytes()
         if rank == 0:  # the tick that delays a pipeline's sends (simdist.analytic.transport_wake)
             result["scheduler_tick_s"] = scheduler_tick_s()
     if device == "cpu" and dtype == torch.float32:

@@ -366,3 +366,31 @@ def _tick_rate(count: Callable[[str], int | None], path: str, busy_s: float) -> 
     if before is None or after is None or after <= before:
         return None
     return (after - before) / elapsed
+
+
+def last_level_cache_bytes(root: str = "/sys/devices/system/cpu") -> int:
+    """The last-level cache the ranks' cores share (sysfs' cache entries of the cores this
+    process may run on: the highest level's distinct instances, summed); 0 where it cannot be
+    read (simdist.analytic.cache_residency)."""
+    try:
+        allowed = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = list(range(os.cpu_count() or 1))
+    instances: dict[tuple[int, str], int] = {}
+    for cpu in allowed:
+        for entry in Path(root, f"cpu{cpu}", "cache").glob("index*"):
+            try:
+                if (entry / "type").read_text().strip() == "Instruction":
+                    continue
+                level, shared = int((entry / "level").read_text()), (entry / "shared_cpu_list").read_text().strip()
+                instances[(level, shared)] = _cache_size((entry / "size").read_text().strip())
+            except (OSError, ValueError):
+                continue
+    top = max((level for level, _ in instances), default=0)
+    return sum(size for (level, _), size in instances.items() if level == top)
+
+
+def _cache_size(text: str) -> int:
+    """sysfs' cache size ("32768K", "2M") in bytes."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    return int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text)

@@ -26,6 +26,7 @@ from simdist.analytic.allocation_trace import (
     layer_passes,
     replay_is_bounded,
 )
+from simdist.analytic.cache_residency import fetch_note, resident
 from simdist.analytic.collectives import Network, busbw_cap
 from simdist.analytic.compression import compression_ratio, keeps_residual
 from simdist.analytic.cost import CostModel
@@ -94,10 +95,14 @@ def _predict(scenario: Scenario, profile: CalibrationProfile | None, engine: str
         raise ScenarioError(Problem(field, f"{plan.pp:,} stages x {plan.virtual_pipeline_stages:,} virtual "
                                     f"stages = {chunks:,} model chunks; simdist sizes at most "
                                     f"{MAX_VIRTUAL_STAGES:,} (see the input limits)"))
-    shared, slowed = time_shared(scenario, profile)  # ranks beyond a CPU profile's cores share them
+    # a CPU's GEMMs fetch their weights where its cache cannot hold them; ranks beyond its cores share them
+    shared, slowed = time_shared(scenario, resident(scenario, profile))
     cost = CostModel(cluster.gpu, plan.precision, shared)
     described = describe(scenario, cost, Network.of(cluster, shared))
     assumptions = _assumptions(scenario, profile) + step_lines(described)
+    fetched = fetch_note(scenario, profile)
+    if fetched:
+        assumptions.append(fetched)
     if slowed != 1.0 and profile is not None:
         assumptions.append(time_share_note(scenario, profile, slowed))
     if described.send is not None and described.send.wake_tick_s > 0:

@@ -120,6 +120,14 @@ class CostModel:
         memory)."""
         return self.profile.select_time(elements, k) if self.profile else None
 
+    def weight_fetch_time(self, op: Compute) -> float:
+        """What a GEMM pays to fetch its layer's weight from memory, at a CPU profile's measured
+        cost by the weight's size (v11, executor.bench.bench_cold_gemm), which the profile keeps
+        only where the ranks' working sets overflow the cache (simdist.analytic.cache_residency)."""
+        if self.profile is None or op.weight <= 0 or not self.profile.weight_fetch_s:
+            return 0.0
+        return self.profile.weight_fetch(op.weight * _element_bytes(self.precision, op.fp8))
+
     def time(self, op: Compute) -> float:
         t = self._cache.get(op)
         if t is None:
@@ -174,14 +182,18 @@ class CostModel:
         return self._eff("memory")
 
 
+def _element_bytes(precision: str, fp8: bool) -> int:
+    return 4 if precision == "fp32" else (1 if fp8 else 2)
+
+
 def _op_time(cm: CostModel, op: Compute) -> float:
     if op.kind == "sync":  # the drain's round trip; the refill after it: simdist.analytic.host
         return SYNC_ROUND_TRIP_S
     if op.kind == "gemm":
         compute = op.flops / (cm.gemm_peak(op) * cm.gemm_efficiency(op))
-        e = 4 if cm.precision == "fp32" else (1 if op.fp8 else 2)
-        traffic = (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * e
-        return max(compute, traffic / (cm.memory_bandwidth * cm.memory_efficiency(traffic))) + cm.kernel_overhead
+        traffic = (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * _element_bytes(cm.precision, op.fp8)
+        return (max(compute, traffic / (cm.memory_bandwidth * cm.memory_efficiency(traffic))) + cm.kernel_overhead
+                + cm.weight_fetch_time(op))
     if op.kind == "attention":
         # FLOPs on the full s x s square (the MFU convention of Megatron-LM and MosaicML); the
         # efficiency is on that count too: the computed fraction of peak over the causal share.

@@ -264,13 +264,13 @@ def _grouped(name: str, rows: float, n: int, k: int, experts: int, bwd: bool,
     fp8_on = fp8_plan and plan is not None and plan.precision == "fp8"
     rounds = _rounds(experts, plan)
     if not bwd:
-        gemms: list[Op] = [Compute(name, "gemm", 2.0 * rows * n * k * b, m=r, n=n, k=k, batch=b, fp8=fp8_on)
-                           for b in rounds]
+        gemms: list[Op] = [Compute(name, "gemm", 2.0 * rows * n * k * b, m=r, n=n, k=k, batch=b, fp8=fp8_on,
+                                   weight=float(n * k * b)) for b in rounds]
     else:
-        gemms = [Compute(f"{name} wgrad", "gemm", 2.0 * rows * n * k * b, m=k, n=n, k=r, batch=b, fp8=fp8_on)
-                 for b in rounds]
-        gemms += [Compute(f"{name} dgrad", "gemm", 2.0 * rows * n * k * b, m=r, n=k, k=n, batch=b, fp8=fp8_on)
-                  for b in rounds]
+        gemms = [Compute(f"{name} wgrad", "gemm", 2.0 * rows * n * k * b, m=k, n=n, k=r, batch=b, fp8=fp8_on,
+                         weight=float(n * k * b)) for b in rounds]
+        gemms += [Compute(f"{name} dgrad", "gemm", 2.0 * rows * n * k * b, m=r, n=k, k=n, batch=b, fp8=fp8_on,
+                          weight=float(n * k * b)) for b in rounds]
     if not fp8_on:
         return gemms
     cb = fp8.cast_bytes(plan)

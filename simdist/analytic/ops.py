@@ -47,6 +47,9 @@ class Compute:
     batch: int = 1  # batched GEMM / attention heads x micro-batch
     fp8: bool = False  # a GEMM run in FP8 (simdist.analytic.fp8); otherwise in the plan's 16/32-bit type
     kernel: str = "flash2"  # attention: the fused kernel class (simdist.spec.frameworks.attention_kernel)
+    # a GEMM of a layer's weight: the weight's elements it reads (forward, data grad) or writes
+    # (weight grad), fetched from memory where the cache does not hold it (simdist.analytic.cache_residency)
+    weight: float = 0.0
 
 
 @frozen(slots=True)
@@ -67,11 +70,12 @@ def _gemm(name: str, m: int, n: int, k: int, backward: bool, in_fp8: bool = Fals
     """A linear layer: forward (m x k)(k x n); backward = data grad + weight grad GEMMs.
     Backward lists are built in forward order and reversed at the end, so the weight grad is
     listed first here to run after the data grad (whose TP all-reduce it can then hide)."""
+    w = float(n * k)
     if not backward:
-        return [Compute(name, "gemm", 2.0 * m * n * k, m=m, n=n, k=k, fp8=in_fp8)]
+        return [Compute(name, "gemm", 2.0 * m * n * k, m=m, n=n, k=k, fp8=in_fp8, weight=w)]
     return [
-        Compute(f"{name} wgrad", "gemm", 2.0 * m * n * k, m=k, n=n, k=m, fp8=in_fp8),
-        Compute(f"{name} dgrad", "gemm", 2.0 * m * n * k, m=m, n=k, k=n, fp8=in_fp8),
+        Compute(f"{name} wgrad", "gemm", 2.0 * m * n * k, m=k, n=n, k=m, fp8=in_fp8, weight=w),
+        Compute(f"{name} dgrad", "gemm", 2.0 * m * n * k, m=m, n=k, k=n, fp8=in_fp8, weight=w),
     ]
 
 
@@ -320,9 +324,9 @@ def _unsaved_matmuls(m: ModelSpec, plan: ParallelPlan, op: Compute) -> list[Comp
     t, hd = plan.tp, m.head_dim
     if op.name == "qkv":  # k
         n = kv_heads_per_rank(m, t) * hd
-        return [Compute("qkv (k part)", "gemm", 2.0 * op.m * n * op.k, m=op.m, n=n, k=op.k)]
+        return [Compute("qkv (k part)", "gemm", 2.0 * op.m * n * op.k, m=op.m, n=n, k=op.k, weight=float(n * op.k))]
     if op.name == "attn out":  # o
         return [op]
     if op.name == "fc1" and m.mlp == "swiglu":  # w3
-        return [Compute("fc1 (w3 part)", "gemm", op.flops / 2, m=op.m, n=op.n // 2, k=op.k)]
+        return [Compute("fc1 (w3 part)", "gemm", op.flops / 2, m=op.m, n=op.n // 2, k=op.k, weight=op.weight / 2)]
     return []

@@ -39,6 +39,7 @@ class Comparison:
 
 def predicted_quantities(scenario, profile: CalibrationProfile | None) -> dict[str, float]:
     """Step time, phases and per-rank memory the model predicts, in the measurement's terms."""
+    from simdist.analytic.cache_residency import resident
     from simdist.analytic.collectives import Network
     from simdist.analytic.cost import CostModel
     from simdist.analytic.fsdp2 import input_copies_s
@@ -50,7 +51,7 @@ def predicted_quantities(scenario, profile: CalibrationProfile | None) -> dict[s
 
     pred = predict(scenario, profile=profile, engine="analytic", keep_spans=False)
     plan, model = scenario.plan, scenario.model
-    shared, _ = time_shared(scenario, profile)  # as predict() prices ranks beyond the cores
+    shared, _ = time_shared(scenario, resident(scenario, profile))  # as predict() prices them
     cost = CostModel(scenario.cluster.gpu, plan.precision, shared)
     d = describe(scenario, cost, Network.of(scenario.cluster, shared))
     st = [stage_time(d, s) for s in d.stages]

@@ -125,7 +125,16 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
         bus_bandwidth=bus_bandwidth(bench.get("collectives", [])) if cuda else {},
         select_rates=select_rates(bench.get("select", [])),
         scheduler_tick_s=0.0 if cuda else float(bench.get("scheduler_tick_s") or 0.0),
+        llc_bytes=0.0 if cuda else float(bench.get("llc_bytes") or 0.0),
+        weight_fetch_s=weight_fetch(bench.get("cold_gemm", [])),
     )
+
+
+def weight_fetch(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(weight bytes, seconds) a GEMM pays to fetch its weight from memory: the cold GEMM's time
+    less the hot one's (the median of the pairs' differences; never below 0), by the weight's
+    size (equal sizes merged by their mean)."""
+    return _merged([(float(r["weight_bytes"]), max(0.0, r.get("fetch_s", r["cold_s"] - r["hot_s"]))) for r in rows])
 
 
 def select_rates(rows: list[dict[str, Any]]) -> list[tuple[float, float, float]]:

@@ -20,6 +20,7 @@ from operator import attrgetter
 from typing import Any
 
 from simdist.analytic.activations import activation_bytes
+from simdist.analytic.cache_residency import resident
 from simdist.analytic.collectives import CommContext, Network, grid
 from simdist.analytic.cost import CostModel
 from simdist.analytic.data_parallel import DataParallelTraffic
@@ -96,7 +97,7 @@ class Evaluator:
 
     def __init__(self, scenario: Scenario, profile: CalibrationProfile | None = None):
         self.scenario, self.profile = scenario, profile
-        profile, _ = time_shared(scenario, profile)  # ranks beyond a CPU profile's cores share them
+        profile, _ = time_shared(scenario, resident(scenario, profile))  # as predict() sees a CPU profile
         self.model, self.cluster = scenario.model, scenario.cluster
         self.base_plan = scenario.plan
         self.cost = CostModel(self.cluster.gpu, self.base_plan.precision, profile)

@@ -57,8 +57,14 @@ Version 9 times top-k at three kept shares (``select_rates`` rows of (elements, 
 per element)): torch heap-selects a share of at most 1/64 (:mod:`simdist.spec.selection`).
 Version 10 adds the host's scheduler tick (``scheduler_tick_s``, :mod:`simdist.analytic.transport_wake`).
 
-Versions 1 to 9 still load (the new fields take their defaults: no cores known, no band, no optimizer
-term, no per-call wait, no host speed, no sleep shares, no selection rate, no tick; version 8's rows kept 5%).
+Version 11 adds what a CPU's GEMM pays to fetch its weight from memory, by the weight's size
+(``weight_fetch_s``: executor.bench.bench_cold_gemm), and the last-level cache the ranks share
+(``llc_bytes``), which holds the weights while the ranks' working sets fit in it
+(:mod:`simdist.analytic.cache_residency`).
+
+Versions 1 to 10 still load (the new fields take their defaults: no cores known, no band, no optimizer
+term, no per-call wait, no host speed, no sleep shares, no selection rate, no tick, no weight
+fetch; version 8's rows kept 5%).
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ from simdist.spec.files import read_json_object, write_json_atomic
 from simdist.spec.selection import OLD_SHARE, select_seconds
 from simdist.spec.software_layers import LAYER_TERMS, RELATIVE_TERMS
 
-PROFILE_VERSION = 10
+PROFILE_VERSION = 11
 READABLE_VERSIONS = tuple(range(1, PROFILE_VERSION + 1))
 
 
@@ -160,6 +166,14 @@ class CalibrationProfile:
     # v8: top-k selection, (elements per call, share kept (v9), seconds per element) by size
     select_rates: list[tuple[float, float, float]] = field(default_factory=list)
     scheduler_tick_s: float = 0.0  # v10: the host kernel's tick (1 / HZ); 0 = not measured
+    # v11: the last-level cache the ranks' cores share (0 = not measured), and what a GEMM pays to
+    # fetch its weight from memory beyond it, [(weight bytes, seconds)] by size (none: not measured)
+    llc_bytes: float = 0.0
+    weight_fetch_s: list[tuple[float, float]] = field(default_factory=list)
+
+    def weight_fetch(self, nbytes: float) -> float:
+        """Seconds a GEMM pays to fetch a weight of ``nbytes`` from memory (0 if not measured)."""
+        return log_interpolated(self.weight_fetch_s, nbytes) if self.weight_fetch_s else 0.0
 
     def select_time(self, elements: float, k: float) -> float | None:
         """Seconds to select the top ``k`` of one ``elements``-long tensor at the measured rates
@@ -206,6 +220,7 @@ class CalibrationProfile:
             optimizer_layer_tensor_s={k: v * s for k, v in self.optimizer_layer_tensor_s.items()},
             sync_point_waits_s={k: v * s for k, v in self.sync_point_waits_s.items()},
             dp_step_wait_s=self.dp_step_wait_s * s,
+            weight_fetch_s=[(b, t * s) for b, t in self.weight_fetch_s],
             select_rates=[(n, share, r * s) for n, share, r in self.select_rates],
             links={k: LinkFit(latency_s=v.latency_s * s, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s / s)
                    for k, v in self.links.items()},
@@ -240,6 +255,7 @@ class CalibrationProfile:
         d["links"] = {k: LinkFit(**v) for k, v in (d.get("links") or {}).items()}
         d["compute_curves"] = {k: [tuple(p) for p in v] for k, v in (d.get("compute_curves") or {}).items()}
         d["gemm_shapes"] = [tuple(p) for p in d.get("gemm_shapes") or []]
+        d["weight_fetch_s"] = [tuple(p) for p in d.get("weight_fetch_s") or []]
         d["bus_bandwidth"] = {k: [tuple(p) for p in v] for k, v in (d.get("bus_bandwidth") or {}).items()}
         d["select_rates"] = [(p[0], OLD_SHARE, p[1]) if len(p) == 2 else tuple(p) for p in d.get("select_rates") or []]
         return cls(**d)
