@@ -208,7 +208,7 @@ def fit_waits(profile: CalibrationProfile, key: str, runs: Sequence[Any]) -> Cal
             at0 = comm_s(r.predicted(setting(0.0, 0.0)))
             rows.append((m, at0, (comm_s(r.predicted(setting(PROBE_S, 0.0))) - at0) / PROBE_S,
                          (comm_s(r.predicted(setting(0.0, PROBE_S))) - at0) / PROBE_S))
-            noise.append(r.repeated.spread * measured["step_time_s"] / len(r.repeated.runs) ** 0.5)
+            noise.append(r.repeated.median_error)
     if not rows:
         return profile
     fraction, per_call = two_slopes(rows)
@@ -223,7 +223,7 @@ def fit_waits(profile: CalibrationProfile, key: str, runs: Sequence[Any]) -> Cal
 def measured_beyond_noise(rows: Sequence[tuple[float, float, float, float]], noise: Sequence[float],
                           fraction: float, per_call: float) -> bool:
     """Whether the waits fitted add more to some run than that run's own noise, the uncertainty
-    of its median step (its run-to-run spread over the square root of its runs): a term smaller
+    of its median step (:meth:`simdist.calibrate.repeat.Repeated.median_error`): a term smaller
     than every run's noise is not measured, only fitted to the noise, and it would carry that
     noise to plans of other sizes (a share of compute fitted on a 10 ms step that jitters by half
     of itself priced a 0.4 s pipeline step 25% slow). The whole spread would be too strict: one
