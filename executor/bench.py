@@ -186,8 +186,9 @@ def bench_cold_gemm(quick: bool) -> list[dict[str, Any]]:
     is fresh from the op before it), in alternation. Every rank times each GEMM at once, after a
     barrier: they share the memory bandwidth and the last-level cache, as a run's ranks do, and
     one rank's eviction pass must not overlap another's GEMM (unsynchronised, the 2-rank medians
-    of 9 moved by +-0.5 ms); each pair's difference cancels what drifts slower than a pair. Measured on the 2-core EPYC this was written on: 0.03-0.21 ms more a
-    GEMM, growing with the weight's size to 2 MiB (the core's L2), 5-30% of the GEMM."""
+    of 9 moved by +-0.5 ms); each pair's difference cancels what drifts slower than a pair.
+    Measured on the 2-core EPYC this was written on: 0.03-0.21 ms more a GEMM, growing with the
+    weight's size to 2 MiB (the core's L2), 5-30% of the GEMM."""
     evict = torch.zeros(EVICT_BYTES // 4)
     barrier = dist.barrier if dist.is_initialized() else (lambda: None)
 

@@ -58,6 +58,8 @@ def test_a_layers_gemms_pay_the_fetch_of_their_weight_and_nothing_else_does():
     for op in (fwd, wgrad, dgrad):  # the forward and the data grad read the weight, the weight grad writes it
         assert op.weight == 256 * 1024
         assert cm.time(op) - cm_plain.time(op) == pytest.approx(prof.weight_fetch(4 * 256 * 1024))
+    experts = replace(fwd, name="experts fc1", batch=4, weight=4 * fwd.weight)  # a round of 4 experts' GEMMs
+    assert cm.weight_fetch_time(experts) == pytest.approx(4 * cm.weight_fetch_time(fwd))
     scores = replace(fwd, name="QK^T", weight=0.0)
     assert cm.time(scores) == cm_plain.time(scores)
     assert CostModel(sc.cluster.gpu, "bf16", prof).weight_fetch_time(fwd) == pytest.approx(prof.weight_fetch(2 * 256 * 1024))

@@ -465,7 +465,7 @@ def test_waits_smaller_than_the_runs_noise_are_not_fitted():
     # one run of four 50% slow (q40's fit-fsdp3): the spread over the square root of the runs (25%)
     # would call the waits noise; the median's standard error, near the three close runs', does not
     close = [measured.step_time_s * f for f in (1.0, 1.01, 0.99)]
-    outlier = tuple(replace(measured, step_time_s=t) for t in close) + (replace(measured, step_time_s=1.5 * close[0]),)
+    outlier = tuple(replace(measured, step_time_s=t) for t in [*close, 1.5 * close[0]])
     series = Repeated("tp", outlier, True, "stable")
     assert series.median_error / series.median < 0.02 < share < series.spread / 2
     kept, _, _ = fit_terms(microbenchmark_part(t), [*plain, replace(run, repeated=series)])

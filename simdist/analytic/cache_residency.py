@@ -11,8 +11,8 @@ program behavior", CACM 11(5): a program runs at its cached speed only while its
 resident).
 
 So where the ranks' working sets overflow the cache, each GEMM of a layer's weight pays the
-fetch the profile measured by the weight's size (``weight_fetch_s``, executor.bench.bench_cold_gemm:
-the same GEMM with its weight evicted, against it in the cache), in every
+fetch the profile measured by the weight's size (``weight_fetch_s``, executor.bench.
+bench_cold_gemm: the same GEMM with its weight evicted, against it in the cache), in every
 micro-batch: a plan of more, smaller micro-batches fetches the weights more often for the same
 tokens. Measured on the 2-core EPYC this was written on (32 MiB L3, 2026-11-29): the last stage of
 local-pp-fit.yaml (two layers of the local GPT and its head, 10 MiB of weights) ran 8

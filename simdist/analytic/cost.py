@@ -123,10 +123,11 @@ class CostModel:
     def weight_fetch_time(self, op: Compute) -> float:
         """What a GEMM pays to fetch its layer's weight from memory, at a CPU profile's measured
         cost by the weight's size (v11, executor.bench.bench_cold_gemm), which the profile keeps
-        only where the ranks' working sets overflow the cache (simdist.analytic.cache_residency)."""
+        only where the ranks' working sets overflow the cache (simdist.analytic.cache_residency);
+        a round of ``batch`` experts' GEMMs fetches each expert's weight."""
         if self.profile is None or op.weight <= 0 or not self.profile.weight_fetch_s:
             return 0.0
-        return self.profile.weight_fetch(op.weight * _element_bytes(self.precision, op.fp8))
+        return op.batch * self.profile.weight_fetch(op.weight / op.batch * _element_bytes(self.precision, op.fp8))
 
     def time(self, op: Compute) -> float:
         t = self._cache.get(op)
