@@ -566,3 +566,20 @@ def test_powersgd_pays_its_hooks_ops_per_matrix_of_the_executors_model():
     # the per-op cost weighs on PowerSGD by its hook's ops more than on a dense cast's four
     assert q(slower) - q(t) > predicted_quantities(fp16, slower)["step_time_s"] - predicted_quantities(fp16, t)["step_time_s"] \
         + 0.9 * hook_ops(sc.model, sc.plan, 0, 1) * t.kernel_overhead_s
+
+
+def test_a_fit_run_is_fitted_on_its_runs_that_did_the_work_at_the_machines_speed():
+    """Interference only adds CPU time: runs of one plan whose compute falls in two groups (more
+    than 25% apart) did the same work, so the fit keeps the faster group (q41: two of three
+    fit-pp-1f1b runs 1.28x the third); runs within 25% of each other are all kept."""
+    _, run = phased(truth(), "plain")
+    m = run.repeated.runs[0]
+
+    def slowed(f: float):
+        return replace(m, step_time_s=m.step_time_s * f, phases_s={k: v * f for k, v in m.phases_s.items()})
+
+    split = Repeated("x", (slowed(1.30), m, slowed(1.28)), True, "stable")
+    kept = split.undisturbed
+    assert kept.runs == (m,) and kept.median == m.step_time_s and "2 of 3 run(s) set aside" in kept.notes[-1]
+    close = Repeated("x", (slowed(1.2), m, slowed(1.1)), True, "stable")
+    assert close.undisturbed is close

@@ -31,7 +31,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import field
+from dataclasses import field, replace
 from typing import Any
 
 from simdist.calibrate.honesty import BUSY_SHARE, drift_note, median_speed
@@ -108,6 +108,22 @@ class Repeated:
     @property
     def _computes(self) -> list[float]:
         return sorted(c for c in (compute_phase(m) for m in self.runs) if c is not None and c > 0)
+
+    @property
+    def undisturbed(self) -> Repeated:
+        """The series without its slower group of runs where their compute falls in two groups
+        (:data:`COMPUTE_GAP`): the same work on one machine, and interference only adds CPU time
+        (a neighbour evicting the cache, a lower clock); itself otherwise. A fit run is fitted on
+        it (q41, 2026-11-29: two of three fit-pp-1f1b runs took 1.28x the third's CPU time for the
+        same work, the fitted pipeline terms priced the tiny pipelines 13-28% slow; on the faster
+        run alone, within 3-7%)."""
+        if self.compute_gap <= COMPUTE_GAP:
+            return self
+        values = self._computes
+        cut = max(range(1, len(values)), key=lambda i: values[i] / values[i - 1])
+        fast = tuple(m for m in self.runs if (compute_phase(m) or 0.0) <= values[cut - 1])
+        return replace(self, runs=fast, notes=(*self.notes, f"{len(self.runs) - len(fast)} of {len(self.runs)} run(s) "
+                                               f"set aside, their compute {1 + self.compute_gap:.2f}x the others'"))
 
     def doubt(self, cores: int, baseline: HostSpeed = UNKNOWN_SPEED) -> str | None:
         """A note when the measured median is in doubt rather than the prediction; None else:

@@ -171,9 +171,16 @@ def refit_machine(args: argparse.Namespace) -> int:
 def fit_and_write(profile, runs, args: argparse.Namespace, held=()) -> int:
     """Fit the executor terms, check the fit (refuse it unless --force) and write the profile;
     then the held-out runs against it."""
+    from dataclasses import replace
+
     from simdist.calibrate.honesty import refusal
     from simdist.calibrate.terms import fit_checks, fit_terms, with_honesty
 
+    kept = [replace(r, repeated=r.repeated.undisturbed) for r in runs]  # interference only adds CPU time
+    for r, k in zip(runs, kept, strict=True):
+        if len(k.repeated.runs) < len(r.repeated.runs):
+            print(f"{r.name}: {k.repeated.notes[-1]} on the same work; fitted on the rest", file=sys.stderr)
+    runs = kept
     profile, bounds, unusable = fit_terms(profile, runs)
     checks = fit_checks(profile, runs)
     lines = refusal(checks, bounds, profile.cores)
