@@ -135,17 +135,3 @@ def test_the_last_level_cache_is_the_highest_levels_instances_the_ranks_cores_sh
     assert hostload.last_level_cache_bytes(str(tmp_path)) == 48 * MIB
     assert hostload.last_level_cache_bytes(str(tmp_path / "absent")) == 0
 
-
-def test_every_rank_times_each_cold_gemm_at_once(monkeypatch):
-    """One rank's eviction pass must not overlap another's timed GEMM: a barrier before each."""
-    pytest.importorskip("torch")
-    from executor import bench
-
-    calls: list[str] = []
-    monkeypatch.setattr(bench.dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(bench.dist, "barrier", lambda: calls.append("barrier"))
-    monkeypatch.setattr(bench, "EVICT_BYTES", 1 << 20)
-    rows = bench.bench_cold_gemm(quick=True)
-    assert len(rows) == 3 and len(calls) == 3 * 3 * 2  # shapes x pairs x (hot, cold)
-    assert [r["weight_bytes"] for r in rows] == [4.0 * k * n for _, n, k in bench.COLD_GEMM_SHAPES[:3]]
-    assert all(r["hot_s"] > 0 and r["cold_s"] > 0 for r in rows)

@@ -134,10 +134,15 @@ def test_a_cpu_prices_fsdp2s_copies_as_copies_out_of_the_cache():
     assert cm.time(same) == pytest.approx(cm_plain.time(same))
 
 
-def test_every_rank_times_its_cold_copies_at_once(monkeypatch):
-    """FSDP2's ranks copy at the same moments of a step and share the memory bandwidth: the
-    microbenchmark's ranks start each size together (unsynchronised, the curve moved 2x between
-    two calibrations of one machine, with whatever the other rank ran then)."""
+@pytest.mark.parametrize("name,barriers_per_row,timed", [
+    ("bench_cold_copy", 1, "seconds"),  # each size started together
+    ("bench_cold_gemm", 6, "cold_s"),  # each timed GEMM of 3 (hot, cold) pairs (simdist.analytic.cache_residency)
+])
+def test_every_rank_times_its_cold_microbenchmarks_at_once(monkeypatch, name, barriers_per_row, timed):
+    """A run's ranks copy and compute at the same moments of a step and share the memory
+    bandwidth and the cache: the microbenchmarks' ranks time each cold measurement together
+    (unsynchronised, the cold-copy curve moved 2x between two calibrations of one machine, and a
+    2-rank cold-GEMM median of 9 by +-0.5 ms, with whatever the other rank ran then)."""
     pytest.importorskip("torch")
     from executor import bench
 
@@ -145,8 +150,8 @@ def test_every_rank_times_its_cold_copies_at_once(monkeypatch):
     monkeypatch.setattr(bench.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(bench.dist, "barrier", lambda: calls.append("barrier"))
     monkeypatch.setattr(bench, "EVICT_BYTES", 1 << 20)
-    rows = bench.bench_cold_copy(quick=True)
-    assert len(calls) == len(rows) == 3 and all(r["seconds"] > 0 for r in rows)
+    rows = getattr(bench, name)(quick=True)
+    assert len(rows) == 3 and len(calls) == 3 * barriers_per_row and all(r[timed] > 0 for r in rows)
 
 
 def test_fsdp2s_zero2_gathers_for_the_forward_only():

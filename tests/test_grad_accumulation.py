@@ -53,7 +53,8 @@ def test_the_first_micro_batch_of_a_step_adds_nothing():
 
 
 def test_sharded_gradients_accumulate_their_shard_unless_a_pipeline_defers_the_reduction():
-    """The rule the data-parallel traffic follows (data_parallel.reduced_once_under_pipeline)."""
+    """FSDP2 in a pipeline stage defers the reduction to the last micro-batch, and so does
+    torchtitan's stage at any ZeRO stage (as the memory model counts its gradients)."""
     s = scenario(zero=2)
     n = params_per_rank(s.model, s.plan, 0)
     assert kept_gradients(scenario(zero=1).plan, n, fsdp2=False) == n

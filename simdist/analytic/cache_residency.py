@@ -33,7 +33,12 @@ from simdist.spec.profile import CalibrationProfile
 
 
 def working_set_bytes(scenario: Any) -> float:
-    """The bytes the ranks of ``scenario`` touch between two uses of a weight, summed over them."""
+    """The bytes the ranks of ``scenario`` touch between two uses of a weight, summed over them
+    (worked out once per scenario: a prediction asks for it to price and to say so)."""
+    return scenario.kept("working_set_bytes", _working_set_bytes)
+
+
+def _working_set_bytes(scenario: Any) -> float:
     from simdist.analytic.memory import stage_memory
 
     model, plan = scenario.model, scenario.plan

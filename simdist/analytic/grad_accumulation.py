@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from simdist.analytic.cost import CostModel
 from simdist.analytic.cpu_optimizer import stage_tensors
-from simdist.analytic.data_parallel import reduced_once_under_pipeline
 from simdist.analytic.fsdp2 import runs_fsdp2
 from simdist.analytic.memory import resident_state_bytes, shard_group
 from simdist.analytic.params import params_per_rank
@@ -48,11 +47,10 @@ ADD_PASSES = 3.0  # read the kept gradient, read the new one, write the sum
 def kept_gradients(plan: ParallelPlan, params_on_rank: float, fsdp2: bool) -> float:
     """Gradient elements a rank keeps between the micro-batches of a step: all of its own, or its
     shard where the gradients are reduce-scattered every micro-batch (ZeRO-2/3), unless a pipeline
-    defers the reduction to the last one: FSDP2's (simdist.analytic.data_parallel's rule) and
-    torchtitan's at any ZeRO stage (its stage's no-sync backward, as simdist.analytic.memory
-    counts it; the traffic model defers it at ZeRO-3 only)."""
-    deferred = reduced_once_under_pipeline(plan, fsdp2) or (
-        plan.pp > 1 and framework_of(plan.framework).fsdp_pipeline_no_sync)
+    defers the reduction to the last one: FSDP2's and torchtitan's at any ZeRO stage (its stage's
+    no-sync backward, as simdist.analytic.memory counts it; the traffic model,
+    data_parallel.reduced_once_under_pipeline, defers torchtitan's at ZeRO-3 only)."""
+    deferred = plan.pp > 1 and (fsdp2 or framework_of(plan.framework).fsdp_pipeline_no_sync)
     if plan.shards_gradients and not deferred:
         return params_on_rank / shard_group(plan)
     return params_on_rank

@@ -110,6 +110,12 @@ class Repeated:
         return sorted(c for c in (compute_phase(m) for m in self.runs) if c is not None and c > 0)
 
     @property
+    def _slow_from(self) -> int:
+        """Where :attr:`_computes` jumps most: the index of the slower group's first run."""
+        values = self._computes
+        return max(range(1, len(values)), key=lambda i: values[i] / values[i - 1])
+
+    @property
     def undisturbed(self) -> Repeated:
         """The series without its slower group of runs where their compute falls in two groups
         (:data:`COMPUTE_GAP`): the same work on one machine, and interference only adds CPU time
@@ -119,8 +125,7 @@ class Repeated:
         run alone, within 3-7%)."""
         if self.compute_gap <= COMPUTE_GAP:
             return self
-        values = self._computes
-        cut = max(range(1, len(values)), key=lambda i: values[i] / values[i - 1])
+        values, cut = self._computes, self._slow_from
         fast = tuple(m for m in self.runs if (compute_phase(m) or 0.0) <= values[cut - 1])
         return replace(self, runs=fast, notes=(*self.notes, f"{len(self.runs) - len(fast)} of {len(self.runs)} run(s) "
                                                f"set aside, their compute {1 + self.compute_gap:.2f}x the others'"))
@@ -135,8 +140,7 @@ class Repeated:
         notes = []
         gap = self.compute_gap
         if gap > COMPUTE_GAP and not (cores > 0 and self.others_cores > BUSY_SHARE * cores):
-            values = self._computes
-            cut = max(range(1, len(values)), key=lambda i: values[i] / values[i - 1])
+            values, cut = self._computes, self._slow_from
             notes.append(f"compute {1 + gap:.2f}x between runs ({len(values) - cut} of {len(values)} slow) on a quiet "
                          "machine: the measurement is in doubt")
         drift = drift_note(self.reference.drift(baseline))

@@ -178,7 +178,7 @@ def fit_and_write(profile, runs, args: argparse.Namespace, held=()) -> int:
 
     kept = [replace(r, repeated=r.repeated.undisturbed) for r in runs]  # interference only adds CPU time
     for r, k in zip(runs, kept, strict=True):
-        if len(k.repeated.runs) < len(r.repeated.runs):
+        if k.repeated is not r.repeated:
             print(f"{r.name}: {k.repeated.notes[-1]} on the same work; fitted on the rest", file=sys.stderr)
     runs = kept
     profile, bounds, unusable = fit_terms(profile, runs)
