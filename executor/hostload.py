@@ -1,5 +1,5 @@
-"""How busy this machine was while a run measured it, and how fast it ran (torch only inside
-:func:`reference_cpu_s`, which the ranks call).
+"""How busy this machine was while a run measured it, and what the ranks' threads run on (how
+fast the host ran: executor.hostspeed).
 
 A CPU run's step time is only as good as the cores its ranks got. Two numbers say how good:
 
@@ -122,7 +122,9 @@ def settle_cpu_threads(training: bool = True) -> None:
 def start_cpu_rank() -> dict[str, float]:
     """What a CPU training rank does once its process groups exist (gloo's threads keep every
     core), before its first step: settle its threads, then time the host's speed
-    (:func:`reference_cpu_s`, which it returns)."""
+    (executor.hostspeed.reference_cpu_s, which it returns)."""
+    from executor.hostspeed import reference_cpu_s
+
     settle_cpu_threads()
     return reference_cpu_s()
 
@@ -224,63 +226,6 @@ def read_pids(run_dir: Path, ranks: int) -> list[int]:
         except (OSError, ValueError):
             continue
     return out
-
-
-# --- the host's speed -------------------------------------------------------------------------
-
-REFERENCE_REPS = 7
-
-
-def reference_cpu_s(reps: int = REFERENCE_REPS) -> dict[str, float]:
-    """CPU seconds (``time.thread_time``) the calling thread takes for two fixed workloads, each
-    the least of ``reps`` repeats (one interrupted repeat does not count):
-
-    - ``reference_cpu_s``: a chain of eight 256 x 256 x 256 fp32 GEMMs, each followed by a GELU
-      and an add: the kernels' own speed (2.5-2.8 ms single-threaded on the 2-core machine it was
-      written on);
-    - ``reference_ops_cpu_s``: twenty forward and backward passes of four 32-wide linear layers
-      on 8 rows: the cost of each op's dispatch and autograd bookkeeping, which is most of a tiny
-      plan's step (2.7-3.1 ms there).
-
-    CPU time, not wall time, so that ranks waiting for a core (more ranks than cores) do not
-    count it. Its own generator: the global RNG, and so the run's losses, are untouched. Every
-    CPU rank calls it before its first step and after its last; the measurement keeps, per
-    workload, the slower timing of each rank, its median over the ranks (``environment``:
-    executor.report.reference_speed), so that runs of one calibration made while the host ran slower can be told
-    apart (simdist.calibrate.honesty): on the 2-core guest simdist was calibrated on,
-    calibrations had phases with the tiny plans' compute 10-40% slower while no other process ran
-    and no steal was reported (benchmarks/README.md), which the figures above do not show."""
-    import torch  # the ranks have it; the launcher, which imports this module, need not
-
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(256, 256, generator=g) / 16
-    x0 = torch.randn(256, 256, generator=g)
-    small_w = (torch.randn(32, 32, generator=g) / 6).requires_grad_()
-    small_x = torch.randn(8, 32, generator=g)
-
-    def gemms() -> None:
-        x = x0
-        for _ in range(8):
-            x = torch.nn.functional.gelu(x @ w) + x
-
-    def ops() -> None:
-        for _ in range(20):
-            x = small_x
-            for _ in range(4):
-                x = torch.nn.functional.gelu(x @ small_w) + x
-            x.sum().backward()
-        small_w.grad = None
-
-    return {"reference_cpu_s": _least_cpu(gemms, reps), "reference_ops_cpu_s": _least_cpu(ops, reps)}
-
-
-def _least_cpu(fn: Callable[[], None], reps: int) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.thread_time()
-        fn()
-        best = min(best, time.thread_time() - t0)
-    return best
 
 
 # the tick rates Linux is built with (CONFIG_HZ_100 / 250 / 300 / 1000)

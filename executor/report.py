@@ -186,19 +186,25 @@ def ps_summary(plan: Any, ranks: list[dict[str, Any]], servers: list[dict[str, A
 
 
 def reference_speed(ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The host's speed during the run: each reference workload's CPU time
-    (executor.hostload.reference_cpu_s) on each rank, the slower of its timings before the first
-    step and after the last (a slow phase of the host that starts or ends inside the run shows in
-    one of them), its median over the ranks; and the medians of the timings after the last step
-    alone (``reference_after``). {} on a GPU."""
+    """The host's speed during the run (executor.hostspeed): each reference workload's CPU time on
+    each rank, the slowest of its timings before the first step, between the measured steps and
+    after the last (a slow phase of the host that begins or ends inside the run, or lasts through
+    its steps only, shows in one of them), its median over the ranks; the medians of the timings
+    after the last step alone (``reference_after``) and between the steps alone
+    (``reference_between``, with the one-element all-reduce's latency, ``allreduce_s``). {} on a
+    GPU."""
     def median(refs: list[dict[str, float]]) -> dict[str, float]:
         return {key: statistics.median(x[key] for x in refs) for key in refs[0]} if refs else {}
 
-    pairs = [(r["reference_cpu_s"], r.get("reference_after_cpu_s") or r["reference_cpu_s"])
-             for r in ranks if r.get("reference_cpu_s")]
-    out: dict[str, Any] = median([{k: max(a[k], b[k]) for k in a} for a, b in pairs])
-    after = [r["reference_after_cpu_s"] for r in ranks if r.get("reference_after_cpu_s")]
-    return {**out, "reference_after": median(after)} if after else out
+    timed = [r for r in ranks if r.get("reference_cpu_s")]
+    slowest = [{k: max(v, *((r.get(when) or {}).get(k, v) for when in ("reference_after_cpu_s", "reference_between")))
+                for k, v in r["reference_cpu_s"].items()} for r in timed]
+    out: dict[str, Any] = median(slowest)
+    for key, when in (("reference_after", "reference_after_cpu_s"), ("reference_between", "reference_between")):
+        seen = [r[when] for r in timed if r.get(when)]
+        if seen:
+            out[key] = median(seen)
+    return out
 
 
 def environment(device: torch.device) -> dict[str, Any]:

@@ -57,7 +57,8 @@ from executor.faults import (
     pid_path,
     result_path,
 )
-from executor.hostload import reference_cpu_s, settle_cpu_threads, start_cpu_rank
+from executor.hostload import settle_cpu_threads, start_cpu_rank
+from executor.hostspeed import BetweenSteps, reference_cpu_s
 from executor.measure import CollectiveCensus, StepProbe
 from executor.report import assemble
 from executor.timeline import Tracer
@@ -199,6 +200,7 @@ class Worker:
         tracer = Tracer(self.args.trace, self.rank, cuda=device.type == "cuda")
         probe = StepProbe(pm, cuda=device.type == "cuda", tracer=tracer)
         warmup, steps, total = self.args.warmup, self.args.steps, self.total_steps()
+        between = BetweenSteps(steps)
         ckpt = self.checkpointer()
         if servers:
             state = TrainState(self.rank)
@@ -237,6 +239,8 @@ class Worker:
             if measured:
                 records[str(step)] = {"loss": loss, "wall": probe.times.wall, "phases": probe.phases(),
                                       "spans": probe.spans.record()}
+                if reference is not None:  # the host's speed amid the steps (executor.hostspeed)
+                    between.after(step - warmup, lambda: self.barrier(device, group), group)
             self.progress(step, warmup, steps, loss, probe.times.wall)
             if ckpt is not None and ckpt.due(step + 1, total):
                 self.beat("checkpoint", step)
@@ -260,7 +264,7 @@ class Worker:
             "model_state": {**(probe.model_state or {}), "params_gathered": gathered},
             "activation_bytes": saved,
             "collectives": census.result(),
-            "reference_cpu_s": reference, "reference_after_cpu_s": after,
+            "reference_cpu_s": reference, "reference_after_cpu_s": after, "reference_between": between.result(),
             "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "cuda_peak_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             "data_parallel": pm.data_parallel,
@@ -340,12 +344,8 @@ class Worker:
     def progress(self, step: int, warmup: int, steps: int, loss: float | None, wall: float) -> None:
         if not self.reports_progress:  # the last training rank always holds a loss (last stage)
             return
-        if step < warmup:
-            label = f"warm-up {step + 1}/{warmup}"
-        elif step < warmup + steps:
-            label = f"step {step - warmup + 1}/{steps}"
-        else:
-            label = "instrumented step"
+        label = (f"warm-up {step + 1}/{warmup}" if step < warmup
+                 else f"step {step - warmup + 1}/{steps}" if step < warmup + steps else "instrumented step")
         shown = "-" if loss is None else f"{loss:.4f}"
         self.log(f"{label}  loss {shown}  {wall:.3f} s")
 

@@ -227,8 +227,11 @@ def test_a_measurement_keeps_its_timeline_core_waits_and_the_machines_load(measu
     # the host's speed: two fixed workloads' CPU time (median over the ranks), each a few ms
     env = m["environment"]
     assert 0 < env["reference_cpu_s"] < 0.1 and 0 < env["reference_ops_cpu_s"] < 0.1
-    after = env["reference_after"]  # timed again after the last step: the slower of the two counts
+    after = env["reference_after"]  # timed again after the last step and between steps: the slowest counts
+    between = env["reference_between"]
     assert 0 < after["reference_ops_cpu_s"] <= env["reference_ops_cpu_s"]
+    assert 0 < between["reference_ops_cpu_s"] <= env["reference_ops_cpu_s"]
+    assert 0 < between["allreduce_s"] < m["step_time_s"]  # a one-float all-reduce between steps
 
 
 @pytest.mark.distributed

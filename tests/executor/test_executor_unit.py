@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from executor.data import first_sample, replica_batch, sample_tokens, token_batch  # noqa: E402
-from executor.hostload import reference_cpu_s  # noqa: E402
+from executor.hostspeed import reference_cpu_s  # noqa: E402
 from executor.measure import SavedActivations, collective_kind  # noqa: E402
 from executor.model import Transformer, build_model, lm_loss, stage_module  # noqa: E402
 from executor.parallelize import chunk_layers  # noqa: E402
@@ -263,14 +263,18 @@ def test_the_hosts_reference_workloads_leave_the_runs_random_state_alone():
     assert set(times) == {"reference_cpu_s", "reference_ops_cpu_s"} and all(0 < t < 5.0 for t in times.values())
 
 
-def test_the_hosts_speed_is_the_slower_of_its_timings_before_and_after_the_steps():
+def test_the_hosts_speed_is_the_slowest_of_its_timings_before_between_and_after_the_steps():
     """A slow phase of the host that starts inside a run shows only in the reference workloads
-    timed after its last step: each rank's slower timing counts, then the median over the ranks."""
+    timed after its last step, one that lasts through the steps only in those timed between them:
+    each rank's slowest timing counts, then the median over the ranks."""
     from executor.report import reference_speed
 
-    def rank(before: tuple[float, float], after: tuple[float, float] | None) -> dict:
-        pair = lambda t: {"reference_cpu_s": t[0], "reference_ops_cpu_s": t[1]}  # noqa: E731
-        return {"reference_cpu_s": pair(before), "reference_after_cpu_s": pair(after) if after else None}
+    pair = lambda t: {"reference_cpu_s": t[0], "reference_ops_cpu_s": t[1]}  # noqa: E731
+
+    def rank(before: tuple[float, float], after: tuple[float, float] | None,
+             between: tuple[float, float, float] | None = None) -> dict:
+        return {"reference_cpu_s": pair(before), "reference_after_cpu_s": pair(after) if after else None,
+                "reference_between": {**pair(between), "allreduce_s": between[2]} if between else None}
 
     ranks = [rank((2.6e-3, 2.8e-3), (2.7e-3, 3.5e-3)), rank((2.7e-3, 2.9e-3), (2.6e-3, 3.6e-3)),
              rank((2.8e-3, 3.0e-3), (2.8e-3, 2.9e-3))]
@@ -280,4 +284,35 @@ def test_the_hosts_speed_is_the_slower_of_its_timings_before_and_after_the_steps
     assert got["reference_after"]["reference_ops_cpu_s"] == pytest.approx(3.5e-3)
     older = reference_speed([rank((2.6e-3, 2.8e-3), None)])  # a rank that timed it before only
     assert older == {"reference_cpu_s": 2.6e-3, "reference_ops_cpu_s": 2.8e-3}
+    # slow between the steps only (q41's fit-pp-1f1b): the GEMMs 30% slower there on two ranks of three
+    amid = reference_speed([rank((2.6e-3, 2.8e-3), (2.6e-3, 2.8e-3), (3.4e-3, 2.9e-3, 90e-6)),
+                            rank((2.7e-3, 2.8e-3), (2.6e-3, 2.8e-3), (3.5e-3, 2.8e-3, 80e-6)),
+                            rank((2.6e-3, 2.8e-3), (2.6e-3, 2.8e-3), (2.6e-3, 2.8e-3, 70e-6))])
+    assert amid["reference_cpu_s"] == pytest.approx(3.4e-3) and amid["reference_ops_cpu_s"] == pytest.approx(2.8e-3)
+    assert amid["reference_between"]["allreduce_s"] == pytest.approx(80e-6)
+    assert amid["reference_after"]["reference_cpu_s"] == pytest.approx(2.6e-3)
     assert reference_speed([{"reference_cpu_s": None}]) == {}  # a GPU run
+
+
+def test_the_hosts_speed_is_timed_after_a_few_measured_steps_spread_over_the_run(monkeypatch):
+    """Between measured steps every rank first waits for the others (no rank still computes a
+    step), then times the workloads; after at most eight steps of a run, spread evenly, and the
+    median of each figure counts (one slow sample does not)."""
+    import itertools
+
+    import executor.hostspeed as hs
+
+    times = itertools.cycle([2.6e-3, 2.7e-3, 9.0e-3, 2.8e-3, 2.6e-3, 2.7e-3, 2.9e-3, 2.7e-3])
+    monkeypatch.setattr(hs, "reference_cpu_s", lambda reps: {"reference_cpu_s": next(times), "reps": reps})
+    monkeypatch.setattr(hs, "allreduce_latency_s", lambda group: 1e-4)
+    synced: list[int] = []
+    probe = hs.BetweenSteps(steps=60)
+    assert probe.result() is None  # nothing timed yet
+    for i in range(60):
+        probe.after(i, lambda i=i: synced.append(i))
+    assert synced == list(range(0, 60, 8))  # 60 steps: after every 8th, 8 samples
+    assert probe.result() == {"reference_cpu_s": pytest.approx(2.7e-3), "reps": hs.BETWEEN_REPS, "allreduce_s": 1e-4}
+    short = hs.BetweenSteps(steps=5)
+    for i in range(5):
+        short.after(i, lambda: None)
+    assert len(short.samples) == 5  # a short run: after every step
