@@ -96,6 +96,29 @@ def test_more_smaller_micro_batches_fetch_the_weights_more_often():
     assert added["local-pp-fit"] == pytest.approx(2 * added["local-pp-1f1b"], rel=0.01)
 
 
+def test_a_search_prices_each_plans_fetch_by_its_own_working_set_as_predict_does():
+    """With a cache between two candidates' working sets (local-pp-fit at micro-batches of 2 and
+    of 8: 65 and 161 MiB), the search's closed form fetches the weights for the larger alone, each
+    candidate timed as ``predict`` times it, whichever the scenario's own plan does."""
+    from simdist.search.evaluate import Evaluator
+    from simdist.search.space import candidate_of
+
+    sc = load_scenario(SCENARIOS / "local-pp-fit.yaml")
+    small, large = (replace(sc.plan, micro_batch_size=mbs) for mbs in (2, 8))
+    prof = cpu_profile(llc=100 * MIB)
+    assert not fetches_weights(replace(sc, plan=small), prof) and fetches_weights(replace(sc, plan=large), prof)
+    for base in (small, large):
+        ev = Evaluator(replace(sc, plan=base), prof)
+        for plan in (small, large, small):  # the second visit of a plan hits the memo
+            got = ev.analytic_time(ev.plan(candidate_of(plan)))
+            assert got == pytest.approx(predict(replace(sc, plan=plan), profile=prof, engine="analytic").step_time_s,
+                                        rel=1e-9)
+    ev = Evaluator(replace(sc, plan=small), prof)
+    fetched = ev.analytic_time(ev.plan(candidate_of(large)))
+    cached = Evaluator(replace(sc, plan=large), replace(prof, weight_fetch_s=[])).analytic_time(large)
+    assert fetched > cached * 1.01  # the fetch is there to tell apart
+
+
 def test_profile_v11_keeps_the_fetch_and_scales_it_with_the_machines_speed(tmp_path):
     prof = cpu_profile()
     path = tmp_path / "p.json"

@@ -20,7 +20,7 @@ from operator import attrgetter
 from typing import Any
 
 from simdist.analytic.activations import activation_bytes
-from simdist.analytic.cache_residency import resident
+from simdist.analytic.cache_residency import fetches_weights
 from simdist.analytic.collectives import CommContext, Network, grid
 from simdist.analytic.cost import CostModel
 from simdist.analytic.data_parallel import DataParallelTraffic
@@ -97,11 +97,15 @@ class Evaluator:
 
     def __init__(self, scenario: Scenario, profile: CalibrationProfile | None = None):
         self.scenario, self.profile = scenario, profile
-        profile, _ = time_shared(scenario, resident(scenario, profile))  # as predict() sees a CPU profile
+        shared, _ = time_shared(scenario, profile)  # as predict() sees a CPU profile (the world is the scenario's)
         self.model, self.cluster = scenario.model, scenario.cluster
         self.base_plan = scenario.plan
-        self.cost = CostModel(self.cluster.gpu, self.base_plan.precision, profile)
-        self.net = Network.of(self.cluster, profile)
+        self.cost = CostModel(self.cluster.gpu, self.base_plan.precision, shared)
+        # each plan's GEMMs fetch their weights or find them in the cache by its own working set (a
+        # CPU profile's, simdist.analytic.cache_residency), as predict() decides
+        self.cached_cost = (CostModel(self.cluster.gpu, self.base_plan.precision, replace(shared, weight_fetch_s=[]))
+                            if shared is not None and shared.weight_fetch_s else self.cost)
+        self.net = Network.of(self.cluster, shared)
         self.capacity = self.cluster.gpu.memory_bytes
         self._own = own_problems(self.model, self.cluster)
         self._fixed: dict[tuple[object, ...], tuple[float, tuple[float, ...], float]] = {}
@@ -177,12 +181,13 @@ class Evaluator:
         that differ only in the micro-batch's shape (simdist.analytic.stage.stage_sync reads the
         rank grid, the ZeRO stage, recompute's re-gathers and the stage's layers)."""
         sc = replace(self.scenario, plan=plan)
-        key = self.passes_key(plan)
+        cost = self.cost_of(sc)
+        key = (*self.passes_key(plan), cost is self.cached_cost)
         mp = self._passes.get(key)
         if mp is None:
             if len(self._passes) >= 65536:
                 self._passes.clear()
-            mp = self._passes[key] = model_passes(sc, self.cost, self.net)
+            mp = self._passes[key] = model_passes(sc, cost, self.net)
         sync_key = (plan.zero_stage, *self.sync_reads(plan), plan.virtual_pipeline_stages, *grid(plan))
 
         def sync_of(ctx: CommContext, stage: int) -> tuple[DataParallelTraffic, float]:
@@ -190,10 +195,17 @@ class Evaluator:
             if got is None:
                 if len(self._sync) >= 65536:
                     self._sync.clear()
-                got = self._sync[(sync_key, stage)] = stage_sync(sc, ctx, self.cost, stage)
+                got = self._sync[(sync_key, stage)] = stage_sync(sc, ctx, cost, stage)
             return got
 
-        return describe(sc, self.cost, self.net, passes_of=mp, sync_of=sync_of)
+        return describe(sc, cost, self.net, passes_of=mp, sync_of=sync_of)
+
+    def cost_of(self, scenario: Scenario) -> CostModel:
+        """The cost model of one candidate: without the weights' fetch where its ranks' working
+        sets fit the cache (the fetch prices GEMMs only, not a stage's sync or optimizer step)."""
+        if self.cached_cost is self.cost or fetches_weights(scenario, self.profile):
+            return self.cost
+        return self.cached_cost
 
     def sync_reads(self, plan: ParallelPlan) -> tuple[object, ...]:
         """What a stage's data-parallel traffic and optimizer step read of the recompute and the
