@@ -113,18 +113,24 @@ def _workers(path: Path) -> int:
 def checked(runs, profile: str, before: str | None = None, role: str = "") -> list[dict]:
     """A row per plan (stored runs, simdist.calibrate.terms.FitRun) as simdist calibrate checks its
     fitted and held-out runs (terms.fit_checks: the median the fit reads, the plan as it ran, the
-    event engine), with the prediction of the ``before`` profile beside it and why the
+    event engine; a fit run's undisturbed runs, a held-out plan's at the host's speed, naming the
+    runs set aside), with the prediction of the ``before`` profile beside it and why the
     measurement is in doubt (simdist.calibrate.repeat.Repeated.doubt)."""
+    from dataclasses import replace
+
     from simdist.calibrate.terms import fit_checks
     from simdist.spec.profile import load_profile
 
     prof = load_profile(profile)
-    was = fit_checks(load_profile(before), runs) if before else [None] * len(runs)
+    # the runs simdist calibrate reads: a fit run's undisturbed ones, a held-out plan's at the host's speed
+    kept = [replace(r, repeated=r.repeated.undisturbed if role == "fit" else r.repeated.at_host_speed) for r in runs]
+    was = fit_checks(load_profile(before), kept) if before else [None] * len(kept)
     return [{"scenario": c.name, "role": role, "kind": "+".join(run.layers) or "ddp", "ranks": c.processes,
              "runs": c.runs, "median_s": c.measured, "spread": c.spread, "predicted_s": c.predicted,
              "before_s": old and old.predicted, "error": c.error, "others_cores": c.others_cores,
-             "loadavg": list(c.loadavg or [0.0]), "doubt": run.repeated.doubt(_cores(), prof.host_speed) or ""}
-            for run, c, old in zip(runs, fit_checks(prof, runs), was, strict=True)]
+             "loadavg": list(c.loadavg or [0.0]), "doubt": run.repeated.doubt(_cores(), prof.host_speed) or "",
+             "set_aside": "; ".join(run.repeated.notes[len(r.repeated.notes):])}
+            for r, run, c, old in zip(runs, kept, fit_checks(prof, kept), was, strict=True)]
 
 
 def print_rows(rows: list[dict]) -> None:
@@ -137,7 +143,8 @@ def print_rows(rows: list[dict]) -> None:
         print(f"{row['role']:<4} {row['scenario']:<24} {row['kind']:<26} {row['ranks']:>2} ranks  "
               f"{row['median_s']:8.4f} s  spread {row['spread']:6.1%}{was}  predicted {row['predicted_s']:8.4f} s  "
               f"error {row['error']:+7.1%}  others {row['others_cores']:.2f} cores"
-              + (f"  [{row['doubt']}]" if row["doubt"] else ""), flush=True)
+              + (f"  [{row['doubt']}]" if row["doubt"] else "")
+              + (f"  ({row['set_aside']})" if row.get("set_aside") else ""), flush=True)
     held = [r for r in rows if r["role"] == "held"]
     within = [r for r in held if abs(r["error"]) <= HELD_OUT_BAR]
     print(f"\n{len(within)} of {len(held)} held-out plans within {HELD_OUT_BAR:.0%} of their measured median")

@@ -4,7 +4,9 @@ One run of a few steps on a shared machine says little: another process can slow
 of it. So a calibration run is repeated: after each run, the median over the runs' medians is
 compared with the one before; the series is *stable* when at least ``min_runs`` runs agree so
 that adding the last one moved that median by at most ``tolerance`` (relative). It stops there,
-or after ``max_runs`` runs or ``budget_s`` seconds, and says which.
+or after ``max_runs`` runs or ``budget_s`` seconds, and says which. Runs made while the host ran
+slower than during the series' others (:func:`at_host_speed`: fixed workloads timed around and
+between the steps took more CPU time) do not count towards it, so another run replaces them.
 
 What it keeps: every run's median step, their run-to-run spread ((max - min) / median, the
 figure the fits are held to), the run whose median is the median of medians (its phases stand
@@ -34,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import field, replace
 from typing import Any
 
-from simdist.calibrate.honesty import BUSY_SHARE, drift_note, median_speed
+from simdist.calibrate.honesty import BUSY_SHARE, HOST_DRIFT, drift_note, median_speed
 from simdist.frozen import frozen
 from simdist.spec.measurement import Measurement
 from simdist.spec.profile import UNKNOWN_SPEED, HostSpeed
@@ -116,19 +118,32 @@ class Repeated:
         return max(range(1, len(values)), key=lambda i: values[i] / values[i - 1])
 
     @property
-    def undisturbed(self) -> Repeated:
-        """The series without its slower group of runs where their compute falls in two groups
-        (:data:`COMPUTE_GAP`): the same work on one machine, and interference only adds CPU time
-        (a neighbour evicting the cache, a lower clock); itself otherwise. A fit run is fitted on
-        it (q41, 2026-11-29: two of three fit-pp-1f1b runs took 1.28x the third's CPU time for the
-        same work, the fitted pipeline terms priced the tiny pipelines 13-28% slow; on the faster
-        run alone, within 3-7%)."""
-        if self.compute_gap <= COMPUTE_GAP:
+    def at_host_speed(self) -> Repeated:
+        """The series without the runs made while the host ran slower (:func:`at_host_speed`),
+        which its notes name; itself when there were none."""
+        kept = tuple(at_host_speed(self.runs))
+        if len(kept) == len(self.runs):
             return self
-        values, cut = self._computes, self._slow_from
-        fast = tuple(m for m in self.runs if (compute_phase(m) or 0.0) <= values[cut - 1])
-        return replace(self, runs=fast, notes=(*self.notes, f"{len(self.runs) - len(fast)} of {len(self.runs)} run(s) "
-                                               f"set aside, their compute {1 + self.compute_gap:.2f}x the others'"))
+        best = fastest_host(self.runs)
+        slow = max(host_speed(m).drift(best) for m in self.runs)
+        return replace(self, runs=kept, notes=(*self.notes, f"{len(self.runs) - len(kept)} of {len(self.runs)} run(s) "
+                                               f"set aside, the host up to {slow:.0%} slower during them"))
+
+    @property
+    def undisturbed(self) -> Repeated:
+        """The series at the host's speed (:attr:`at_host_speed`), without its slower group of runs
+        where their compute falls in two groups (:data:`COMPUTE_GAP`): the same work on one
+        machine, and interference only adds CPU time (a neighbour evicting the cache, a lower
+        clock). A fit run is fitted on it (q41, 2026-11-29: two of three fit-pp-1f1b runs took
+        1.28x the third's CPU time for the same work, the fitted pipeline terms priced the tiny
+        pipelines 13-28% slow; on the faster run alone, within 3-7%)."""
+        base = self.at_host_speed
+        if base.compute_gap <= COMPUTE_GAP:
+            return base
+        values, cut = base._computes, base._slow_from
+        fast = tuple(m for m in base.runs if (compute_phase(m) or 0.0) <= values[cut - 1])
+        return replace(base, runs=fast, notes=(*base.notes, f"{len(base.runs) - len(fast)} of {len(base.runs)} run(s) "
+                                               f"set aside, their compute {1 + base.compute_gap:.2f}x the others'"))
 
     def doubt(self, cores: int, baseline: HostSpeed = UNKNOWN_SPEED) -> str | None:
         """A note when the measured median is in doubt rather than the prediction; None else:
@@ -175,9 +190,28 @@ def compute_phase(m: Measurement) -> float | None:
 
 
 def host_speed(m: Measurement) -> HostSpeed:
-    """The run's reference workloads' CPU times (``environment``, executor.hostload.reference_cpu_s)."""
+    """The run's reference workloads' CPU times (``environment``, executor.hostspeed.reference_cpu_s)."""
     env = m.extras.get("environment") or {}
     return HostSpeed(float(env.get("reference_cpu_s") or 0.0), float(env.get("reference_ops_cpu_s") or 0.0))
+
+
+def fastest_host(runs: Sequence[Measurement]) -> HostSpeed:
+    """Each reference workload's least CPU time over ``runs`` (0 where none measured it)."""
+    speeds = [host_speed(m) for m in runs]
+    return HostSpeed(min((s.gemm for s in speeds if s.gemm > 0), default=0.0),
+                     min((s.ops for s in speeds if s.ops > 0), default=0.0))
+
+
+def at_host_speed(runs: Sequence[Measurement]) -> list[Measurement]:
+    """The runs made while the host ran at its speed: those whose reference workloads took at most
+    honesty.HOST_DRIFT more CPU time than the fastest timing of each over ``runs`` (executor.hostspeed:
+    each rank's slowest of its timings before, between and after the steps). A run without them
+    counts. q45 (2026-11-29): the first fit-pp-zb run's workloads took 1.7x and 1.9x their CPU time
+    between its steps, its compute 1.71x the second run's, while the timings before and after it
+    were the host's usual; the same minute slowed fit-pp-interleaved's first run (1.35x, compute
+    1.43x) and tiny-3d's."""
+    best = fastest_host(runs)
+    return [m for m in runs if host_speed(m).drift(best) <= HOST_DRIFT]
 
 
 def others_cores(m: Measurement) -> float:
@@ -269,8 +303,9 @@ class _Series:
         """Count run ``m``; ``seconds``: the series' time so far, this run's included."""
         self.runs.append(m)
         self.seconds = seconds
-        current = statistics.median(r.step_time_s for r in self.runs)
-        if len(self.runs) >= self.min_runs and self.previous is not None \
+        kept = at_host_speed(self.runs)  # a run made while the host ran slower is replaced by another
+        current = statistics.median(r.step_time_s for r in kept)
+        if len(kept) >= self.min_runs and self.previous is not None \
                 and abs(current - self.previous) <= self.tolerance * current:
             self.stopped = "stable"
         elif seconds >= self.budget_s:

@@ -171,16 +171,11 @@ def refit_machine(args: argparse.Namespace) -> int:
 def fit_and_write(profile, runs, args: argparse.Namespace, held=()) -> int:
     """Fit the executor terms, check the fit (refuse it unless --force) and write the profile;
     then the held-out runs against it."""
-    from dataclasses import replace
-
     from simdist.calibrate.honesty import refusal
     from simdist.calibrate.terms import fit_checks, fit_terms, with_honesty
 
-    kept = [replace(r, repeated=r.repeated.undisturbed) for r in runs]  # interference only adds CPU time
-    for r, k in zip(runs, kept, strict=True):
-        if k.repeated is not r.repeated:
-            print(f"{r.name}: {k.repeated.notes[-1]} on the same work; fitted on the rest", file=sys.stderr)
-    runs = kept
+    # interference only adds CPU time: fitted on the runs at the host's speed and the machine's
+    runs, held = _set_aside(runs, "undisturbed", "fitted"), _set_aside(list(held), "at_host_speed", "measured")
     profile, bounds, unusable = fit_terms(profile, runs)
     checks = fit_checks(profile, runs)
     lines = refusal(checks, bounds, profile.cores)
@@ -200,6 +195,18 @@ def fit_and_write(profile, runs, args: argparse.Namespace, held=()) -> int:
     if held:
         print(_held_table(profile, list(held)))
     return 0
+
+
+def _set_aside(runs, rule: str, what: str) -> list:
+    """``runs`` with each series cut to its ``rule`` (simdist.calibrate.repeat.Repeated's
+    ``undisturbed`` or ``at_host_speed``), the runs it set aside named."""
+    from dataclasses import replace
+
+    kept = [replace(r, repeated=getattr(r.repeated, rule)) for r in runs]
+    for r, k in zip(runs, kept, strict=True):
+        for note in k.repeated.notes[len(r.repeated.notes):]:
+            print(f"{r.name}: {note}; {what} on the rest", file=sys.stderr)
+    return kept
 
 
 def _table(checks) -> str:

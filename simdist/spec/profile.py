@@ -38,7 +38,7 @@ model and a large one pay the same few milliseconds there (Hoefler et al. SC'10'
 
 Version 6 adds the host's speed during the fit runs (``reference_cpu_s`` and
 ``reference_ops_cpu_s``: the median over them of the CPU time two fixed workloads took on each
-rank, executor.hostload.reference_cpu_s), so that a measurement made later on a slower or faster
+rank, executor.hostspeed.reference_cpu_s), so that a measurement made later on a slower or faster
 host is told apart from a wrong prediction (:class:`HostSpeed`, simdist.calibrate.honesty).
 
 Version 7 adds, per software layer, the share of its communication a rank sleeps at full speed
@@ -88,7 +88,7 @@ READABLE_VERSIONS = tuple(range(1, PROFILE_VERSION + 1))
 @frozen
 class HostSpeed:
     """The host's speed during runs: the CPU time (s) of the executor's two reference workloads
-    (executor.hostload.reference_cpu_s): GEMMs, and many small ops with their autograd; 0 = not
+    (executor.hostspeed.reference_cpu_s): GEMMs, and many small ops with their autograd; 0 = not
     measured."""
 
     gemm: float = 0.0
