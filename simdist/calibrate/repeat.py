@@ -5,8 +5,8 @@ of it. So a calibration run is repeated: after each run, the median over the run
 compared with the one before; the series is *stable* when at least ``min_runs`` runs agree so
 that adding the last one moved that median by at most ``tolerance`` (relative). It stops there,
 or after ``max_runs`` runs or ``budget_s`` seconds, and says which. Runs made while the host ran
-slower than during the series' others (:func:`at_host_speed`: fixed workloads timed around and
-between the steps took more CPU time) do not count towards it, so another run replaces them.
+slower than during the series' others (:func:`at_host_speed`: fixed workloads timed between the
+steps took more CPU time) do not count towards it, so another run replaces them.
 
 What it keeps: every run's median step, their run-to-run spread ((max - min) / median, the
 figure the fits are held to), the run whose median is the median of medians (its phases stand
@@ -125,7 +125,7 @@ class Repeated:
         if len(kept) == len(self.runs):
             return self
         best = fastest_host(self.runs)
-        slow = max(host_speed(m).drift(best) for m in self.runs)
+        slow = max(speed_amid_steps(m).drift(best) for m in self.runs)
         return replace(self, runs=kept, notes=(*self.notes, f"{len(self.runs) - len(kept)} of {len(self.runs)} run(s) "
                                                f"set aside, the host up to {slow:.0%} slower during them"))
 
@@ -195,23 +195,32 @@ def host_speed(m: Measurement) -> HostSpeed:
     return HostSpeed(float(env.get("reference_cpu_s") or 0.0), float(env.get("reference_ops_cpu_s") or 0.0))
 
 
+def speed_amid_steps(m: Measurement) -> HostSpeed:
+    """The reference workloads' CPU times timed between the run's measured steps (``environment.
+    reference_between``, executor.hostspeed.BetweenSteps); unknown for a run without them."""
+    amid = (m.extras.get("environment") or {}).get("reference_between") or {}
+    return HostSpeed(float(amid.get("reference_cpu_s") or 0.0), float(amid.get("reference_ops_cpu_s") or 0.0))
+
+
 def fastest_host(runs: Sequence[Measurement]) -> HostSpeed:
-    """Each reference workload's least CPU time over ``runs`` (0 where none measured it)."""
-    speeds = [host_speed(m) for m in runs]
+    """Each reference workload's least CPU time between the steps over ``runs`` (0 where none measured it)."""
+    speeds = [speed_amid_steps(m) for m in runs]
     return HostSpeed(min((s.gemm for s in speeds if s.gemm > 0), default=0.0),
                      min((s.ops for s in speeds if s.ops > 0), default=0.0))
 
 
 def at_host_speed(runs: Sequence[Measurement]) -> list[Measurement]:
-    """The runs made while the host ran at its speed: those whose reference workloads took at most
-    honesty.HOST_DRIFT more CPU time than the fastest timing of each over ``runs`` (executor.hostspeed:
-    each rank's slowest of its timings before, between and after the steps). A run without them
-    counts. q45 (2026-11-29): the first fit-pp-zb run's workloads took 1.7x and 1.9x their CPU time
-    between its steps, its compute 1.71x the second run's, while the timings before and after it
-    were the host's usual; the same minute slowed fit-pp-interleaved's first run (1.35x, compute
-    1.43x) and tiny-3d's."""
+    """The runs made while the host ran at its speed: those whose reference workloads, timed
+    between their measured steps, took at most honesty.HOST_DRIFT more CPU time than the fastest
+    such timing of each over ``runs``. A run without them counts. q45 (2026-11-29): the first
+    fit-pp-zb run's workloads took 1.7x and 1.9x their CPU time between its steps, its compute
+    1.71x the second run's, while the timings before and after it were the host's usual; the same
+    minute slowed fit-pp-interleaved's first run (1.35x, compute 1.43x). The timings before the
+    first step do not count here: in q41 the one fit-pp-1f1b run of three whose compute was at the
+    machine's speed timed its small ops 22% slow before its first step, and the two 1.28x slower
+    ones at the usual."""
     best = fastest_host(runs)
-    return [m for m in runs if host_speed(m).drift(best) <= HOST_DRIFT]
+    return [m for m in runs if speed_amid_steps(m).drift(best) <= HOST_DRIFT]
 
 
 def others_cores(m: Measurement) -> float:
