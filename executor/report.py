@@ -196,10 +196,12 @@ def reference_speed(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     def median(refs: list[dict[str, float]]) -> dict[str, float]:
         return {key: statistics.median(x[key] for x in refs) for key in refs[0]} if refs else {}
 
+    def slowest(r: dict[str, Any]) -> dict[str, float]:
+        timings = [r["reference_cpu_s"], *(r[w] for w in ("reference_after_cpu_s", "reference_between") if r.get(w))]
+        return {k: max(t[k] for t in timings) for k in r["reference_cpu_s"]}
+
     timed = [r for r in ranks if r.get("reference_cpu_s")]
-    slowest = [{k: max(v, *((r.get(when) or {}).get(k, v) for when in ("reference_after_cpu_s", "reference_between")))
-                for k, v in r["reference_cpu_s"].items()} for r in timed]
-    out: dict[str, Any] = median(slowest)
+    out: dict[str, Any] = median([slowest(r) for r in timed])
     for key, when in (("reference_after", "reference_after_cpu_s"), ("reference_between", "reference_between")):
         seen = [r[when] for r in timed if r.get(when)]
         if seen:

@@ -190,16 +190,26 @@ def compute_phase(m: Measurement) -> float | None:
 
 
 def host_speed(m: Measurement) -> HostSpeed:
-    """The run's reference workloads' CPU times (``environment``, executor.hostspeed.reference_cpu_s)."""
-    env = m.extras.get("environment") or {}
-    return HostSpeed(float(env.get("reference_cpu_s") or 0.0), float(env.get("reference_ops_cpu_s") or 0.0))
+    """The run's reference workloads' CPU times (executor.hostspeed.reference_cpu_s): those timed
+    between its measured steps (:func:`speed_amid_steps`), which saw what the steps saw; for a run
+    without them, the slowest of its timings before the first step and after the last
+    (``environment``). q47 (2026-11-29): every local-tp-fit run timed its workloads at the host's
+    usual between its steps (GEMMs 3.14-3.22 ms, small ops 5.18-5.45), while the timings around
+    them (up to 3.97 and 7.18 ms before the first run's first step, small ops 5.90 after the
+    third's last) put the series 12% above the fit runs' median and refused the fit as made on
+    another host."""
+    amid = speed_amid_steps(m)
+    return amid if amid.gemm > 0 else _speed(m.extras.get("environment") or {})
 
 
 def speed_amid_steps(m: Measurement) -> HostSpeed:
     """The reference workloads' CPU times timed between the run's measured steps (``environment.
     reference_between``, executor.hostspeed.BetweenSteps); unknown for a run without them."""
-    amid = (m.extras.get("environment") or {}).get("reference_between") or {}
-    return HostSpeed(float(amid.get("reference_cpu_s") or 0.0), float(amid.get("reference_ops_cpu_s") or 0.0))
+    return _speed((m.extras.get("environment") or {}).get("reference_between") or {})
+
+
+def _speed(timings: dict[str, Any]) -> HostSpeed:
+    return HostSpeed(float(timings.get("reference_cpu_s") or 0.0), float(timings.get("reference_ops_cpu_s") or 0.0))
 
 
 def fastest_host(runs: Sequence[Measurement]) -> HostSpeed:
