@@ -10,9 +10,10 @@ A fit is refused, and no profile written, when
 - other processes used a sizeable part of the cores during a run (:data:`BUSY_SHARE` of them,
   executor.hostload): the run measured that moment's sharing, not the machine;
 - the host itself ran slower or faster during a run than during the others (:data:`HOST_DRIFT`):
-  fixed workloads timed by CPU time on every rank before its first step, between its measured
-  steps and after its last (executor.hostspeed: GEMMs, and many small ops with their autograd;
-  the slowest timing counts) took another time than the fit runs' median. On the 2-core
+  fixed workloads timed by CPU time on every rank between its measured steps (executor.hostspeed:
+  GEMMs, and many small ops with their autograd; for a run without those, the slower of the
+  timings before its first step and after its last: repeat.host_speed) took another time than the
+  fit runs' median. On the 2-core
   guest simdist was calibrated on, calibrations had phases where the tiny plans' compute took
   10-40% more CPU time with no other process running and no steal time reported
   (benchmarks/README.md): the load figures do not show such a phase. The GEMM workload did not
