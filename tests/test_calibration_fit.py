@@ -109,6 +109,17 @@ def test_a_run_made_while_the_host_ran_slower_is_set_aside_and_another_run_repla
     assert started.at_host_speed is started
 
 
+def test_a_runs_host_speed_is_read_between_its_steps_where_it_has_them():
+    """q47: local-tp-fit's runs timed the workloads at the usual between their steps and up to 27%
+    and 38% slow before the first; the fit's host check reads the timings amid the steps, and a
+    run stored before they existed, the slowest of its timings around the steps."""
+    from simdist.calibrate.repeat import host_speed
+
+    assert host_speed(at(1.0, 3.14e-3, 5.23e-3, before=(3.97e-3, 7.18e-3))) == HostSpeed(3.14e-3, 5.23e-3)
+    older = m(1.0, environment={"reference_cpu_s": 3.97e-3, "reference_ops_cpu_s": 7.18e-3})
+    assert host_speed(older) == HostSpeed(3.97e-3, 7.18e-3)
+
+
 def test_plans_take_turns_so_a_slow_phase_moves_one_run_of_each():
     """One run of every plan not done yet, then the next round: a phase that slows the machine
     for a while lands on one run of several plans, which their spreads show, rather than on every
