@@ -109,6 +109,18 @@ def test_a_run_made_while_the_host_ran_slower_is_set_aside_and_another_run_repla
     assert started.at_host_speed is started
 
 
+def test_runs_each_slow_in_another_workload_keep_the_one_nearest_the_hosts_speed():
+    """q48 (2026-11-29) stopped on a plan whose runs were each more than 10% over the least CPU time
+    of one workload or the other: against the least of each, every run was set aside. Runs are
+    held against the one run nearest those least times, which stays."""
+    a, b = at(1.0, 3.1e-3, 5.8e-3), at(1.1, 3.5e-3, 5.2e-3)  # 12% slow on small ops; 13% on GEMMs
+    crossed = Repeated("x", (a, b), True, "stable")
+    assert crossed.at_host_speed.runs == (a,)
+    runs = iter([a, b, at(1.02, 3.12e-3, 5.75e-3), at(1.01, 3.1e-3, 5.8e-3)])
+    rep = repeat_sized("x", lambda n: next(runs), 60, min_runs=3, max_runs=4, tolerance=0.03)
+    assert len(rep.runs) == 4 and len(rep.at_host_speed.runs) == 3
+
+
 def test_a_runs_host_speed_is_read_between_its_steps_where_it_has_them():
     """q47: local-tp-fit's runs timed the workloads at the usual between their steps and up to 27%
     and 38% slow before the first; the fit's host check reads the timings amid the steps, and a

@@ -125,7 +125,7 @@ class Repeated:
         if len(kept) == len(self.runs):
             return self
         best = fastest_host(self.runs)
-        slow = max(speed_amid_steps(m).drift(best) for m in self.runs)
+        slow = max(speed_amid_steps(m).slower_than(best) for m in self.runs)
         return replace(self, runs=kept, notes=(*self.notes, f"{len(self.runs) - len(kept)} of {len(self.runs)} run(s) "
                                                f"set aside, the host up to {slow:.0%} slower during them"))
 
@@ -213,16 +213,21 @@ def _speed(timings: dict[str, Any]) -> HostSpeed:
 
 
 def fastest_host(runs: Sequence[Measurement]) -> HostSpeed:
-    """Each reference workload's least CPU time between the steps over ``runs`` (0 where none measured it)."""
-    speeds = [speed_amid_steps(m) for m in runs]
-    return HostSpeed(min((s.gemm for s in speeds if s.gemm > 0), default=0.0),
-                     min((s.ops for s in speeds if s.ops > 0), default=0.0))
+    """The timings between the steps of the run that ran nearest each workload's least CPU time
+    over ``runs`` (by its slower workload): one run's, so that it is never itself set aside (runs
+    each slow in another workload would all be, against the least of each); unknown where no run
+    has them."""
+    speeds = [s for s in map(speed_amid_steps, runs) if s.gemm > 0 and s.ops > 0]
+    if not speeds:
+        return HostSpeed()
+    floor = HostSpeed(min(s.gemm for s in speeds), min(s.ops for s in speeds))
+    return min(speeds, key=lambda s: s.slower_than(floor))
 
 
 def at_host_speed(runs: Sequence[Measurement]) -> list[Measurement]:
     """The runs made while the host ran at its speed: those whose reference workloads, timed
-    between their measured steps, took at most honesty.HOST_DRIFT more CPU time than the fastest
-    such timing of each over ``runs``. A run without them counts. q45 (2026-11-29): the first
+    between their measured steps, took at most honesty.HOST_DRIFT more CPU time, in either
+    workload, than the fastest run's (:func:`fastest_host`). A run without them counts. q45 (2026-11-29): the first
     fit-pp-zb run's workloads took 1.7x and 1.9x their CPU time between its steps, its compute
     1.71x the second run's, while the timings before and after it were the host's usual; the same
     minute slowed fit-pp-interleaved's first run (1.35x, compute 1.43x). The timings before the
@@ -230,7 +235,7 @@ def at_host_speed(runs: Sequence[Measurement]) -> list[Measurement]:
     machine's speed timed its small ops 22% slow before its first step, and the two 1.28x slower
     ones at the usual."""
     best = fastest_host(runs)
-    return [m for m in runs if speed_amid_steps(m).drift(best) <= HOST_DRIFT]
+    return [m for m in runs if speed_amid_steps(m).slower_than(best) <= HOST_DRIFT]
 
 
 def others_cores(m: Measurement) -> float:
