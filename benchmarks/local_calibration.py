@@ -116,21 +116,19 @@ def checked(runs, profile: str, before: str | None = None, role: str = "") -> li
     event engine; a fit run's undisturbed runs, a held-out plan's at the host's speed, naming the
     runs set aside), with the prediction of the ``before`` profile beside it and why the
     measurement is in doubt (simdist.calibrate.repeat.Repeated.doubt)."""
-    from dataclasses import replace
-
     from simdist.calibrate.terms import fit_checks
     from simdist.spec.profile import load_profile
 
     prof = load_profile(profile)
-    # the runs simdist calibrate reads: a fit run's undisturbed ones, a held-out plan's at the host's speed
-    kept = [replace(r, repeated=r.repeated.undisturbed if role == "fit" else r.repeated.at_host_speed) for r in runs]
+    read = [r.as_read(fitted=role == "fit") for r in runs]  # the runs simdist calibrate reads
+    kept = [k for k, _ in read]
     was = fit_checks(load_profile(before), kept) if before else [None] * len(kept)
     return [{"scenario": c.name, "role": role, "kind": "+".join(run.layers) or "ddp", "ranks": c.processes,
              "runs": c.runs, "median_s": c.measured, "spread": c.spread, "predicted_s": c.predicted,
              "before_s": old and old.predicted, "error": c.error, "others_cores": c.others_cores,
              "loadavg": list(c.loadavg or [0.0]), "doubt": run.repeated.doubt(_cores(), prof.host_speed) or "",
-             "set_aside": "; ".join(run.repeated.notes[len(r.repeated.notes):])}
-            for r, run, c, old in zip(runs, kept, fit_checks(prof, kept), was, strict=True)]
+             "set_aside": "; ".join(notes)}
+            for (run, notes), c, old in zip(read, fit_checks(prof, kept), was, strict=True)]
 
 
 def print_rows(rows: list[dict]) -> None:

@@ -121,13 +121,12 @@ class Repeated:
     def at_host_speed(self) -> Repeated:
         """The series without the runs made while the host ran slower (:func:`at_host_speed`),
         which its notes name; itself when there were none."""
-        kept = tuple(at_host_speed(self.runs))
+        slower = _slower_than_fastest(self.runs)
+        kept = tuple(m for m, x in zip(self.runs, slower, strict=True) if x <= HOST_DRIFT)
         if len(kept) == len(self.runs):
             return self
-        best = fastest_host(self.runs)
-        slow = max(speed_amid_steps(m).slower_than(best) for m in self.runs)
         return replace(self, runs=kept, notes=(*self.notes, f"{len(self.runs) - len(kept)} of {len(self.runs)} run(s) "
-                                               f"set aside, the host up to {slow:.0%} slower during them"))
+                                               f"set aside, the host up to {max(slower):.0%} slower during them"))
 
     @property
     def undisturbed(self) -> Repeated:
@@ -234,8 +233,13 @@ def at_host_speed(runs: Sequence[Measurement]) -> list[Measurement]:
     first step do not count here: in q41 the one fit-pp-1f1b run of three whose compute was at the
     machine's speed timed its small ops 22% slow before its first step, and the two 1.28x slower
     ones at the usual."""
+    return [m for m, x in zip(runs, _slower_than_fastest(runs), strict=True) if x <= HOST_DRIFT]
+
+
+def _slower_than_fastest(runs: Sequence[Measurement]) -> list[float]:
+    """How much slower each run's host ran between its steps than :func:`fastest_host`'s."""
     best = fastest_host(runs)
-    return [m for m in runs if speed_amid_steps(m).slower_than(best) <= HOST_DRIFT]
+    return [speed_amid_steps(m).slower_than(best) for m in runs]
 
 
 def others_cores(m: Measurement) -> float:

@@ -66,6 +66,13 @@ class FitRun:
     def scenario(self):
         return _parsed(self.scenario_yaml, self.base_dir)
 
+    def as_read(self, fitted: bool) -> tuple[FitRun, tuple[str, ...]]:
+        """The runs a calibration reads, and the notes of those it set aside: a fitted plan's
+        undisturbed runs, a held-out plan's made at the host's speed (Repeated.undisturbed,
+        Repeated.at_host_speed: interference only adds CPU time)."""
+        kept = self.repeated.undisturbed if fitted else self.repeated.at_host_speed
+        return replace(self, repeated=kept), kept.notes[len(self.repeated.notes):]
+
     @property
     def layers(self) -> tuple[str, ...]:
         return profile_layers(self.scenario.plan)

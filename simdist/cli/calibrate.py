@@ -174,8 +174,7 @@ def fit_and_write(profile, runs, args: argparse.Namespace, held=()) -> int:
     from simdist.calibrate.honesty import refusal
     from simdist.calibrate.terms import fit_checks, fit_terms, with_honesty
 
-    # interference only adds CPU time: fitted on the runs at the host's speed and the machine's
-    runs, held = _set_aside(runs, "undisturbed", "fitted"), _set_aside(list(held), "at_host_speed", "measured")
+    runs, held = _as_read(runs, fitted=True), _as_read(held, fitted=False)
     profile, bounds, unusable = fit_terms(profile, runs)
     checks = fit_checks(profile, runs)
     lines = refusal(checks, bounds, profile.cores)
@@ -197,16 +196,15 @@ def fit_and_write(profile, runs, args: argparse.Namespace, held=()) -> int:
     return 0
 
 
-def _set_aside(runs, rule: str, what: str) -> list:
-    """``runs`` with each series cut to its ``rule`` (simdist.calibrate.repeat.Repeated's
-    ``undisturbed`` or ``at_host_speed``), the runs it set aside named."""
-    from dataclasses import replace
-
-    kept = [replace(r, repeated=getattr(r.repeated, rule)) for r in runs]
-    for r, k in zip(runs, kept, strict=True):
-        for note in k.repeated.notes[len(r.repeated.notes):]:
-            print(f"{r.name}: {note}; {what} on the rest", file=sys.stderr)
-    return kept
+def _as_read(runs, fitted: bool) -> list:
+    """``runs`` as the calibration reads them (FitRun.as_read), naming the runs set aside."""
+    out = []
+    for r in runs:
+        kept, notes = r.as_read(fitted)
+        for note in notes:
+            print(f"{r.name}: {note}; {'fitted' if fitted else 'measured'} on the rest", file=sys.stderr)
+        out.append(kept)
+    return out
 
 
 def _table(checks) -> str:

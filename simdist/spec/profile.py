@@ -97,14 +97,16 @@ class HostSpeed:
     def drift(self, baseline: HostSpeed) -> float:
         """How much slower (> 0) or faster (< 0) the host ran than at ``baseline``: the workload
         whose CPU time moved most, its ratio less 1; 0 when no workload was measured on both sides."""
-        ratios = [a / b - 1.0 for a, b in ((self.gemm, baseline.gemm), (self.ops, baseline.ops)) if a > 0 and b > 0]
-        return max(ratios, key=abs, default=0.0)
+        return max(self._ratios(baseline), key=abs, default=0.0)
 
     def slower_than(self, baseline: HostSpeed) -> float:
         """How much slower the host ran than at ``baseline`` by its slower workload (a ratio less 1,
         below 0 when both ran faster); 0 when no workload was measured on both sides."""
-        ratios = [a / b - 1.0 for a, b in ((self.gemm, baseline.gemm), (self.ops, baseline.ops)) if a > 0 and b > 0]
-        return max(ratios, default=0.0)
+        return max(self._ratios(baseline), default=0.0)
+
+    def _ratios(self, baseline: HostSpeed) -> list[float]:
+        """Each workload measured on both sides: its CPU time here over ``baseline``'s, less 1."""
+        return [a / b - 1.0 for a, b in ((self.gemm, baseline.gemm), (self.ops, baseline.ops)) if a > 0 and b > 0]
 
     def describe(self) -> str:
         return f"GEMMs {self.gemm * 1e3:.2f} ms, small ops {self.ops * 1e3:.2f} ms"
