@@ -126,7 +126,7 @@ def checked(runs, profile: str, before: str | None = None, role: str = "") -> li
     return [{"scenario": c.name, "role": role, "kind": "+".join(run.layers) or "ddp", "ranks": c.processes,
              "runs": c.runs, "median_s": c.measured, "spread": c.spread, "predicted_s": c.predicted,
              "before_s": old and old.predicted, "error": c.error, "others_cores": c.others_cores,
-             "loadavg": list(c.loadavg or [0.0]), "doubt": run.repeated.doubt(_cores(), prof.host_speed) or "",
+             "loadavg": list(c.loadavg or [0.0]), "doubt": run.repeated.doubt(_cores(), prof.host_speed_for(c.processes)) or "",
              "set_aside": "; ".join(notes)}
             for (run, notes), c, old in zip(read, fit_checks(prof, kept), was, strict=True)]
 

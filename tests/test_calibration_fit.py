@@ -275,6 +275,39 @@ def test_the_profile_keeps_the_hosts_speed_and_held_out_runs_at_another_speed_ar
     assert series(2.7e-3, 3.75e-3).doubt(cores=2) is None  # a profile that did not record it
 
 
+def test_a_run_is_held_against_the_fit_runs_of_its_own_process_count(capsys, tmp_path):
+    """Ranks that time-share the cores take more CPU time for the reference workloads (q46,
+    2026-11-29: 3.15 / 5.2 ms at 2 ranks on 2 cores, 3.2 / 5.4 at 4, 3.48 / 5.8 at 8): with_honesty
+    keeps the fit runs' speed by process count (profile v12), and an 8-rank held-out run is held
+    against the nearest count recorded (4), not against the 2-rank runs that would call its host
+    10% slower. A profile without the counts (v11) holds every run against the fit runs' median."""
+    def check(name: str, processes: int, gemm: float, ops: float) -> FitCheck:
+        return FitCheck(name, measured=1.0, predicted=1.0, spread=0.01, runs=3, processes=processes,
+                        reference=HostSpeed(gemm, ops))
+
+    checks = [check("a", 2, 3.15e-3, 5.20e-3), check("b", 2, 3.13e-3, 5.22e-3), check("c", 2, 3.17e-3, 5.18e-3),
+              check("hsdp", 4, 3.22e-3, 5.40e-3), check("cp", 4, 3.20e-3, 5.44e-3), check("ps", 3, 0.0, 0.0)]
+    honest = with_honesty(fit_profile(synthetic_bench()), checks)
+    assert set(honest.reference_by_processes) == {"2", "4"}  # the 3-process run measured nothing
+    again = CalibrationProfile.from_dict(json.loads(json.dumps(honest.to_dict())))
+    assert again.reference_by_processes == honest.reference_by_processes
+    assert again.host_speed_for(2) == HostSpeed(3.15e-3, 5.20e-3)  # the 2-rank runs' medians
+    assert again.host_speed_for(8) == again.host_speed_for(3) == HostSpeed(3.20e-3, 5.40e-3)  # nearest by ratio: 4
+    eight = HostSpeed(3.48e-3, 5.80e-3)  # tiny-3d's runs in q46
+    assert eight.drift(honest.host_speed_for(2)) > HOST_DRIFT >= eight.drift(honest.host_speed_for(8))
+    older = replace(honest, reference_by_processes={})
+    assert older.host_speed_for(8) == older.host_speed
+    from simdist.cli.calibrate import _summary
+
+    _summary(honest)
+    assert "4: GEMMs 3.20 ms, small ops 5.40 ms" in capsys.readouterr().out
+    bad = {**honest.to_dict(), "reference_by_processes": {"eight": [3e-3, 5e-3]}}
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ScenarioError, match=r"reference_by_processes\.eight"):
+        load_profile(path)
+
+
 # --- fitting each software layer from its own runs ----------------------------------------------------
 
 

@@ -14,7 +14,7 @@ import yaml
 from simdist.errors import ScenarioError
 from simdist.frozen import frozen
 from simdist.spec.measurement import Measurement
-from simdist.spec.profile import CalibrationProfile
+from simdist.spec.profile import CalibrationProfile, local_processes
 from simdist.units import GiB
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ def compare_one(meas: Measurement | Mapping[str, Any], scenario_yaml: str, profi
 
     m = meas if isinstance(meas, Measurement) else Measurement.from_dict(meas)
     sc = scenario_from_dict(as_run_dict(yaml.safe_load(scenario_yaml), m.extras.get("as_run") or {}), base_dir)
-    drift = host_speed(m).drift(profile.host_speed) if profile is not None else 0.0
+    drift = host_speed(m).drift(profile.host_speed_for(local_processes(sc))) if profile is not None else 0.0
     return Comparison(m.name, m.scenario_hash, measured_quantities(m), predicted_quantities(sc, profile), m.spread,
                       drift)
 

@@ -37,7 +37,7 @@ import yaml
 
 from simdist.analytic.timeshare import SLEEPING_COMM
 from simdist.calibrate.fit import OVERHEAD_RANGE, SYNC_WAIT_MAX, fit_overhead
-from simdist.calibrate.honesty import Bound, FitCheck, reference_baseline
+from simdist.calibrate.honesty import Bound, FitCheck, median_speed, reference_baseline
 from simdist.calibrate.phases import (
     SCALE_RANGE,
     fit_coschedule,
@@ -249,7 +249,15 @@ def with_honesty(profile: CalibrationProfile, checks: list[FitCheck]) -> Calibra
                    core_waits={**profile.core_waits, **{c.name: c.core_wait for c in checks}},
                    residuals={**profile.residuals, **{f"fitted run {c.name} |error|": abs(c.error) for c in checks}},
                    error_band=max(profile.error_band, band),
+                   reference_by_processes={**profile.reference_by_processes, **_speed_by_processes(checks)},
                    **_speed(reference_baseline(checks), profile))
+
+
+def _speed_by_processes(checks: list[FitCheck]) -> dict[str, tuple[float, float]]:
+    """The host's speed over the fit runs of each process count (where they measured it)."""
+    counts = sorted({c.processes for c in checks})
+    speeds = {p: median_speed([c.reference for c in checks if c.processes == p]) for p in counts}
+    return {str(p): (s.gemm, s.ops) for p, s in speeds.items() if s.gemm > 0 and s.ops > 0}
 
 
 def _speed(measured: HostSpeed, profile: CalibrationProfile) -> dict[str, float]:

@@ -229,7 +229,8 @@ def _held_table(profile, held) -> str:
 
     checks = fit_checks(profile, held)
     rows = [[c.name, c.runs, f"{c.measured:.4f}", f"{c.spread:.1%}", f"{c.predicted:.4f}", f"{c.error:+.1%}",
-             r.repeated.doubt(profile.cores, profile.host_speed) or ""] for c, r in zip(checks, held, strict=True)]
+             r.repeated.doubt(profile.cores, profile.host_speed_for(c.processes)) or ""]
+            for c, r in zip(checks, held, strict=True)]
     close = sum(abs(c.error) <= HELD_OUT_BAR for c in checks)
     within = sum(abs(c.error) <= max(c.spread, FLOOR) for c in checks)
     return ("\n" + table([HELD_OUT_HEADING, "runs", "median s", "spread", "predicted s", "error", "in doubt"], rows,
@@ -272,3 +273,7 @@ def _summary(profile) -> None:
 
         print(f"host speed during the fitted runs: reference {profile.host_speed.describe()} of CPU per rank "
               f"(a run {HOST_DRIFT:.0%} away measured another host: simdist compare flags it)")
+        if profile.reference_by_processes:
+            print("  by processes at once (a run is held against the fit runs of its own count, or the nearest): "
+                  + "; ".join(f"{n}: {profile.host_speed_for(int(n)).describe()}"
+                              for n in sorted(profile.reference_by_processes, key=int)))

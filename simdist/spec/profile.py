@@ -62,9 +62,15 @@ Version 11 adds what a CPU's GEMM pays to fetch its weight from memory, by the w
 (``llc_bytes``), which holds the weights while the ranks' working sets fit in it
 (:mod:`simdist.analytic.cache_residency`).
 
-Versions 1 to 10 still load (the new fields take their defaults: no cores known, no band, no optimizer
+Version 12 keeps the host's speed during the fit runs by how many processes ran at once
+(``reference_by_processes``): ranks that time-share the cores take more CPU time for the same
+work (their caches are shared and flushed at each switch: the reference workloads took 3-4% more
+with 4 ranks on 2 cores, 9-11% more with 8, in calibrations q41-q47), so a measurement is held
+against fit runs of its own process count, or the nearest (:meth:`CalibrationProfile.host_speed_for`).
+
+Versions 1 to 11 still load (the new fields take their defaults: no cores known, no band, no optimizer
 term, no per-call wait, no host speed, no sleep shares, no selection rate, no tick, no weight
-fetch; version 8's rows kept 5%).
+fetch, no host speed by process count; version 8's rows kept 5%).
 """
 
 from __future__ import annotations
@@ -81,7 +87,7 @@ from simdist.spec.files import read_json_object, write_json_atomic
 from simdist.spec.selection import OLD_SHARE, select_seconds
 from simdist.spec.software_layers import LAYER_TERMS, RELATIVE_TERMS
 
-PROFILE_VERSION = 11
+PROFILE_VERSION = 12
 READABLE_VERSIONS = tuple(range(1, PROFILE_VERSION + 1))
 
 
@@ -169,6 +175,8 @@ class CalibrationProfile:
     # v6: the host's speed during the fit runs (module docstring): GEMMs, small ops; 0 = not measured
     reference_cpu_s: float = 0.0
     reference_ops_cpu_s: float = 0.0
+    # v12: the same by the processes that ran at once: "4" -> (GEMMs, small ops) (module docstring)
+    reference_by_processes: dict[str, tuple[float, float]] = field(default_factory=dict)
     # v7: software layer -> share of its communication a rank sleeps at full speed (module docstring)
     sleep_shares: dict[str, float] = field(default_factory=dict)
     # v8: top-k selection, (elements per call, share kept (v9), seconds per element) by size
@@ -248,6 +256,15 @@ class CalibrationProfile:
         """The host's speed during the fit runs."""
         return HostSpeed(self.reference_cpu_s, self.reference_ops_cpu_s)
 
+    def host_speed_for(self, processes: int) -> HostSpeed:
+        """The host's speed during the fit runs of ``processes`` processes at once, or of the
+        recorded count nearest to it (by ratio; the larger on a tie); :attr:`host_speed` where
+        the profile has none recorded (before version 12)."""
+        if not self.reference_by_processes or processes <= 0:
+            return self.host_speed
+        near = min(self.reference_by_processes, key=lambda k: (abs(math.log(int(k) / processes)), -int(k)))
+        return HostSpeed(*self.reference_by_processes[near])
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -264,6 +281,7 @@ class CalibrationProfile:
         d["compute_curves"] = {k: [tuple(p) for p in v] for k, v in (d.get("compute_curves") or {}).items()}
         d["gemm_shapes"] = [tuple(p) for p in d.get("gemm_shapes") or []]
         d["weight_fetch_s"] = [tuple(p) for p in d.get("weight_fetch_s") or []]
+        d["reference_by_processes"] = {k: tuple(v) for k, v in (d.get("reference_by_processes") or {}).items()}
         d["bus_bandwidth"] = {k: [tuple(p) for p in v] for k, v in (d.get("bus_bandwidth") or {}).items()}
         d["select_rates"] = [(p[0], OLD_SHARE, p[1]) if len(p) == 2 else tuple(p) for p in d.get("select_rates") or []]
         return cls(**d)
@@ -325,6 +343,11 @@ def load_profile(path: str | Path) -> CalibrationProfile:
     over = [f"--profile.sleep_shares.{k}" for k, v in profile.sleep_shares.items() if v > 1]
     if over:
         raise ScenarioError([Problem(w, "must be a share of the communication, at most 1") for w in over])
+    bad = [f"--profile.reference_by_processes.{k}" for k, v in profile.reference_by_processes.items()
+           if not (k.isdigit() and int(k) > 0 and len(v) == 2)]
+    if bad:
+        raise ScenarioError([Problem(w, "must be a process count (a whole number > 0) -> [GEMMs s, small ops s]")
+                             for w in bad])
     return profile
 
 
