@@ -9,11 +9,13 @@ and tiny plan, and set each error beside the run-to-run spread of its measuremen
 
 Fit (``simdist calibrate --nproc 2``, every run repeated until its median is stable): the
 microbenchmarks, then one plan per software layer of the executor (simdist.spec.software_layers.
-profile_layers), each of another shape than the bundled plans it predicts: local-dp and a tiny
+profile_layers), each another plan than the bundled ones it predicts (micro-batches of another size or number): local-dp and a tiny
 DDP plan (the kernels' rate and the per-op overhead: large ops and small ones), local-tp-fit and
 a tiny TP plan (DTensor TP), local-zero3-fit and a tiny FSDP plan (FSDP2 resharding), local-pp-fit
 and a tiny 1F1B plan (the pipeline's wait per transfer and share of compute), and
-variants of tiny plans written under ``--out/fit`` (as many micro-batches, each twice as large):
+variants of tiny plans written under ``--out/fit`` (as many micro-batches, each twice as large;
+and tiny-ddp with twice as many micro-batches of its own size, a third plain plan that a slow phase
+of one of the others cannot bend the plain terms around unseen):
 ZeRO-1, ZeRO-2, HSDP (4 ranks), the 1F1B pipeline, an interleaved pipeline (several chunks per
 rank) and a zero-bubble one (a split backward: as many transfers as 1F1B, a third of the
 interleaved one's, which tells the multi-chunk wait per transfer from its share of compute), fp16
@@ -54,6 +56,10 @@ FIT_VARIANTS = {"tiny-ddp": "per-op overhead", "tiny-llama-tp": "tp", "tiny-fsdp
                 "tiny-pp-interleaved": "multichunk", "tiny-pp-zb": "split_backward",
                 "tiny-compress-fp16": "compression", "tiny-ps": "ps",
                 "tiny-moe-ep": "ep", "tiny-cp": "cp", "tiny-ps-async": "async"}
+# (bundled plan, what its variant fits): twice as many micro-batches of the bundled size; a third plain plan,
+# so that the two plain terms (kernel rate, per-op overhead), which every plan's price rests on, are not solved
+# exactly from two plans, one of them slowed for all its runs (q50: fit-ddp 30% slow, its host 5-10% slow)
+FIT_ACCUMULATED = {"tiny-ddp": "per-op overhead at the bundled micro-batch"}
 
 
 def simdist(*args: str) -> subprocess.CompletedProcess:
@@ -62,14 +68,23 @@ def simdist(*args: str) -> subprocess.CompletedProcess:
                           cwd=REPO)
 
 
-def variant(name: str, out: Path) -> Path:
+def variant(name: str, out: Path, accumulated: bool = False) -> Path:
+    """The fit variant of a bundled plan, written under ``out``: as many micro-batches, each twice as
+    large (``fit-NAME``), or (``accumulated``) twice as many of the bundled size (``fit-NAME-accum``)."""
     d = yaml.safe_load((REPO / "scenarios" / f"{name}.yaml").read_text())
-    d["name"] = f"fit-{name.removeprefix('tiny-')}"
-    d["plan"]["global_batch_size"] *= 2  # as many micro-batches as the bundled plan, each twice as large
-    d["plan"]["micro_batch_size"] = 2 * d["plan"].get("micro_batch_size", 1)
+    d["name"] = f"fit-{name.removeprefix('tiny-')}" + ("-accum" if accumulated else "")
+    d["plan"]["global_batch_size"] *= 2
+    if not accumulated:
+        d["plan"]["micro_batch_size"] = 2 * d["plan"].get("micro_batch_size", 1)
     path = out / f"{d['name']}.yaml"
     path.write_text(yaml.safe_dump(d, sort_keys=False))
     return path
+
+
+def fit_plans(out: Path) -> list[Path]:
+    """The fitted plans: the bundled ones and the variants (written under ``out/fit``)."""
+    return ([REPO / "scenarios" / f"{n}.yaml" for n in FIT_BUNDLED] + [variant(n, out / "fit") for n in FIT_VARIANTS]
+            + [variant(n, out / "fit", accumulated=True) for n in FIT_ACCUMULATED])
 
 
 def measure_in_rounds(paths: list[Path], db: str, steps: int, min_runs: int, max_runs: int) -> None:
@@ -174,8 +189,7 @@ def main() -> int:
     (out / "fit").mkdir(parents=True, exist_ok=True)
     db, profile = str(out / "runs.db"), args.profile or str(out / "profile.json")
     if args.refit:
-        fit = [REPO / "scenarios" / f"{n}.yaml" for n in FIT_BUNDLED] + [variant(n, out / "fit") for n in FIT_VARIANTS]
-        fit = stored(fit, db)
+        fit = stored(fit_plans(out), db)
         previous = out / "profile.previous.json"
         previous.write_bytes(Path(profile).read_bytes())
         r = simdist("calibrate", "--refit", str(previous), "--db", db, "--out", profile, *map(str, fit),
@@ -189,7 +203,7 @@ def main() -> int:
     load0 = os.getloadavg()
     print(f"load average at the start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on {os.cpu_count()} CPUs",
           flush=True)
-    fit = [REPO / "scenarios" / f"{n}.yaml" for n in FIT_BUNDLED] + [variant(n, out / "fit") for n in FIT_VARIANTS]
+    fit = fit_plans(out)
     held = sorted(p for p in (REPO / "scenarios").glob("*.yaml")
                   if p.stem.startswith(("local-", "tiny-")) and p.stem not in FIT_BUNDLED)
     if args.only:
