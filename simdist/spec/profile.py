@@ -64,8 +64,9 @@ Version 11 adds what a CPU's GEMM pays to fetch its weight from memory, by the w
 
 Version 12 keeps the host's speed during the fit runs by how many processes ran at once
 (``reference_by_processes``): ranks that time-share the cores take more CPU time for the same
-work (their caches are shared and flushed at each switch: the reference workloads took 3-4% more
-with 4 ranks on 2 cores, 9-11% more with 8, in calibrations q41-q47), so a measurement is held
+work (the reference workloads took 3-4% more with 4 ranks on 2 cores, 9-11% more with 8, in the
+calibrations of 2026-11-29; likely each switch between ranks on a core evicting the other's cached
+data), so a measurement is held
 against fit runs of its own process count, or the nearest (:meth:`CalibrationProfile.host_speed_for`).
 
 Versions 1 to 11 still load (the new fields take their defaults: no cores known, no band, no optimizer
