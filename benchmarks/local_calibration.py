@@ -134,14 +134,14 @@ def checked(runs, profile: str, before: str | None = None, role: str = "") -> li
     from simdist.calibrate.terms import fit_checks
     from simdist.spec.profile import load_profile
 
-    prof = load_profile(profile)
+    prof, cores = load_profile(profile), _cores()
     read = [r.as_read(fitted=role == "fit") for r in runs]  # the runs simdist calibrate reads
     kept = [k for k, _ in read]
     was = fit_checks(load_profile(before), kept) if before else [None] * len(kept)
     return [{"scenario": c.name, "role": role, "kind": "+".join(run.layers) or "ddp", "ranks": c.processes,
              "runs": c.runs, "median_s": c.measured, "spread": c.spread, "predicted_s": c.predicted,
              "before_s": old and old.predicted, "error": c.error, "others_cores": c.others_cores,
-             "loadavg": list(c.loadavg or [0.0]), "doubt": run.repeated.doubt(_cores(), prof.host_speed_for(c.processes)) or "",
+             "loadavg": list(c.loadavg or [0.0]), "doubt": run.repeated.doubt(cores, prof.host_speed_for(c.processes)) or "",
              "set_aside": "; ".join(notes)}
             for (run, notes), c, old in zip(read, fit_checks(prof, kept), was, strict=True)]
 

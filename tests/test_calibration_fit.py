@@ -297,6 +297,14 @@ def test_a_run_is_held_against_the_fit_runs_of_its_own_process_count(capsys, tmp
     assert eight.drift(honest.host_speed_for(2)) > HOST_DRIFT >= eight.drift(honest.host_speed_for(8))
     older = replace(honest, reference_by_processes={})
     assert older.host_speed_for(8) == older.host_speed
+    spread_out = replace(honest, reference_by_processes={"2": (3.1e-3, 5.2e-3), "8": (3.5e-3, 5.8e-3)})
+    assert spread_out.host_speed_for(4) == HostSpeed(3.5e-3, 5.8e-3)  # a tie by ratio: the larger count
+    from simdist.calibrate.compare import compare_one
+
+    d = local_scenario()  # 2 processes: simdist compare holds its run against the 2-process fit runs
+    timed = measurement(scenario_hash=scenario_from_dict(d).hash(), environment={"reference_between": {
+        "reference_cpu_s": 3.15e-3, "reference_ops_cpu_s": 5.20e-3}})
+    assert compare_one(timed, yaml.safe_dump(d), replace(honest, reference_cpu_s=3.6e-3)).host_drift == 0.0
     from simdist.cli.calibrate import _summary
 
     _summary(honest)

@@ -270,10 +270,11 @@ def _summary(profile) -> None:
     print(f"error band of predictions: +/-{profile.error_band:.0%} (the largest spread or residual of the fitted runs)")
     if profile.reference_cpu_s:
         from simdist.calibrate.honesty import HOST_DRIFT
+        from simdist.spec.profile import HostSpeed
 
         print(f"host speed during the fitted runs: reference {profile.host_speed.describe()} of CPU per rank "
               f"(a run {HOST_DRIFT:.0%} away measured another host: simdist compare flags it)")
         if profile.reference_by_processes:
             print("  by processes at once (a run is held against the fit runs of its own count, or the nearest): "
-                  + "; ".join(f"{n}: {profile.host_speed_for(int(n)).describe()}"
-                              for n in sorted(profile.reference_by_processes, key=int)))
+                  + "; ".join(f"{n}: {HostSpeed(*speed).describe()}"
+                              for n, speed in sorted(profile.reference_by_processes.items(), key=lambda x: int(x[0]))))
