@@ -1,6 +1,6 @@
 """Microbenchmarks, run by torchrun on every rank at once (so compute and communication see
 the same contention as a real run): GEMMs from tiny to model-sized, attention, memory-bound
-ops (in and out of the cache), top-k selection, and collectives over message sizes at every
+ops (in and out of the cache), pointwise ops that compute, top-k selection, and collectives over message sizes at every
 available group size. Rank 0 writes the raw timings as JSON (atomically); simdist.calibrate.fit
 turns them into a profile. Started by `simdist calibrate` through the executor's launcher
 (:func:`executor.launch.microbenchmarks`); imports torch.
@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 from executor.devices import choose
 from executor.faults import pid_path
@@ -154,6 +155,47 @@ def bench_memory(dtype: torch.dtype, quick: bool, device: str = "cpu") -> list[d
         once = _time(lambda x=x, y=y: x.add_(y), 1, 1, cpu_clock=True)
         t = _time(lambda x=x, y=y: x.add_(y), _reps(once, 0.2), cpu_clock=True)
         out.append({"bytes": 3.0 * nbytes, "seconds": t})  # read x, read y, write x
+    return out
+
+
+POINTWISE_ELEMENTS = (4096, 32768, 262144)  # a tiny plan's norm to the local GPT's GELU, 256 wide
+POINTWISE_WIDTH = 256  # the last dimension: a norm's hidden size, the loss's vocabulary
+
+
+def _pointwise(op: str, rows: int) -> Any:
+    """The forward of one pointwise op as the executor's model runs it (executor.model), on ``rows``
+    rows of :data:`POINTWISE_WIDTH` that autograd tracks."""
+    x = torch.randn(rows, POINTWISE_WIDTH, requires_grad=True)
+    if op == "swiglu":
+        up = torch.randn(rows, POINTWISE_WIDTH, requires_grad=True)
+        return lambda: F.silu(x) * up
+    if op in ("layernorm", "rmsnorm"):
+        norm = nn.LayerNorm(POINTWISE_WIDTH) if op == "layernorm" else nn.RMSNorm(POINTWISE_WIDTH, eps=1e-5)
+        return lambda: norm(x)
+    if op == "cross_entropy":
+        target = torch.randint(0, POINTWISE_WIDTH, (rows,))
+        return lambda: F.cross_entropy(x, target)
+    return lambda: F.gelu(x)
+
+
+def bench_pointwise(quick: bool) -> list[dict[str, Any]]:
+    """The CPU's pointwise ops that compute per element (GELU, SwiGLU, the norms, the loss), forward
+    and backward (forward + backward less forward), by size: one thread evaluates erf, exp and the
+    norms' reductions at 0.3-1 ns per element on the 2-core EPYC this was written on, several times
+    the memory-bound price of their bytes. The fit keeps the slope over the sizes (simdist.calibrate.fit)."""
+    out = []
+    for op in ("gelu", "swiglu", "layernorm", "rmsnorm", "cross_entropy"):
+        for n in POINTWISE_ELEMENTS[: 2 if quick else None]:
+            forward = _pointwise(op, n // POINTWISE_WIDTH)
+
+            def both(forward=forward):
+                y = forward()
+                y.backward(torch.ones_like(y))
+
+            reps = _reps(_time(both, 1, 1, cpu_clock=True), 0.1)
+            fwd = _time(forward, reps, cpu_clock=True)
+            out += [{"op": f"{op} fwd", "elements": float(n), "seconds": fwd},
+                    {"op": f"{op} bwd", "elements": float(n), "seconds": max(0.0, _time(both, reps, cpu_clock=True) - fwd)}]
     return out
 
 
@@ -327,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     result["select"] = bench_select(args.quick, device)
     if device == "cpu":
         result["memory_cold"] = bench_cold_copy(args.quick)
+        result["pointwise"] = bench_pointwise(args.quick)
         result["cold_gemm"] = bench_cold_gemm(args.quick)
         result["llc_bytes"] = last_level_cache_bytes()
         if rank == 0:  # the tick that delays a pipeline's sends (simdist.analytic.transport_wake)

@@ -129,6 +129,13 @@ class CostModel:
             return 0.0
         return op.batch * self.profile.weight_fetch(op.weight / op.batch * _element_bytes(self.precision, op.fp8))
 
+    def pointwise_time(self, op: Compute) -> float:
+        """What a pointwise op computes, at a CPU profile's measured rate per element of its kind
+        and pass (v13, executor.bench.bench_pointwise); 0 where the profile has none (a GPU's
+        pointwise ops stream their bytes: the memory-bound price stands alone)."""
+        t = self.profile.pointwise_time(op.pointwise, op.elements) if self.profile and op.pointwise else None
+        return t or 0.0
+
     def time(self, op: Compute) -> float:
         t = self._cache.get(op)
         if t is None:
@@ -200,8 +207,10 @@ def _op_time(cm: CostModel, op: Compute) -> float:
         # efficiency is on that count too: the computed fraction of peak over the causal share.
         return op.flops / (cm.attention_peak * cm.attention_efficiency(op)) + cm.kernel_overhead
     # a memory op of ``batch`` kernels (an expert's FP8 quantization each: simdist.analytic.moe) pays each its gap
+    # on a CPU a pointwise op streams its bytes or computes its elements, whichever takes longer
     cold = op.kind == "copy"
-    return op.bytes / (cm.memory_bandwidth * cm.memory_efficiency(op.bytes, cold)) + cm.kernel_overhead * op.batch
+    streamed = op.bytes / (cm.memory_bandwidth * cm.memory_efficiency(op.bytes, cold))
+    return max(streamed, cm.pointwise_time(op)) + cm.kernel_overhead * op.batch
 
 
 def optimizer_bytes_per_param(optimizer: str, precision: str, grad_bytes: float) -> float:

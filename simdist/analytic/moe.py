@@ -39,7 +39,7 @@ import math
 
 from simdist.analytic import fp8, host
 from simdist.analytic.collectives import GroupLayout
-from simdist.analytic.ops import Comm, Compute, Op
+from simdist.analytic.ops import Comm, Compute, Op, memory_op
 from simdist.analytic.runtime_memory import nccl_channels
 from simdist.spec.cluster import ClusterSpec
 from simdist.spec.frameworks import expert_bias
@@ -286,10 +286,6 @@ def _grouped(name: str, rows: float, n: int, k: int, experts: int, bwd: bool,
     return [*gemms, weight, operand] if bwd else [operand, weight, *gemms]
 
 
-def _mem(name: str, nbytes: float) -> Compute:
-    return Compute(name, "memory", bytes=nbytes)
-
-
 # Megatron-Core's TEGroupedMLP (core/transformer/moe/experts.py) builds the experts' fc2 with
 # skip_bias_add and adds its bias in ``_apply_bias`` (since "Enable bias in expert mlp [gpt-oss
 # 5/5]", NVIDIA/Megatron-LM a329dd6, September 2025; in every release core_v0.15 .. core_v0.19,
@@ -336,7 +332,7 @@ def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
     n_in = 2 if m.mlp == "swiglu" else 1
     ops: list[Op] = []
     ops += _grouped("router", t, m.num_experts, h, 1, bwd, plan, fp8_plan=False)
-    ops.append(_mem("router top-k" + suffix, scale * 3 * t * m.num_experts * 4))
+    ops.append(memory_op("router top-k" + suffix, scale * 3 * t * m.num_experts * 4))
     reads = 0 if bwd else host.syncs_per_forward(m, plan)  # dropless: the tokens per expert read on the host
     if reads:
         if ep > 1 and plan.moe_dispatcher == "alltoall":  # every rank's counts gathered first (the
@@ -344,7 +340,7 @@ def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
             # over the tp x ep group; executor.moe's all_gather): tiny, its latency a sync point
             ops.append(Comm(TOKEN_COUNTS, "allgather", "ep", ep * m.num_experts * 8))
         ops += [Compute("dispatcher host sync", "sync")] * reads  # simdist.analytic.host
-    ops.append(_mem("permute" + suffix, scale * (1 + k) * t * h * e))
+    ops.append(memory_op("permute" + suffix, scale * (1 + k) * t * h * e))
     if ep > 1:
         if plan.moe_dispatcher == "allgather":
             ops.append(Comm("allgather ep dispatch", "allgather", "ep", t * ep * h * e))
@@ -353,14 +349,15 @@ def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
     if etp > 1:
         ops.append(Comm("allgather etp tokens", "allgather", "etp", rows * h * e))
     if n_local > 1:
-        ops.append(_mem("sort by expert" + suffix, scale * 2 * rows * h * e))
+        ops.append(memory_op("sort by expert" + suffix, scale * 2 * rows * h * e))
     per_expert = rows / n_local
     ops += _grouped("experts fc1", per_expert, n_in * f, h, n_local, bwd, plan)
-    ops.append(_mem("expert activation" + suffix, scale * (n_in + 1) * rows * f * e))
+    ops.append(memory_op("expert activation" + suffix, scale * (n_in + 1) * rows * f * e,
+                    f"{m.mlp} {'bwd' if bwd else 'fwd'}", rows * f))
     ops += _grouped("experts fc2", per_expert, h, f, n_local, bwd, plan)
     ops += expert_bias_ops(m, plan, rows, n_local, bwd)
     if n_local > 1:
-        ops.append(_mem("unsort" + suffix, scale * 2 * rows * h * e))
+        ops.append(memory_op("unsort" + suffix, scale * 2 * rows * h * e))
     if etp > 1:
         ops.append(Comm("reducescatter etp tokens", "reducescatter", "etp", rows * h * e))
     if ep > 1:
@@ -368,5 +365,5 @@ def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
             ops.append(Comm("reducescatter ep combine", "reducescatter", "ep", t * ep * h * e))
         else:
             ops.append(Comm("alltoall ep combine", "alltoall", "ep", t * k * h * e * load))
-    ops.append(_mem("unpermute" + suffix, scale * (1 + k) * t * h * e))
+    ops.append(memory_op("unpermute" + suffix, scale * (1 + k) * t * h * e))
     return ops

@@ -50,6 +50,10 @@ class Compute:
     # a GEMM of a layer's weight: the weight's elements it reads (forward, data grad) or writes
     # (weight grad), fetched from memory where the cache does not hold it (simdist.analytic.cache_residency)
     weight: float = 0.0
+    # a pointwise op that computes per element ("gelu fwd", "layernorm bwd"; "" if it streams): a
+    # CPU profile prices its ``elements`` at its measured rate (CostModel.pointwise_time)
+    pointwise: str = ""
+    elements: float = 0.0
 
 
 @frozen(slots=True)
@@ -85,8 +89,8 @@ def _linear(plan: ParallelPlan, name: str, m: int, n: int, k: int, backward: boo
     if plan.precision != "fp8":
         return _gemm(name, m, n, k, backward)
     cb = fp8.cast_bytes(plan)
-    weight = _mem(f"fp8 cast {name} weight", cb * k * n * fp8.weight_casts_per_microbatch(plan) / 2)
-    operand = _mem(f"fp8 cast {name} {'grad' if backward else 'input'}", cb * m * (n if backward else k))
+    weight = memory_op(f"fp8 cast {name} weight", cb * k * n * fp8.weight_casts_per_microbatch(plan) / 2)
+    operand = memory_op(f"fp8 cast {name} {'grad' if backward else 'input'}", cb * m * (n if backward else k))
     gemms = _gemm(name, m, n, k, backward, in_fp8=True)
     # backward lists are reversed later: the casts then run before their GEMMs
     return [*gemms, weight, operand] if backward else [operand, weight, *gemms]
@@ -109,8 +113,10 @@ def attention_keys(m: ModelSpec, s: int) -> float:
     return windowed * (2 * w - w * w / s) + (1 - windowed) * s
 
 
-def _mem(name: str, nbytes: float) -> Compute:
-    return Compute(name, "memory", bytes=nbytes)
+def memory_op(name: str, nbytes: float, pointwise: str = "", elements: float = 0.0) -> Compute:
+    """A memory-bound op of ``nbytes`` of traffic; ``pointwise``/``elements``: what it computes
+    per element, which a CPU may take longer for (CostModel.pointwise_time)."""
+    return Compute(name, "memory", bytes=nbytes, pointwise=pointwise, elements=elements)
 
 
 @cache
@@ -157,11 +163,13 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
             ops.append(Comm(f"reducescatter tp {where}", "reducescatter", "tp", act))
 
     # --- attention block
-    ops.append(_mem("norm1", mem_scale * 2 * rep * eager.traffic_factor(plan, "norm", phase, m.norm)))
+    normed = tokens * h / t if sp else tokens * h  # the elements a norm computes
+    ops.append(memory_op("norm1", mem_scale * 2 * rep * eager.traffic_factor(plan, "norm", phase, m.norm),
+                    f"{m.norm} {phase}", normed))
     tp_collective("attn in")
     ops += _linear(plan, "qkv", tokens, q + 2 * kv, h, bwd)
     if m.position_embedding == "rope":
-        ops.append(_mem("rope", mem_scale * 2 * tokens * (q + kv) * e * eager.traffic_factor(plan, "rope", phase)))
+        ops.append(memory_op("rope", mem_scale * 2 * tokens * (q + kv) * e * eager.traffic_factor(plan, "rope", phase)))
     heads = a // t
     keys = attention_keys(m, s * cp)
     if cp > 1:
@@ -182,22 +190,24 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
                                m=s, n=s * cp if name == "QK^T" else hd,
                                k=hd if name == "QK^T" else s * cp, batch=b * heads))
         drop = (2 * e + 1) if m.dropout else 0
-        ops.append(_mem("softmax" + (" bwd" if bwd else ""), mem_scale * scores * (2 * e + drop)))
+        ops.append(memory_op("softmax" + (" bwd" if bwd else ""), mem_scale * scores * (2 * e + drop)))
     ops += _linear(plan, "attn out", tokens, h, q, bwd)
     tp_collective("attn out")
-    ops.append(_mem("bias dropout add", mem_scale * (3 * rep + (tokens * h / (t if sp else 1) if m.dropout else 0))))
+    ops.append(memory_op("bias dropout add", mem_scale * (3 * rep + (tokens * h / (t if sp else 1) if m.dropout else 0))))
 
     # --- MLP block
-    ops.append(_mem("norm2", mem_scale * 2 * rep * eager.traffic_factor(plan, "norm", phase, m.norm)))
+    ops.append(memory_op("norm2", mem_scale * 2 * rep * eager.traffic_factor(plan, "norm", phase, m.norm),
+                    f"{m.norm} {phase}", normed))
     tp_collective("mlp in")
     n_in = 2 if m.mlp == "swiglu" else 1
     experts = m.experts_per_token
     ops += _linear(plan, "fc1", tokens * experts, n_in * f // t, h, bwd)
     act_x = eager.traffic_factor(plan, "swiglu", phase) if n_in == 2 else 1.0
-    ops.append(_mem("swiglu" if n_in == 2 else "gelu", mem_scale * (n_in + 1) * tokens * experts * f * e / t * act_x))
+    ops.append(memory_op(m.mlp, mem_scale * (n_in + 1) * tokens * experts * f * e / t * act_x, f"{m.mlp} {phase}",
+                    tokens * experts * f / t))
     ops += _linear(plan, "fc2", tokens * experts, h, f // t, bwd)
     tp_collective("mlp out")
-    ops.append(_mem("bias dropout add", mem_scale * (3 * rep + (tokens * h / (t if sp else 1) if m.dropout else 0))))
+    ops.append(memory_op("bias dropout add", mem_scale * (3 * rep + (tokens * h / (t if sp else 1) if m.dropout else 0))))
     if m.num_experts > 1:
         ops.append(_gemm("router", tokens, m.num_experts, h, bwd)[0])
     return tuple(reversed(ops)) if bwd else tuple(ops)
@@ -208,7 +218,7 @@ def embedding_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ..
     """Token (+ position) embedding on the first stage: a gather forward, a scatter-add backward."""
     e = plan.element_bytes
     tokens = m.seq_length // plan.cp * plan.micro_batch_size
-    ops: list[Op] = [_mem("embedding" + (" bwd" if phase == "bwd" else ""), 2 * tokens * m.hidden_size * e)]
+    ops: list[Op] = [memory_op("embedding" + (" bwd" if phase == "bwd" else ""), 2 * tokens * m.hidden_size * e)]
     if plan.tp > 1:  # vocabulary-parallel embedding: partial rows summed over TP
         kind = "reducescatter" if plan.sequence_parallel else "allreduce"
         ops.append(Comm(f"{kind} tp embedding", kind, "tp", tokens * m.hidden_size * e))
@@ -240,13 +250,15 @@ def head_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
     t = plan.tp
     tokens = m.seq_length // plan.cp * plan.micro_batch_size
     h, V = m.hidden_size, m.vocab_size
-    ops: list[Op] = [_mem("final norm", (2.0 if bwd else 1.0) * 2 * tokens * h * e / (t if plan.sequence_parallel and t > 1 else 1))]
+    normed = tokens * h / (t if plan.sequence_parallel and t > 1 else 1)
+    ops: list[Op] = [memory_op("final norm", (2.0 if bwd else 1.0) * 2 * normed * e, f"{m.norm} {phase}", normed)]
     if t > 1 and plan.sequence_parallel:
         ops.append(Comm("allgather tp head", "allgather", "tp", tokens * h * e))
     ops += _gemm("lm head", tokens, V // t, h, bwd)
     # the loss over the logits, as the framework computes it (:data:`CROSS_ENTROPY_BYTES`)
     per_logit = CROSS_ENTROPY_BYTES[framework_of(plan.framework).cross_entropy][phase]
-    ops.append(_mem("cross entropy" + (" bwd" if bwd else ""), per_logit * tokens * V / t))
+    ops.append(memory_op("cross entropy" + (" bwd" if bwd else ""), per_logit * tokens * V / t, f"cross_entropy {phase}",
+                    tokens * V / t))
     if t > 1:
         ops.append(Comm("allreduce tp loss", "allreduce", "tp", tokens * 4 * 3))
     if bwd and t > 1 and not plan.sequence_parallel:

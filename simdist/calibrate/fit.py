@@ -127,7 +127,25 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
         scheduler_tick_s=0.0 if cuda else float(bench.get("scheduler_tick_s") or 0.0),
         llc_bytes=0.0 if cuda else float(bench.get("llc_bytes") or 0.0),
         weight_fetch_s=weight_fetch(bench.get("cold_gemm", [])),
+        pointwise_s=pointwise_rates(bench.get("pointwise", [])),
     )
+
+
+def pointwise_rates(rows: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """(elements, seconds per element) of each pointwise op and pass (executor.bench.
+    bench_pointwise), by size: its time less the fixed part of a call, over its elements. The
+    fixed part (the line through the two smallest sizes at no elements: dispatch and autograd's
+    bookkeeping) is the per-op overhead the runs fit (simdist.calibrate.phases), which would
+    otherwise be counted twice; an op's time may grow faster than its elements out of the L2."""
+    out = {}
+    for op in sorted({r["op"] for r in rows}):
+        points = _merged([(float(r["elements"]), r["seconds"]) for r in rows if r["op"] == op])
+        if len(points) < 2:
+            continue
+        (n1, t1), (n2, t2) = points[:2]
+        fixed = t1 - n1 * (t2 - t1) / (n2 - n1)
+        out[op] = [(n, max(0.0, (t - fixed) / n)) for n, t in points]
+    return out
 
 
 def weight_fetch(rows: list[dict[str, Any]]) -> list[tuple[float, float]]:

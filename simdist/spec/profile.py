@@ -69,9 +69,17 @@ calibrations of 2026-11-29; likely each switch between ranks on a core evicting 
 data), so a measurement is held
 against fit runs of its own process count, or the nearest (:meth:`CalibrationProfile.host_speed_for`).
 
-Versions 1 to 11 still load (the new fields take their defaults: no cores known, no band, no optimizer
+Version 13 adds a CPU's rate for the pointwise ops that compute rather than stream
+(``pointwise_s``: seconds per element of GELU, SwiGLU, LayerNorm, RMSNorm and the cross entropy,
+forward and backward; executor.bench.bench_pointwise). One thread evaluates erf, exp and the
+norms' reductions at 0.3-1 ns per element (measured on the 2-core EPYC this was written on,
+2026-11-30), several times what streaming the bytes through the cache costs, so a memory-bound
+price missed most of what these ops add as a micro-batch grows (:meth:`CostModel.pointwise_time
+<simdist.analytic.cost.CostModel.pointwise_time>`).
+
+Versions 1 to 12 still load (the new fields take their defaults: no cores known, no band, no optimizer
 term, no per-call wait, no host speed, no sleep shares, no selection rate, no tick, no weight
-fetch, no host speed by process count; version 8's rows kept 5%).
+fetch, no host speed by process count, no pointwise rates; version 8's rows kept 5%).
 """
 
 from __future__ import annotations
@@ -88,7 +96,7 @@ from simdist.spec.files import read_json_object, write_json_atomic
 from simdist.spec.selection import OLD_SHARE, select_seconds
 from simdist.spec.software_layers import LAYER_TERMS, RELATIVE_TERMS
 
-PROFILE_VERSION = 12
+PROFILE_VERSION = 13
 READABLE_VERSIONS = tuple(range(1, PROFILE_VERSION + 1))
 
 
@@ -187,6 +195,15 @@ class CalibrationProfile:
     # fetch its weight from memory beyond it, [(weight bytes, seconds)] by size (none: not measured)
     llc_bytes: float = 0.0
     weight_fetch_s: list[tuple[float, float]] = field(default_factory=list)
+    # v13: a CPU's pointwise ops by "<op> <pass>" ("gelu fwd", "layernorm bwd"): [(elements,
+    # seconds per element)] by size
+    pointwise_s: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+
+    def pointwise_time(self, op: str, elements: float) -> float | None:
+        """Seconds the pointwise ``op`` ("gelu fwd") computes ``elements`` in, at the measured rate
+        of the nearest sizes (None where the profile has not measured it)."""
+        points = self.pointwise_s.get(op)
+        return elements * log_interpolated(points, elements) if points else None
 
     def weight_fetch(self, nbytes: float) -> float:
         """Seconds a GEMM pays to fetch a weight of ``nbytes`` from memory (0 if not measured)."""
@@ -239,6 +256,7 @@ class CalibrationProfile:
             dp_step_wait_s=self.dp_step_wait_s * s,
             weight_fetch_s=[(b, t * s) for b, t in self.weight_fetch_s],
             select_rates=[(n, share, r * s) for n, share, r in self.select_rates],
+            pointwise_s={k: [(n, r * s) for n, r in v] for k, v in self.pointwise_s.items()},
             links={k: LinkFit(latency_s=v.latency_s * s, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s / s)
                    for k, v in self.links.items()},
         )
@@ -284,6 +302,7 @@ class CalibrationProfile:
         d["weight_fetch_s"] = [tuple(p) for p in d.get("weight_fetch_s") or []]
         d["reference_by_processes"] = {k: tuple(v) for k, v in (d.get("reference_by_processes") or {}).items()}
         d["bus_bandwidth"] = {k: [tuple(p) for p in v] for k, v in (d.get("bus_bandwidth") or {}).items()}
+        d["pointwise_s"] = {str(k): sorted(tuple(p) for p in v) for k, v in (d.get("pointwise_s") or {}).items()}
         d["select_rates"] = [(p[0], OLD_SHARE, p[1]) if len(p) == 2 else tuple(p) for p in d.get("select_rates") or []]
         return cls(**d)
 
@@ -348,6 +367,11 @@ def load_profile(path: str | Path) -> CalibrationProfile:
            if not (k.isdigit() and int(k) > 0 and len(v) == 2)]
     if bad:
         raise ScenarioError([Problem(w, "must be a process count (a whole number > 0) -> [GEMMs s, small ops s]")
+                             for w in bad])
+    bad = [f"--profile.pointwise_s.{k}" for k, v in profile.pointwise_s.items()
+           if not (k.endswith((" fwd", " bwd")) and v and all(len(p) == 2 for p in v))]
+    if bad:
+        raise ScenarioError([Problem(w, "must be \"<op> fwd\" or \"<op> bwd\" -> [[elements, seconds per element], ...]")
                              for w in bad])
     return profile
 

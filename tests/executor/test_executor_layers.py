@@ -106,3 +106,8 @@ def test_microbenchmarks_start_through_the_executors_launcher():
     # copies out of the cache at three sizes, each a fraction of the in-cache passes' best rate
     assert [b for b, _ in profile.compute_curves["memory.cold"]] == [2.0**21, 2.0**22, 2.0**23]
     assert all(0 < e <= 1 for _, e in profile.compute_curves["memory.cold"])
+    # pointwise ops forward and backward at two sizes each: a time per element (a memory pass's is ~0.05 ns)
+    assert sorted(profile.pointwise_s) == sorted(f"{op} {p}" for op in ("gelu", "swiglu", "layernorm", "rmsnorm",
+                                                                          "cross_entropy") for p in ("fwd", "bwd"))
+    assert all([n for n, _ in v] == [4096.0, 32768.0] and all(0 <= r < 1e-7 for _, r in v)
+               for v in profile.pointwise_s.values())
