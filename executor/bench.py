@@ -1,8 +1,8 @@
 """Microbenchmarks, run by torchrun on every rank at once (so compute and communication see
 the same contention as a real run): GEMMs from tiny to model-sized, attention, memory-bound
-ops (in and out of the cache), pointwise ops that compute, top-k selection, and collectives over message sizes at every
-available group size. Rank 0 writes the raw timings as JSON (atomically); simdist.calibrate.fit
-turns them into a profile. Started by `simdist calibrate` through the executor's launcher
+ops (in and out of the cache), pointwise ops that compute, top-k selection, and collectives over
+message sizes at every available group size. Rank 0 writes the raw timings as JSON
+(atomically); simdist.calibrate.fit turns them into a profile. Started by `simdist calibrate` through the executor's launcher
 (:func:`executor.launch.microbenchmarks`); imports torch.
 
     torchrun --standalone --nproc-per-node N -m executor.bench --run-dir DIR --out FILE [--quick]
@@ -182,7 +182,7 @@ def bench_pointwise(quick: bool) -> list[dict[str, Any]]:
     """The CPU's pointwise ops that compute per element (GELU, SwiGLU, the norms, the loss), forward
     and backward (forward + backward less forward), by size: one thread evaluates erf, exp and the
     norms' reductions at 0.3-1 ns per element on the 2-core EPYC this was written on, several times
-    the memory-bound price of their bytes. The fit keeps the slope over the sizes (simdist.calibrate.fit)."""
+    the memory-bound price of their bytes. The fit keeps the time per element (simdist.calibrate.fit)."""
     out = []
     for op in ("gelu", "swiglu", "layernorm", "rmsnorm", "cross_entropy"):
         for n in POINTWISE_ELEMENTS[: 2 if quick else None]:

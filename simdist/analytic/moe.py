@@ -353,7 +353,7 @@ def routed_ops(m: ModelSpec, plan: ParallelPlan, bwd: bool) -> list[Op]:
     per_expert = rows / n_local
     ops += _grouped("experts fc1", per_expert, n_in * f, h, n_local, bwd, plan)
     ops.append(memory_op("expert activation" + suffix, scale * (n_in + 1) * rows * f * e,
-                    f"{m.mlp} {'bwd' if bwd else 'fwd'}", rows * f))
+                         f"{m.mlp} {'bwd' if bwd else 'fwd'}", rows * f))
     ops += _grouped("experts fc2", per_expert, h, f, n_local, bwd, plan)
     ops += expert_bias_ops(m, plan, rows, n_local, bwd)
     if n_local > 1:

@@ -165,7 +165,7 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
     # --- attention block
     normed = tokens * h / t if sp else tokens * h  # the elements a norm computes
     ops.append(memory_op("norm1", mem_scale * 2 * rep * eager.traffic_factor(plan, "norm", phase, m.norm),
-                    f"{m.norm} {phase}", normed))
+                         f"{m.norm} {phase}", normed))
     tp_collective("attn in")
     ops += _linear(plan, "qkv", tokens, q + 2 * kv, h, bwd)
     if m.position_embedding == "rope":
@@ -197,14 +197,14 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
 
     # --- MLP block
     ops.append(memory_op("norm2", mem_scale * 2 * rep * eager.traffic_factor(plan, "norm", phase, m.norm),
-                    f"{m.norm} {phase}", normed))
+                         f"{m.norm} {phase}", normed))
     tp_collective("mlp in")
     n_in = 2 if m.mlp == "swiglu" else 1
     experts = m.experts_per_token
     ops += _linear(plan, "fc1", tokens * experts, n_in * f // t, h, bwd)
     act_x = eager.traffic_factor(plan, "swiglu", phase) if n_in == 2 else 1.0
     ops.append(memory_op(m.mlp, mem_scale * (n_in + 1) * tokens * experts * f * e / t * act_x, f"{m.mlp} {phase}",
-                    tokens * experts * f / t))
+                         tokens * experts * f / t))
     ops += _linear(plan, "fc2", tokens * experts, h, f // t, bwd)
     tp_collective("mlp out")
     ops.append(memory_op("bias dropout add", mem_scale * (3 * rep + (tokens * h / (t if sp else 1) if m.dropout else 0))))
