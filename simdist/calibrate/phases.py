@@ -129,8 +129,8 @@ def _optimizer(p: CalibrationProfile, v: float) -> CalibrationProfile:
 
 def at_rate(profile: CalibrationProfile, s: float) -> CalibrationProfile:
     """``profile`` with its kernels ``s`` times as fast: the peaks, the memory bandwidth, a GEMM's
-    fetch of its weight, the pointwise ops' and the top-k selection's rates, with ``compute_scale`` recording it
-    (``at_rate(p, 1 / p.compute_scale)`` is the microbenchmarks' own rate)."""
+    fetch of its weight, the pointwise ops' and the top-k selection's rates, with ``compute_scale``
+    recording it (``at_rate(p, 1 / p.compute_scale)`` is the microbenchmarks' own rate)."""
     return replace(profile, peak_flops=profile.peak_flops * s,
                    memory_bandwidth_bytes_per_s=profile.memory_bandwidth_bytes_per_s * s,
                    weight_fetch_s=[(b, t / s) for b, t in profile.weight_fetch_s],

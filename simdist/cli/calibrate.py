@@ -266,8 +266,8 @@ def _summary(profile) -> None:
         print("top-k selection: " + ", ".join(f"{r * 1e9:.1f} ns per entry keeping {share:.1%} of {n:,.0f}"
                                                for n, share, r in profile.select_rates))
     if profile.pointwise_s:
-        print("pointwise ops: " + ", ".join(f"{op} {points[0][1] * 1e9:.2f} ns per element" for op, points
-                                            in sorted(profile.pointwise_s.items())))
+        print("pointwise ops, ns per element at their smallest size: " + ", ".join(
+            f"{op} {points[0][1] * 1e9:.2f}" for op, points in sorted(profile.pointwise_s.items())))
     for k, link in profile.links.items():
         print(f"link {k}: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
     print(f"error band of predictions: +/-{profile.error_band:.0%} (the largest spread or residual of the fitted runs)")
