@@ -86,15 +86,30 @@ def test_sequence_and_tensor_parallelism_split_what_each_rank_computes():
 
 def test_a_micro_batch_twice_as_large_costs_more_by_what_its_pointwise_ops_compute():
     """What the model missed: the executor's step grew more from one micro-batch size to the next
-    than the memory-bound price of these ops let the model's grow."""
+    (as many micro-batches, each twice as large) than the memory-bound price of these ops let the
+    model's grow. Each step rises by exactly what its pointwise ops compute beyond streaming their
+    bytes, in each of the rank's micro-batches, so the growth rises by the difference."""
     profile, plain = with_pointwise(), replace(with_pointwise(), pointwise_s={})
 
-    def growth(p):
-        steps = [predict(scenario_from_dict(local_scenario(micro_batch_size=b, global_batch_size=8)), profile=p,
-                         engine="analytic").step_time_s for b in (1, 2)]
-        return steps[1] - steps[0]
+    def scenario(b):
+        return scenario_from_dict(local_scenario(micro_batch_size=b, global_batch_size=4 * b))  # 2 a rank
 
-    assert growth(profile) > growth(plain) * 1.05
+    def step(p, b):
+        return predict(scenario(b), profile=p, engine="analytic").step_time_s
+
+    def computed(b):  # the pointwise ops' time beyond their streamed bytes, a step of the rank
+        sc = scenario(b)
+        m, plan = sc.model, sc.plan
+        with_rates, streamed = (CostModel(sc.cluster.gpu, "fp32", p) for p in (profile, plain))
+        ops = [(m.num_layers, op) for ph in ("fwd", "bwd") for op in layer_ops(m, plan, ph)]
+        ops += [(1, op) for ph in ("fwd", "bwd") for op in head_ops(m, plan, ph)]
+        return 2 * sum(n * (with_rates.time(op) - streamed.time(op)) for n, op in ops if getattr(op, "pointwise", ""))
+
+    assert computed(1) > 0 and computed(2) > computed(1)
+    for b in (1, 2):
+        assert step(profile, b) - step(plain, b) == pytest.approx(computed(b), rel=1e-9)
+    assert (step(profile, 2) - step(profile, 1)) - (step(plain, 2) - step(plain, 1)) == \
+        pytest.approx(computed(2) - computed(1), rel=1e-6)
 
 
 def test_the_rates_move_with_the_training_loops_compute_scale_and_back():

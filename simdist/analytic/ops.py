@@ -163,7 +163,7 @@ def layer_ops(m: ModelSpec, plan: ParallelPlan, phase: Pass) -> tuple[Op, ...]:
             ops.append(Comm(f"reducescatter tp {where}", "reducescatter", "tp", act))
 
     # --- attention block
-    normed = tokens * h / t if sp else tokens * h  # the elements a norm computes
+    normed = rep / e  # the elements a norm computes
     ops.append(memory_op("norm1", mem_scale * 2 * rep * eager.traffic_factor(plan, "norm", phase, m.norm),
                          f"{m.norm} {phase}", normed))
     tp_collective("attn in")

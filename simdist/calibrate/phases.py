@@ -128,14 +128,10 @@ def _optimizer(p: CalibrationProfile, v: float) -> CalibrationProfile:
 
 
 def at_rate(profile: CalibrationProfile, s: float) -> CalibrationProfile:
-    """``profile`` with its kernels ``s`` times as fast: the peaks, the memory bandwidth, a GEMM's
-    fetch of its weight, the pointwise ops' and the top-k selection's rates, with ``compute_scale``
-    recording it (``at_rate(p, 1 / p.compute_scale)`` is the microbenchmarks' own rate)."""
-    return replace(profile, peak_flops=profile.peak_flops * s,
-                   memory_bandwidth_bytes_per_s=profile.memory_bandwidth_bytes_per_s * s,
-                   weight_fetch_s=[(b, t / s) for b, t in profile.weight_fetch_s],
-                   pointwise_s={k: [(n, r / s) for n, r in v] for k, v in profile.pointwise_s.items()},
-                   select_rates=[(n, share, r / s) for n, share, r in profile.select_rates], compute_scale=profile.compute_scale * s)
+    """``profile`` with its kernels ``s`` times as fast (:meth:`CalibrationProfile.kernels_at`),
+    with ``compute_scale`` recording it (``at_rate(p, 1 / p.compute_scale)`` is the
+    microbenchmarks' own rate)."""
+    return replace(profile.kernels_at(s), compute_scale=profile.compute_scale * s)
 
 
 def fit_plain(profile: CalibrationProfile, runs: Sequence[Any]) -> CalibrationProfile:

@@ -236,6 +236,20 @@ class CalibrationProfile:
         then = max(1.0, max(1, self.ranks) / self.cores)
         return now / then
 
+    def kernels_at(self, speed: float) -> CalibrationProfile:
+        """This profile with its kernels ``speed`` times as fast: the peaks and the memory
+        bandwidth multiplied, the measured kernel times (a GEMM's weight fetch, top-k selection,
+        the pointwise ops) divided. Every kernel rate is scaled here, once, for both readers: the
+        executor's rate (simdist.calibrate.phases.at_rate) and time-shared cores (:meth:`slowed`)."""
+        return replace(
+            self,
+            peak_flops=self.peak_flops * speed,
+            memory_bandwidth_bytes_per_s=self.memory_bandwidth_bytes_per_s * speed,
+            weight_fetch_s=[(b, t / speed) for b, t in self.weight_fetch_s],
+            select_rates=[(n, share, r / speed) for n, share, r in self.select_rates],
+            pointwise_s={k: [(n, r / speed) for n, r in v] for k, v in self.pointwise_s.items()},
+        )
+
     def slowed(self, factor: float) -> CalibrationProfile:
         """This profile ``factor`` times slower: compute rates divided, per-op and latency terms
         multiplied, link bandwidths divided (how ranks that time-share the cores see it,
@@ -245,18 +259,13 @@ class CalibrationProfile:
             return self
         s = factor
         return replace(
-            self,
-            peak_flops=self.peak_flops / s,
-            memory_bandwidth_bytes_per_s=self.memory_bandwidth_bytes_per_s / s,
+            self.kernels_at(1.0 / s),
             kernel_overhead_s=None if self.kernel_overhead_s is None else self.kernel_overhead_s * s,
             framework_overheads_s={k: v * s for k, v in self.framework_overheads_s.items()},
             optimizer_tensor_s=None if self.optimizer_tensor_s is None else self.optimizer_tensor_s * s,
             optimizer_layer_tensor_s={k: v * s for k, v in self.optimizer_layer_tensor_s.items()},
             sync_point_waits_s={k: v * s for k, v in self.sync_point_waits_s.items()},
             dp_step_wait_s=self.dp_step_wait_s * s,
-            weight_fetch_s=[(b, t * s) for b, t in self.weight_fetch_s],
-            select_rates=[(n, share, r * s) for n, share, r in self.select_rates],
-            pointwise_s={k: [(n, r * s) for n, r in v] for k, v in self.pointwise_s.items()},
             links={k: LinkFit(latency_s=v.latency_s * s, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s / s)
                    for k, v in self.links.items()},
         )
