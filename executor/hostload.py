@@ -40,7 +40,7 @@ def cores() -> int:
 GLOO_TRANSPORT_THREAD = "gloo_tcp_loop"
 
 
-def pin_training_thread() -> int | None:
+def pin_training_thread(intra_op_threads: int = 1) -> int | None:
     """Bind the calling thread, a rank's training thread, to a core of its own (the local rank's
     among the cores the process may use) when the job runs on this machine alone and its ranks
     do not outnumber those cores, as CPU launchers bind each instance to its cores (PyTorch's
@@ -48,13 +48,16 @@ def pin_training_thread() -> int | None:
     itself and, as they wake each other at every sync point, now and then on the same core (on 2
     cores, 2026-11-28: tiny-zero1 29-34 ms a step unbound, 12-15 ms bound). Threads made before
     (gloo's, at init_process_group and new_group) keep every core. Returns the core, or None
-    when the thread is left unbound (more ranks than cores, several nodes, one core)."""
+    when the thread is left unbound (more ranks than cores, several nodes, one core, or a rank
+    that runs ``intra_op_threads`` > 1: its OpenMP workers, made at its first parallel op, would
+    inherit the one core and spin on it, each waiting for the other; tiny-ddp on one rank with
+    2 threads, 2026-11-30: 2.96 s a step bound, against about 10 ms with one thread)."""
     try:
         allowed = sorted(os.sched_getaffinity(0))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         world = int(os.environ.get("WORLD_SIZE", str(local_world)))
-        if len(allowed) < 2 or world != local_world or local_world > len(allowed):
+        if len(allowed) < 2 or world != local_world or local_world > len(allowed) or intra_op_threads > 1:
             return None
         core = allowed[local_rank]
         os.sched_setaffinity(0, {core})  # pid 0: the calling thread only
@@ -110,12 +113,12 @@ def _transport_tids() -> list[int]:
     return out
 
 
-def settle_cpu_threads(training: bool = True) -> None:
+def settle_cpu_threads(training: bool = True, intra_op_threads: int = 1) -> None:
     """Once a CPU process's process groups exist: its training thread on a core of its own when
     it trains (:func:`pin_training_thread`), gloo's transport threads under the idle policy
     (:func:`idle_transport_threads`)."""
     if training:
-        pin_training_thread()
+        pin_training_thread(intra_op_threads)
     idle_transport_threads()
 
 
@@ -123,9 +126,11 @@ def start_cpu_rank() -> dict[str, float]:
     """What a CPU training rank does once its process groups exist (gloo's threads keep every
     core), before its first step: settle its threads, then time the host's speed
     (executor.hostspeed.reference_cpu_s, which it returns)."""
+    import torch
+
     from executor.hostspeed import reference_cpu_s
 
-    settle_cpu_threads()
+    settle_cpu_threads(intra_op_threads=torch.get_num_threads())
     return reference_cpu_s()
 
 

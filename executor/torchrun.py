@@ -67,6 +67,9 @@ def worker_env() -> dict[str, str]:
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # one intra-op thread a rank, what the local cluster prices (a rank is a core): torchrun sets
+    # it only for more than one process a node, so a 1-rank run would otherwise use every core
+    env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 

@@ -181,7 +181,8 @@ def test_module_layout_is_what_parallelize_addresses():
 
 def test_a_ranks_training_thread_gets_a_core_of_its_own_on_one_machine(monkeypatch):
     """executor.hostload.pin_training_thread: local rank i on the i-th allowed core, only when the
-    job runs on this machine alone with no more ranks than cores; the calling thread only."""
+    job runs on this machine alone with no more ranks than cores, and the rank computes on one
+    thread; the calling thread only."""
     import os
     import threading
 
@@ -191,12 +192,13 @@ def test_a_ranks_training_thread_gets_a_core_of_its_own_on_one_machine(monkeypat
     if len(allowed) < 2:
         pytest.skip("one core: nothing to pin to")
 
-    def in_thread(rank: int, local_world: int, world: int) -> tuple[int | None, list[int]]:
+    def in_thread(rank: int, local_world: int, world: int, threads: int = 1) -> tuple[int | None, list[int]]:
         monkeypatch.setenv("LOCAL_RANK", str(rank))
         monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_world))
         monkeypatch.setenv("WORLD_SIZE", str(world))
         out: list = []
-        t = threading.Thread(target=lambda: out.extend([pin_training_thread(), sorted(os.sched_getaffinity(0))]))
+        t = threading.Thread(target=lambda: out.extend([pin_training_thread(threads),
+                                                        sorted(os.sched_getaffinity(0))]))
         t.start()
         t.join()
         return out[0], out[1]
@@ -204,6 +206,8 @@ def test_a_ranks_training_thread_gets_a_core_of_its_own_on_one_machine(monkeypat
     assert in_thread(1, 2, 2) == (allowed[1], [allowed[1]])
     assert in_thread(0, 2, 4) == (None, allowed)  # several nodes: their local ranks share cores here
     assert in_thread(0, len(allowed) + 1, len(allowed) + 1) == (None, allowed)  # they time-share
+    assert in_thread(0, 1, 1, threads=2) == (None, allowed)  # its OpenMP workers would share its core
+    assert in_thread(0, 1, 1) == (allowed[0], [allowed[0]])
     assert sorted(os.sched_getaffinity(0)) == allowed  # this thread left as it was
 
 
@@ -316,3 +320,15 @@ def test_the_hosts_speed_is_timed_after_a_few_measured_steps_spread_over_the_run
     for i in range(5):
         short.after(i, lambda: None)
     assert len(short.samples) == 5  # a short run: after every step
+
+
+def test_every_launch_runs_one_intra_op_thread_a_rank_unless_the_user_says_otherwise(monkeypatch):
+    """executor.torchrun.worker_env: OMP_NUM_THREADS=1 for every launch (torchrun sets it only for
+    several processes a node; a 1-rank run then used every core, its threads bound to one), and a
+    value the user set is kept."""
+    from executor.torchrun import worker_env
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert worker_env()["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert worker_env()["OMP_NUM_THREADS"] == "4"
