@@ -157,3 +157,6 @@ def test_gloo_on_cpus_shares_no_sms() -> None:
         assert traffic.step_grad_sync and traffic.contention == slowdown
         stretch = contention_stretch(traffic, sc.plan, 0.1, 0.2)[0]
         assert (stretch > 0) == (slowdown > 0)
+        # and the assumptions say so: no claim of a slowdown the step does not include
+        claims = [a for a in predict(sc, profile=profile).assumptions if "slower (Lee et al. 2025)" in a]
+        assert len(claims) == (slowdown > 0)

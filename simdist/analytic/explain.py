@@ -9,7 +9,7 @@ from simdist.analytic import eager, fp8, host, moe
 from simdist.analytic.collectives import collective_choice, layout_for_axis
 from simdist.analytic.cost import TRITON_FA_SLOWDOWN
 from simdist.analytic.ops import Comm, embedding_ops, head_ops, layer_ops
-from simdist.analytic.overlap import OVERLAP_COMPUTE_SLOWDOWN, bucket_rule_text
+from simdist.analytic.overlap import bucket_rule_text, compute_slowdown
 from simdist.analytic.stage import StepDescription
 from simdist.spec.cluster import GpuSpec
 from simdist.spec.frameworks import attention_kernel, framework_of, recompute_early_stop
@@ -58,8 +58,9 @@ def framework_lines(d: StepDescription) -> list[str]:
     if plan.dp > 1 and dp.step_grad_sync:
         out.append(f"gradient buckets: {bucket_rule_text(plan)}, {dp.step_buckets} per stage"
                    + ("" if plan.overlap_grad_reduce else " (one buffer after backward: no overlap)")
-                   + (f"; the compute beside them runs {OVERLAP_COMPUTE_SLOWDOWN:.1%} slower (Lee et al. 2025)"
-                      if plan.overlap_grad_reduce and not plan.interleaved else ""))
+                   + (f"; the compute beside them runs {slowdown:.1%} slower (Lee et al. 2025)"
+                      if plan.overlap_grad_reduce and not plan.interleaved
+                      and (slowdown := compute_slowdown(d.cost.profile)) else ""))
     elif plan.dp > 1 and dp.microbatch_grad_sync:
         out.append("gradient buckets: one per wrapped module (transformer layer), reduce-scattered as backward "
                    "produces it (FSDP / ZeRO-2/3)")
