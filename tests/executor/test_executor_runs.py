@@ -251,3 +251,25 @@ def test_a_traced_run_gives_both_timelines(measure, tmp_path):
     trace = two_timelines([], spans)
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
     assert names == {"rank 0 measured", "rank 1 measured"}
+
+
+@pytest.mark.distributed
+def test_one_rank_computes_on_one_thread_bound_to_its_core(tmp_path):
+    """A 1-rank run (torchrun leaves OMP_NUM_THREADS unset for one process a node) computes on one
+    thread, as every rank of a larger run does and as the local cluster prices a rank, its
+    training thread bound to a core: on 2 threads bound to one core, its OpenMP workers spun
+    on it and the step took 300x its time (2026-11-30). It trains as one process does."""
+    import yaml
+
+    d = yaml.safe_load((SCENARIOS / "tiny-ddp.yaml").read_text())
+    d["cluster"]["gpus_per_node"] = 1
+    path, out = tmp_path / "one-rank.yaml", tmp_path / "m.json"
+    path.write_text(yaml.safe_dump(d))
+    assert run_command(file=str(path), nproc=1, steps=STEPS, warmup=WARMUP, out=str(out), pg_timeout=60) == 0
+    m = json.loads(out.read_text())
+    env = m["environment"]
+    assert env["torch_num_threads"] == 1 and env["omp_num_threads"] == "1"
+    assert len(env["training_thread_cpus"]) == 1 or m["host"]["cores"] < 2
+    scenario = load_scenario(path)
+    ref = reference_losses(scenario.model, scenario.plan, STEPS, WARMUP, seed=m["seed"])
+    assert m["losses"] == pytest.approx(ref, rel=1e-4)
