@@ -1,8 +1,9 @@
 """Microbenchmarks, run by torchrun on every rank at once (so compute and communication see
 the same contention as a real run): GEMMs from tiny to model-sized, attention, memory-bound
-ops (in and out of the cache), pointwise ops that compute, top-k selection, and collectives over
-message sizes at every available group size. Rank 0 writes the raw timings as JSON
-(atomically); simdist.calibrate.fit turns them into a profile. Started by `simdist calibrate` through the executor's launcher
+ops (in and out of the cache), pointwise ops that compute, top-k selection, DDP's reducer
+(executor.bench_reducer) and collectives over message sizes at every available group size.
+Rank 0 writes the raw timings as JSON (atomically); simdist.calibrate.fit turns them into a
+profile. Started by `simdist calibrate` through the executor's launcher
 (:func:`executor.launch.microbenchmarks`); imports torch.
 
     torchrun --standalone --nproc-per-node N -m executor.bench --run-dir DIR --out FILE [--quick]
@@ -31,9 +32,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from executor.bench_reducer import bench_reducer
 from executor.devices import choose
 from executor.faults import pid_path
-from executor.hostload import last_level_cache_bytes, scheduler_tick_s
+from executor.hostload import cores, last_level_cache_bytes, scheduler_tick_s
 from simdist.spec.files import write_json_atomic
 
 GEMM_SHAPES = [(m, n, k) for m, n, k in [  # from a tiny plan's 32 tokens x width 64 up
@@ -360,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
         progress = tqdm(total=4 + n_coll, desc="microbenchmarks", file=sys.stderr, leave=False)
     result: dict[str, Any] = {"world_size": world, "threads": torch.get_num_threads(), "dtype": dtype_name,
                               "torch_version": torch.__version__, "device": device, "backend": backend,
-                              "cores": _cores(), "local_ranks": local_world,
+                              "cores": cores(), "local_ranks": local_world,
                               "gpu": torch.cuda.get_device_name(local_rank) if device == "cuda" else None}
     for name, fn in (("gemm", bench_gemm), ("attention", bench_attention), ("memory", bench_memory)):
         result[name] = fn(dtype, args.quick, device)
@@ -371,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         result["memory_cold"] = bench_cold_copy(args.quick)
         result["pointwise"] = bench_pointwise(args.quick)
         result["cold_gemm"] = bench_cold_gemm(args.quick)
+        result["reducer"] = bench_reducer(args.quick) if world > 1 else []
         result["llc_bytes"] = last_level_cache_bytes()
         if rank == 0:  # the tick that delays a pipeline's sends (simdist.analytic.transport_wake)
             result["scheduler_tick_s"] = scheduler_tick_s()
@@ -387,13 +390,6 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 if __name__ == "__main__":

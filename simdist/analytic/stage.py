@@ -2,12 +2,10 @@
 what each piece costs alone, computed once and consumed by both engines.
 
 :func:`describe` times every op list, collective and host transfer of the scenario once, on one
-GPU with nothing else running (the cost model for compute, the alpha-beta model for the links,
-the host's PCIe/NVMe/CPU figures for offload and parameter servers), and lays the results out
-per stage (:class:`StageDescription`). Nothing here decides what overlaps with what: the closed
-form (:mod:`simdist.analytic.steptime`) reduces them with the pipeline and overlap formulas, the
-event engine's lowering (:mod:`simdist.sim.lowering`) maps them to tasks on streams (its network
-re-times the transfers).
+GPU alone (the cost model for compute, the alpha-beta model for the links, the host's figures
+for offload and parameter servers), and lays the results out per stage
+(:class:`StageDescription`). What overlaps with what is decided elsewhere: the closed form
+(:mod:`simdist.analytic.steptime`) and the event engine's lowering (:mod:`simdist.sim.lowering`).
 
 Stages of one *kind* (the same layers per model chunk and the same first/last role: the
 embedding before virtual stage 0, the LM head after the last) are identical, so a deep
@@ -66,6 +64,7 @@ from simdist.analytic.params import (
     params_per_rank,
 )
 from simdist.analytic.passes import ZERO_PASS, OpTimer, PassTime, transfer_wait
+from simdist.analytic.reducer import reducer_time
 from simdist.analytic.runtime_memory import runtime_memory
 from simdist.analytic.transport_wake import wake_tick_s
 from simdist.analytic.variants import layer_ops, mtp_ops, recompute_ops
@@ -147,7 +146,7 @@ class StageDescription:
     compression_per_microbatch: float  # ZeRO-2/3: the kernels of every micro-batch's sync
     compression_per_step: float  # ZeRO-0/1 and parameter servers: the kernels of the one sync
     optimizer: float  # the optimizer step on the GPU (0 on the CPU or on the servers)
-    accumulation: float = 0.0  # of bwd: adding its gradients into the kept ones (grad_accumulation)
+    accumulation: float = 0.0  # of bwd beyond its ops: the gradients' adds, DDP's reducer
 
     @property
     def layers(self) -> int:
@@ -337,7 +336,7 @@ def _describe_stage(sc: Scenario, ctx: CommContext, cost: CostModel, passes: dic
     for c in chunks:
         for k in c.layout:
             counts[k] = counts.get(k, 0) + 1
-    accumulation = accumulation_time(sc, cost, stage)
+    accumulation = accumulation_time(sc, cost, stage) + reducer_time(sc, cost, stage)
     fwd = recompute = PassTime()
     bwd = PassTime(compute=accumulation, weight_grad=accumulation if plan.split_backward else 0.0)
     for k, n in counts.items():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import platform
+import statistics
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -107,6 +108,7 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
     else:
         name = (f"cpu ({platform.processor() or platform.machine()}, {threads} thread(s) per rank, "
                 f"{bench.get('world_size', 1)} ranks, {bench.get('cores') or '?'} cores)")
+    reducer = reducer_rates(bench.get("reducer", []))
     return CalibrationProfile(
         device=name,
         backend=bench.get("backend") or ("nccl" if cuda else "gloo"),
@@ -128,7 +130,31 @@ def fit_profile(bench: dict[str, Any], fitted_from: list[str] | None = None) -> 
         llc_bytes=0.0 if cuda else float(bench.get("llc_bytes") or 0.0),
         weight_fetch_s=weight_fetch(bench.get("cold_gemm", [])),
         pointwise_s=pointwise_rates(bench.get("pointwise", [])),
+        ddp_reducer_tensor_s=reducer[0],
+        ddp_reducer_byte_s=reducer[1],
     )
+
+
+def reducer_rates(rows: list[dict[str, Any]]) -> tuple[float, float]:
+    """(seconds per gradient tensor, seconds per gradient byte) DDP's reducer adds to a
+    synchronising backward (executor.bench_reducer): least squares through the origin over the
+    stacks timed (the ranks' rows of one stack merged by their median), neither below 0; (0, 0)
+    without two stacks."""
+    import numpy as np
+
+    stacks: dict[tuple[int, int], list[float]] = {}
+    for r in rows:
+        stacks.setdefault((int(r["tensors"]), int(r["bytes"])), []).append(float(r["extra_s"]))
+    if len(stacks) < 2:
+        return 0.0, 0.0
+    design = np.array([[t, b] for t, b in stacks], dtype=float)
+    extra = np.array([statistics.median(v) for v in stacks.values()])
+    per_tensor, per_byte = np.linalg.lstsq(design, extra, rcond=None)[0]
+    if per_byte < 0:  # the bytes cost nothing measurable: all of it per tensor
+        return max(0.0, float(design[:, 0] @ extra / (design[:, 0] @ design[:, 0]))), 0.0
+    if per_tensor < 0:
+        return 0.0, max(0.0, float(design[:, 1] @ extra / (design[:, 1] @ design[:, 1])))
+    return float(per_tensor), float(per_byte)
 
 
 def pointwise_rates(rows: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:

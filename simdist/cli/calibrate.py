@@ -268,6 +268,9 @@ def _summary(profile) -> None:
     if profile.pointwise_s:
         print("pointwise ops, ns per element at their smallest size: " + ", ".join(
             f"{op} {points[0][1] * 1e9:.2f}" for op, points in sorted(profile.pointwise_s.items())))
+    if profile.ddp_reducer_tensor_s or profile.ddp_reducer_byte_s:
+        print(f"DDP's reducer in the backward that synchronises: {profile.ddp_reducer_tensor_s * 1e6:.1f} us per "
+              f"gradient tensor, {profile.ddp_reducer_byte_s * 2**20 * 1e3:.3f} ms per MiB")
     for k, link in profile.links.items():
         print(f"link {k}: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
     print(f"error band of predictions: +/-{profile.error_band:.0%} (the largest spread or residual of the fitted runs)")

@@ -90,7 +90,7 @@ class StageSystems:
     host_after_optimizer: HostXfer | None = None
     compression_per_microbatch: float = 0.0  # ZeRO-2/3: kernels of every micro-batch's sync
     compression_per_step: float = 0.0  # ZeRO-0/1 and parameter servers: kernels of the one sync
-    accumulation: float = 0.0  # every micro-batch's add into the kept gradients (StageDescription)
+    accumulation: float = 0.0  # the gradients' adds, DDP's reducer (StageDescription)
     down_buckets: int = 1  # buckets of down_per_step when no collective sets them (dp = 1)
     ps_bytes: float = 0.0  # parameter servers: one worker rank's push (= its pull) per step
     ps_buckets: int = 0  # buckets it is pushed in (0: no parameter servers)

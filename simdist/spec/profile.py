@@ -71,15 +71,17 @@ against fit runs of its own process count, or the nearest (:meth:`CalibrationPro
 
 Version 13 adds a CPU's rate for the pointwise ops that compute rather than stream
 (``pointwise_s``: seconds per element of GELU, SwiGLU, LayerNorm, RMSNorm and the cross entropy,
-forward and backward; executor.bench.bench_pointwise). One thread evaluates erf, exp and the
-norms' reductions at 0.3-1 ns per element (measured on the 2-core EPYC this was written on,
-2026-11-30), several times what streaming the bytes through the cache costs, so a memory-bound
-price missed most of what these ops add as a micro-batch grows (:meth:`CostModel.pointwise_time
-<simdist.analytic.cost.CostModel.pointwise_time>`).
+forward and backward; executor.bench.bench_pointwise): one thread evaluates erf, exp and the
+norms' reductions at 0.3-1 ns per element (2-core EPYC, 2026-11-30), several times what streaming
+the bytes through the cache costs (:meth:`simdist.analytic.cost.CostModel.pointwise_time`).
 
-Versions 1 to 12 still load (the new fields take their defaults: no cores known, no band, no optimizer
+Version 14 adds what DDP's reducer costs a CPU's training thread in the backward that synchronises
+the gradients, per gradient tensor and per gradient byte (``ddp_reducer_tensor_s``,
+``ddp_reducer_byte_s``: executor.bench_reducer; simdist.analytic.reducer).
+
+Versions 1 to 13 still load (the new fields take their defaults: no cores known, no band, no optimizer
 term, no per-call wait, no host speed, no sleep shares, no selection rate, no tick, no weight
-fetch, no host speed by process count, no pointwise rates; version 8's rows kept 5%).
+fetch, no host speed by process count, no pointwise rates, no reducer cost; version 8's rows kept 5%).
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ from simdist.spec.files import read_json_object, write_json_atomic
 from simdist.spec.selection import OLD_SHARE, select_seconds
 from simdist.spec.software_layers import LAYER_TERMS, RELATIVE_TERMS
 
-PROFILE_VERSION = 13
+PROFILE_VERSION = 14
 READABLE_VERSIONS = tuple(range(1, PROFILE_VERSION + 1))
 
 
@@ -198,6 +200,8 @@ class CalibrationProfile:
     # v13: a CPU's pointwise ops by "<op> <pass>" ("gelu fwd", "layernorm bwd"): [(elements,
     # seconds per element)] by size
     pointwise_s: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    ddp_reducer_tensor_s: float = 0.0  # v14: DDP's reducer per gradient tensor (0 = not measured)
+    ddp_reducer_byte_s: float = 0.0  # v14: and per gradient byte
 
     def pointwise_time(self, op: str, elements: float) -> float | None:
         """Seconds the pointwise ``op`` ("gelu fwd") computes ``elements`` in, at the measured rate
@@ -264,6 +268,8 @@ class CalibrationProfile:
             framework_overheads_s={k: v * s for k, v in self.framework_overheads_s.items()},
             optimizer_tensor_s=None if self.optimizer_tensor_s is None else self.optimizer_tensor_s * s,
             optimizer_layer_tensor_s={k: v * s for k, v in self.optimizer_layer_tensor_s.items()},
+            ddp_reducer_tensor_s=self.ddp_reducer_tensor_s * s,
+            ddp_reducer_byte_s=self.ddp_reducer_byte_s * s,
             sync_point_waits_s={k: v * s for k, v in self.sync_point_waits_s.items()},
             dp_step_wait_s=self.dp_step_wait_s * s,
             links={k: LinkFit(latency_s=v.latency_s * s, bandwidth_bytes_per_s=v.bandwidth_bytes_per_s / s)

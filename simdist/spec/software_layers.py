@@ -62,6 +62,14 @@ def replicates_with_fsdp2(plan: Any) -> bool:
     return plan.zero_stage == 0 and plan.pp > 1 and split and plan.dp * plan.cp > 1
 
 
+def runs_ddp_reducer(plan: Any) -> bool:
+    """Whether the executor's data parallelism runs through DDP's reducer (executor.parallelize.
+    data_parallel_kind "ddp" or "zero1"): replicas (dp x cp > 1) of plain or ZeRO-1 data
+    parallelism, neither on parameter servers nor on FSDP2's replicate (:func:`replicates_with_fsdp2`)."""
+    return (plan.dp * plan.cp > 1 and plan.zero_stage <= 1 and not plan.uses_parameter_servers
+            and not replicates_with_fsdp2(plan))
+
+
 BASE_TERMS = "base"  # the plain plans' terms (sync_wait_fractions: their waits at the gradient sync)
 # the layers whose fixed waits are per pipeline transfer (the stages' sends and receives: several
 # chunks per rank add transfers, a split backward adds none), whatever each micro-batch computes

@@ -111,3 +111,6 @@ def test_microbenchmarks_start_through_the_executors_launcher():
                                                                           "cross_entropy") for p in ("fwd", "bwd"))
     assert all([n for n, _ in v] == [4096.0, 32768.0] and all(0 <= r < 1e-7 for _, r in v)
                for v in profile.pointwise_s.values())
+    # DDP's reducer on both stacks (rank 0's rows): microseconds a tensor and a fraction of a ms a MiB
+    assert sorted((r["tensors"], r["bytes"]) for r in bench["reducer"]) == [(8, 4202496), (64, 34816)]
+    assert 0.5e-6 < profile.ddp_reducer_tensor_s < 100e-6 and profile.ddp_reducer_byte_s < 1e-3 / 2**20
