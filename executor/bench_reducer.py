@@ -7,10 +7,11 @@ the training thread): a hook per parameter marks its gradient ready and copies i
 bucket, a full bucket is divided by the world size and its all-reduce launched, and at the end of
 the backward the reduced buckets are copied back into the gradients (``gradient_as_bucket_view``
 False, the default the executor keeps). Under ``no_sync`` the hooks return at once. Measured on the
-2-core machine this was written on (2026-11-30, two ranks, the tiny GPT's 69 tensors of 0.94 MB in
-all): the synchronising backward took 0.64-0.77 ms more CPU time than the others, about 13 us a
-tensor more with twice the layers and 0.26 ms a MiB more with the local GPT's 16.8 MB: the
-per-step cost a plain DDP plan's fit otherwise spreads over its ops.
+2-core machine this was written on (2026-11-30, two ranks at once): 5.3 us a tensor and 0.17 ms a
+MiB, about 0.5 ms a step for the tiny GPT's 69 tensors of 0.94 MB (a script of two DDP ranks of
+that model measured 0.64-0.77 ms between its synchronising backward and the one before it, which
+also added the gradients into the kept ones): the per-step cost a plain DDP plan's fit otherwise
+spreads over its ops.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ it into its bucket, and the reduced buckets are copied back into the gradients a
 (``gradient_as_bucket_view`` False, DDP's default; torch/csrc/distributed/c10d/reducer.cpp,
 ``mark_variable_ready_dense``, ``finalize_bucket_dense``). The executor's microbenchmark times it
 per tensor and per byte (executor.bench_reducer; profile v14): on the 2-core machine it was
-written on, about 12 us a tensor and 0.26 ms a MiB, 0.7-0.8 ms a step for the tiny GPT's 69
-tensors, which the plain plans' fit spread over their ops before (a micro-batch's ops priced 3.25
-ms where runs of 1 to 6 micro-batches measured 2.2 ms each and 1.2 ms once a step, 2026-11-30).
+written on, about 5 us a tensor and 0.17 ms a MiB, 0.5 ms a step for the tiny GPT's 69 tensors,
+which the plain plans' fit spread over their ops before (a micro-batch's ops priced 3.25 ms where
+runs of 1 to 6 micro-batches measured 2.2 ms each and 1.2 ms once a step, 2026-11-30).
 On a GPU the hooks' host work hides behind the kernels and the copies are HBM passes: nothing is
 priced (a GPU profile has no such rate).
 """
