@@ -42,7 +42,8 @@ def bench_reducer(quick: bool) -> list[dict[str, Any]]:
         x = torch.randn(8, width)
         for _ in range(3):  # the reducer rebuilds its buckets after the first synchronising backward
             _backward(ddp, x, sync=True)
-        extra = [_backward(ddp, x, sync=True) - _backward(ddp, x, sync=False) for _ in range(10 if quick else 60)]
+        pairs = 10 if quick else 60
+        extra = [_backward(ddp, x, sync=True) - _backward(ddp, x, sync=False) for _ in range(pairs)]
         params = list(ddp.parameters())
         rows.append({"tensors": len(params), "bytes": sum(p.numel() * p.element_size() for p in params),
                      "extra_s": statistics.median(extra)})

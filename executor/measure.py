@@ -29,10 +29,11 @@ the backend; it is still counted as the reduce_scatter the program issued.
 Phase times of the measured steps use ``time.perf_counter`` (wall) and ``time.thread_time``
 (CPU time of the training thread). On the CPU the training thread computes everything itself
 (one thread a rank: OMP_NUM_THREADS=1, executor.torchrun.worker_env), so while it is not on a
-core it is waiting: ``comm`` = wall - CPU time of the step is the exposed communication (collective and pipeline waits, and
-on an oversubscribed host also the wait for a core), and forward / backward / optimizer are the
-CPU times of those phases. Where Linux reports it (:func:`executor.timeline.run_delay_s`), the
-wait for a core is measured apart (``core_wait``) and ``comm`` is only the wait for peers.
+core it is waiting: ``comm`` = wall - CPU time of the step is the exposed communication
+(collective and pipeline waits, and on an oversubscribed host also the wait for a core), and
+forward / backward / optimizer are the CPU times of those phases. Where Linux reports it
+(:func:`executor.timeline.run_delay_s`), the wait for a core is measured apart (``core_wait``)
+and ``comm`` is only the wait for peers.
 ``helper_threads`` is not a part of the step's wall time but the CPU time the process's other
 threads used during it (``time.process_time`` less the training thread's): gloo's transport
 threads and the process group's workers moving and reducing the collectives' data, CPU work that

@@ -36,9 +36,13 @@ def test_the_fit_splits_the_extra_time_into_a_cost_per_tensor_and_per_byte():
     assert 3e-6 < per_tensor < 10e-6 and 0.05e-3 / 2**20 < per_byte < 0.5e-3 / 2**20
     assert reducer_rates(ROWS[:1]) == (0.0, 0.0)  # one stack cannot tell the two apart
     # bytes that cost nothing measurable: all of it per tensor, never a negative rate
-    flat = [{"tensors": 64, "bytes": 34816, "extra_s": 640e-6}, {"tensors": 8, "bytes": 4202496, "extra_s": 60e-6}]
+    flat = [{"tensors": 64, "bytes": 34816, "extra_s": 640e-6},
+            {"tensors": 8, "bytes": 4202496, "extra_s": 60e-6}]
     per_tensor, per_byte = reducer_rates(flat)
     assert per_byte == 0.0 and per_tensor == pytest.approx((64 * 640e-6 + 8 * 60e-6) / (64**2 + 8**2))
+    # and tensors that cost nothing: all of it per byte
+    free = [{"tensors": 64, "bytes": 34816, "extra_s": 0.0}, {"tensors": 8, "bytes": 4202496, "extra_s": 700e-6}]
+    assert reducer_rates(free) == (0.0, pytest.approx(4202496 * 700e-6 / (34816**2 + 4202496**2)))
 
 
 @pytest.mark.parametrize("engine", ["analytic", "des"])

@@ -150,11 +150,12 @@ def reducer_rates(rows: list[dict[str, Any]]) -> tuple[float, float]:
     design = np.array([[t, b] for t, b in stacks], dtype=float)
     extra = np.array([statistics.median(v) for v in stacks.values()])
     per_tensor, per_byte = np.linalg.lstsq(design, extra, rcond=None)[0]
-    if per_byte < 0:  # the bytes cost nothing measurable: all of it per tensor
-        return max(0.0, float(design[:, 0] @ extra / (design[:, 0] @ design[:, 0]))), 0.0
-    if per_tensor < 0:
-        return 0.0, max(0.0, float(design[:, 1] @ extra / (design[:, 1] @ design[:, 1])))
-    return float(per_tensor), float(per_byte)
+    if per_tensor >= 0 and per_byte >= 0:
+        return float(per_tensor), float(per_byte)
+    col = 0 if per_byte < 0 else 1  # the other costs nothing measurable: this one alone
+    x = design[:, col]
+    alone = max(0.0, float(x @ extra / (x @ x)))
+    return (alone, 0.0) if col == 0 else (0.0, alone)
 
 
 def pointwise_rates(rows: list[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
