@@ -43,13 +43,13 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
 from executor import expert_context, optim
-from executor.checks import split_backward_pipeline
 from executor.knobs import apply_grad_reduce_overlap, apply_param_gather_overlap, shard_submodules
 from executor.model import Transformer, build_model, lm_loss, stage_module
 from executor.optim import NormSync, sharded_groups
 from simdist.spec.frameworks import recompute_early_stop
 from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan, RankCoord, rank_coord
+from simdist.spec.software_layers import runs_ddp_reducer
 from simdist.spec.stages import stage_layer_ranges
 
 # plan.schedule -> torch.distributed.pipelining schedule class. zero-bubble: ZB-H1 of Qi et al.
@@ -147,13 +147,13 @@ def data_parallel_kind(plan: ParallelPlan) -> str:
         return "none"
     if plan.shards_gradients:
         return "fsdp"
-    if plan.zero_stage == 1:
-        return "zero1"  # executor.checks refuses it with a split-backward pipeline
     # DDP's reducer fails with several chunks per rank ("rebuilt parameter indices" assert) and
     # gives wrong gradients with zero-bubble's split backward (measured: 5.7e-4 relative loss
     # error after 3 steps): it fires its all-reduce from hooks that assume one backward per step.
-    multi = split_backward_pipeline(plan.pp, plan.virtual_pipeline_stages, plan.schedule)
-    return "replicate" if multi else "ddp"
+    # Those plans run on FSDP2's replicate; ZeRO-1 keeps DDP (executor.checks refuses it there).
+    if not runs_ddp_reducer(plan):
+        return "replicate"
+    return "zero1" if plan.zero_stage == 1 else "ddp"
 
 
 # --- tensor parallel ------------------------------------------------------------------------

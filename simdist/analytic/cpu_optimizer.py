@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simdist.spec.software_layers import profile_layers
+from simdist.spec.software_layers import profile_layers, runs_ddp_reducer
 from simdist.spec.stages import stage_layer_ranges
 
 
@@ -68,13 +68,10 @@ def per_tensor_optimizer_time(sc: Any, profile: Any, stage: int) -> float | None
 
 def optimizer_layers(plan: Any) -> tuple[str, ...]:
     """The software layers whose per-tensor terms the optimizer step pays: the plan's, less TP's
-    where DDP hands the optimizer plain local shards (module docstring). The executor's DDP
-    (executor.parallelize.data_parallel_kind): data or context parallelism without sharded
-    gradients (FSDP2) and without several chunks per rank or a split backward (FSDP2's replicate)."""
+    where DDP hands the optimizer plain local shards (module docstring; the executor's DDP:
+    simdist.spec.software_layers.runs_ddp_reducer)."""
     layers = profile_layers(plan)
-    ddp = (plan.dp * plan.cp > 1 and not plan.shards_gradients and not plan.uses_parameter_servers
-           and "multichunk" not in layers and "split_backward" not in layers)
-    return tuple(k for k in layers if k != "tp") if ddp else layers
+    return tuple(k for k in layers if k != "tp") if runs_ddp_reducer(plan) else layers
 
 
 def ps_worker_time(sc: Any, profile: Any, stage: int) -> float:

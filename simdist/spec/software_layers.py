@@ -63,9 +63,11 @@ def replicates_with_fsdp2(plan: Any) -> bool:
 
 
 def runs_ddp_reducer(plan: Any) -> bool:
-    """Whether the executor's data parallelism runs through DDP's reducer (executor.parallelize.
-    data_parallel_kind "ddp" or "zero1"): replicas (dp x cp > 1) of plain or ZeRO-1 data
-    parallelism, neither on parameter servers nor on FSDP2's replicate (:func:`replicates_with_fsdp2`)."""
+    """Whether the executor wraps the plan in DDP (executor.parallelize.data_parallel_kind "ddp"
+    or "zero1", which reads it here, as do the reducer's price, simdist.analytic.reducer, and the
+    optimizer's per-tensor terms, simdist.analytic.cpu_optimizer): replicas (dp x cp > 1) of plain
+    or ZeRO-1 data parallelism, neither on parameter servers nor on FSDP2's replicate
+    (:func:`replicates_with_fsdp2`)."""
     return (plan.dp * plan.cp > 1 and plan.zero_stage <= 1 and not plan.uses_parameter_servers
             and not replicates_with_fsdp2(plan))
 

@@ -333,18 +333,3 @@ def test_every_launch_runs_one_intra_op_thread_a_rank_unless_the_user_says_other
     monkeypatch.setenv("OMP_NUM_THREADS", "4")
     assert worker_env()["OMP_NUM_THREADS"] == "4"
 
-
-def test_the_simulator_knows_which_plans_run_through_ddps_reducer():
-    """simdist.spec.software_layers.runs_ddp_reducer (where the model prices the reducer's work,
-    simdist.analytic.reducer) names exactly the bundled plans the executor wraps in DDP."""
-    from executor.parallelize import data_parallel_kind
-    from simdist.spec.scenario import load_scenario
-    from simdist.spec.software_layers import runs_ddp_reducer
-
-    kinds = set()
-    for path in sorted((Path(__file__).resolve().parents[2] / "scenarios").glob("*.yaml")):
-        plan = load_scenario(path).plan
-        kind = "parameter-server" if plan.uses_parameter_servers else data_parallel_kind(plan)
-        kinds.add(kind)
-        assert runs_ddp_reducer(plan) == (kind in ("ddp", "zero1")), path.name
-    assert {"ddp", "zero1", "fsdp", "replicate", "none", "parameter-server"} <= kinds
