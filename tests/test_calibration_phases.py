@@ -282,41 +282,46 @@ def test_a_pipeline_stage_competes_for_the_cores_for_its_share_of_the_step():
         assert lighter > time_shared(sc, replace(t, coschedule_wait_s=0.0))[1]  # still waits, less
 
 
-def test_the_fit_finds_the_share_of_its_tp_communication_a_rank_sleeps():
-    """Profile v7: the wall time a TP run's process spent off the cores (exposed communication
-    less its other threads' CPU time), over the communication the fitted profile prices."""
+def test_the_fit_finds_the_share_of_their_communication_the_ranks_sleep():
+    """Profile v7: the communication the fitted profile prices for a run, less its process's
+    other threads' CPU time, over the priced communication: for the TP layer on its run and, since
+    2026-12-07, for the plain plans on theirs (``base``)."""
     t = truth()
-    runs = [phased(t, "small")[1], phased(t, "large", micro_batch_size=8, global_batch_size=16)[1],
+    runs = [phased(t, "small", helper_share=0.6)[1], phased(t, "large", micro_batch_size=8, global_batch_size=16)[1],
             phased(t, "tp", helper_share=0.3, tp=2)[1]]
     fitted, bounds, _ = fit_terms(microbenchmark_part(t), runs)
     assert not [b for b in bounds if b.hit]
-    assert fitted.sleep_shares == {"tp": pytest.approx(0.7, rel=0.02)}  # the plain layer's is not fitted
+    # "large" measured no other threads' time: the plain share is "small"'s alone
+    assert fitted.sleep_shares == {BASE_TERMS: pytest.approx(0.4, rel=0.02), "tp": pytest.approx(0.7, rel=0.02)}
 
 
-@pytest.mark.parametrize(("layer", "part", "cases"), [
-    ("tp", "tp_comm", (("tiny-2d-tp-dp", True), ("tiny-3d", True), ("tiny-2d-pp-tp", False), ("tiny-hsdp", False))),
-    # HSDP's other shard group fills; a pipeline stage of one shard group does not
-    ("zero3", "dp_comm", (("tiny-hsdp", True), ("tiny-2d-pp-fsdp", False), ("tiny-2d-tp-dp", False))),
-    ("ep", "ep_comm", (("tiny-moe-ep-dp", True), ("tiny-moe-ep-pp", False), ("tiny-cp", False))),
+@pytest.mark.parametrize(("shares", "name", "sleeps"), [
+    ({"tp": 0.5}, "tiny-2d-tp-dp", {"tp_comm": 0.5}),  # the TP group's data-parallel replica fills
+    ({"tp": 0.5}, "tiny-2d-pp-tp", {"tp_comm": 0.5}),  # a stage of one TP group: its own peer fills
+    ({"tp": 0.5, "zero3": 0.2}, "tiny-3d", {"tp_comm": 0.5, "dp_comm": 0.2}),
+    ({"zero3": 0.5, BASE_TERMS: 0.1}, "tiny-hsdp", {"dp_comm": 0.5}),  # the layer's own share first
+    ({"ep": 0.5, BASE_TERMS: 0.4}, "tiny-moe-ep-dp", {"ep_comm": 0.5, "dp_comm": 0.4}),  # plain DDP's for its all-reduce
+    ({"ep": 0.5, BASE_TERMS: 0.4}, "tiny-moe-ep-pp", {"ep_comm": 0.5, "dp_comm": 0.4, "pp_comm": 0.4}),
+    ({"ep": 0.5}, "tiny-cp", {}),  # a plan without the layer
 ])
-def test_a_groups_sleep_fills_with_its_stages_other_groups_when_the_cores_are_shared(layer, part, cases):
-    """Ranks beyond the cores: the sleep share of a layer's communication leaves its busy time
-    when its stage holds other groups of the layer (a TP group's data-parallel replicas, HSDP's
-    other shard groups, other expert groups); a pipeline's other stage, or a plan without the
-    layer, leaves the step as it was."""
-    from simdist.analytic.timeshare import slept, time_share_note, time_shared
+def test_a_ranks_sleep_fills_with_other_ranks_when_the_cores_are_shared(shares, name, sleeps):
+    """Ranks beyond the cores: the share of each kind of its communication a rank sleeps (its
+    layer's, else the plain plans') leaves its busy time, whoever fills it: the layer's other
+    groups in the stage or the rank's own peers, which it waits for."""
+    from simdist.analytic.timeshare import filled, slept, time_share_note, time_shared
     from simdist.spec.scenario import load_scenario
 
     t = truth()
-    sleeping = replace(t, sleep_shares={layer: 0.5})
-    for name, fills in cases:
-        sc = load_scenario(f"scenarios/{name}.yaml")
-        full = predict(sc, profile=replace(t, cores=0), engine="analytic")
-        asleep = slept(sc, full.breakdown_s, sleeping)
-        assert asleep == (pytest.approx(0.5 * full.breakdown_s[part]) if fills else 0.0), name
-        before, after = time_shared(sc, t)[1], time_shared(sc, sleeping)[1]
-        assert (after < before) if fills else (after == before), name
-        assert (f"50% of its {layer} communication it sleeps" in time_share_note(sc, sleeping, after)) == fills, name
+    sleeping = replace(t, sleep_shares=shares)
+    sc = load_scenario(f"scenarios/{name}.yaml")
+    assert filled(sc.plan, sleeping) == sleeps
+    full = predict(sc, profile=replace(t, cores=0), engine="analytic")
+    assert slept(sc, full.breakdown_s, sleeping) == pytest.approx(sum(v * full.breakdown_s[k] for k, v in sleeps.items()))
+    before, after = time_shared(sc, t)[1], time_shared(sc, sleeping)[1]
+    assert (after < before) if sleeps else (after == before)
+    note = time_share_note(sc, sleeping, after)
+    for entry, share in sleeps.items():
+        assert f"{share:.0%} of its {entry.removesuffix('_comm')} communication it sleeps" in note
 
 
 def test_ops_below_the_smallest_benchmark_keep_their_fixed_cost():

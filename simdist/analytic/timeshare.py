@@ -26,19 +26,24 @@ let the sync-point waits and the links' latency fill with other ranks' work too;
 fresh calibration runs since, that held 15 of 36 time-shared held-out predictions within 15%,
 this 23; benchmarks/README.md.)
 
-What a rank sleeps of its communication at full speed, though, is time other ranks can use: the
-layer's sleep share (``CalibrationProfile.sleep_shares``, fitted on the layer's runs with a core
-per rank, simdist.calibrate.phases.fit_sleep) of the communication the model prices for it
-(:data:`SLEEPING_COMM`) leaves the busy time when the rank's stage holds other groups of that
-layer, which run in lock-step with it and fill its sleep: a TP group's data-parallel replicas,
-HSDP's other shard groups, the other expert groups. A pipeline's other stages do not: at a few
-micro-batches they compute mostly in other slots of the schedule (the fill and drain), and the
-bubble already leaves them the cores. Fitted on the tiny TP plan (2 ranks, the ``tiny-llama``
-model), a rank sleeps 36-48% of the TP communication the model prices (six calibration runs,
-2026-11-28); without it the TP x DP plans of 4 and 8 ranks (tiny-2d-tp-dp, tiny-3d) came out
-8-46% too slow in the five whose fit was sound, with it -4% to +17% (benchmarks/README.md).
-ZeRO-3's share, fitted on its 2-rank runs, came out 14-23% and expert parallelism's 24-81% over
-nine calibrations (2026-11-29).
+What a rank does not spend on a core of its communication at full speed, though, is time
+other ranks can use: the share of it that the rank's process sleeps (``CalibrationProfile.
+sleep_shares``, fitted per software layer and for the plain plans on their runs with a core per
+rank, simdist.calibrate.phases.fit_sleep: the priced communication less the CPU time gloo's
+threads spent moving and reducing it) leaves the busy time, for every kind of communication in
+the breakdown (:data:`COMM_LAYERS` names whose share prices which). Any rank that can run fills
+it: the other groups of the layer in the rank's stage (a TP group's data-parallel replicas, HSDP's
+other shard groups, the other expert groups), and the rank's own peers, which are what it waits
+for: a collective's early ranks sleep while the late ones, waiting for a core, take theirs.
+Fitted on the tiny TP plan (2 ranks, the ``tiny-llama`` model), a rank slept 36-48% of the TP
+communication the model prices on the 2-core AMD host of 2026-11-28; without it the TP x DP plans
+of 4 and 8 ranks (tiny-2d-tp-dp, tiny-3d) came out 8-46% too slow in the five calibrations whose
+fit was sound, with it -4% to +17% (benchmarks/README.md). Until 2026-12-07 only a layer's own
+other groups filled its sleep, and only for TP, ZeRO-3 and expert parallelism; on the 2-core
+Intel host of that day (q59: the time-shared held-out plans 1.04-1.09x their ranks' summed CPU
+time over the cores, pipelines aside) that left the 4-rank expert-parallel plans 21-25% and
+tiny-3d 19% too slow, and the fit's plain runs measured 70% of their all-reduce off the cores,
+which no rank could use (benchmarks/README.md).
 
 To that come the waits at the sync points whose peers the scheduler has not running
 (simdist.analytic.cpu_syncs), when the profile fitted them, counting the ranks that compete for
@@ -53,7 +58,7 @@ from __future__ import annotations
 from typing import Any
 
 from simdist.spec.profile import CalibrationProfile, busy_ranks
-from simdist.spec.software_layers import profile_layers
+from simdist.spec.software_layers import BASE_TERMS, profile_layers
 
 
 def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[CalibrationProfile | None, float]:
@@ -88,43 +93,47 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     return profile.slowed(factor), factor
 
 
-# software layer -> the breakdown entry of its communication, and the ranks of one of its groups:
-# TP's groups (the data-parallel replicas of a TP group), the shard groups of ZeRO-3 under HSDP
-# (its gathers and reduce-scatters are most of dp_comm) and expert parallelism's groups. Refitted
-# over the nine stored calibrations of benchmarks/README.md (q28-q36), TP's alone against TP's,
-# ZeRO-3's and EP's: the two time-shared fit runs, fit-cp and fit-hsdp, -3.7 to -7.0% and +2.0 to
-# +7.1% in all nine (the fitted wait at a descheduled sync point, 0-0.16 ms, could not serve both)
-# -> -0.1 to -2.9% and -3.4 to +0.9% (0.15-0.38 ms); held-out plans within 15% 228 -> 230 of 279;
-# tiny-moe-ep-dp's mean error 11.1 -> 9.6%. (EP's share alone, before the sync-point wait could
-# serve both fit runs, made tiny-moe-ep-dp 5-7% faster in four runs: -3, -7, -11, +18% -> -10,
-# -14, -17, +13%.)
-SLEEPING_COMM: dict[str, tuple[str, Any]] = {"tp": ("tp_comm", lambda plan: plan.tp),
-                                             "zero3": ("dp_comm", lambda plan: plan.dp_shard),
-                                             "ep": ("ep_comm", lambda plan: plan.ep)}
+# breakdown entry -> the layers whose fitted sleep share prices it, the most specific first; an
+# entry whose layers the plan does not run (or the profile did not fit) takes the plain plans'
+COMM_LAYERS: dict[str, tuple[str, ...]] = {
+    "tp_comm": ("tp",),
+    "cp_comm": ("cp",),
+    "ep_comm": ("ep",),
+    "pp_comm": ("split_backward", "multichunk", "pipeline"),
+    "dp_comm": ("hsdp", "zero3", "zero2", "zero1", "compression", "async", "ps"),
+}
 
 
 def filled(plan: Any, profile: CalibrationProfile) -> dict[str, float]:
-    """Layer -> the share of its communication a rank sleeps, for the layers whose groups have
-    peers in the same pipeline stage to fill that sleep (module docstring)."""
-    stage_ranks, layers = plan.world_size // plan.pp, profile_layers(plan)
-    return {layer: profile.sleep_shares[layer] for layer, (_, group) in SLEEPING_COMM.items()
-            if profile.sleep_shares.get(layer) and layer in layers and stage_ranks > group(plan)}
+    """Breakdown entry -> the share of its communication a rank sleeps (module docstring), for the
+    kinds of communication the plan has."""
+    layers = profile_layers(plan)
+    degrees = {"tp_comm": plan.tp, "cp_comm": plan.cp, "ep_comm": plan.ep, "pp_comm": plan.pp, "dp_comm": plan.dp}
+    out = {}
+    for entry, owners in COMM_LAYERS.items():
+        if degrees[entry] <= 1:
+            continue
+        fitted = [profile.sleep_shares[x] for x in owners if x in layers and x in profile.sleep_shares]
+        share = fitted[0] if fitted else profile.sleep_shares.get(BASE_TERMS, 0.0)
+        if share > 0:
+            out[entry] = share
+    return out
 
 
 def slept(scenario: Any, breakdown: dict[str, float], profile: CalibrationProfile) -> float:
     """The time (s) of a full-speed step (``breakdown``) that a rank sleeps where other ranks fill it."""
-    return sum(share * breakdown.get(SLEEPING_COMM[layer][0], 0.0)
-               for layer, share in filled(scenario.plan, profile).items())
+    return sum(share * breakdown.get(entry, 0.0) for entry, share in filled(scenario.plan, profile).items())
 
 
 def time_share_note(scenario: Any, profile: CalibrationProfile, factor: float) -> str:
     """The assumption a time-shared prediction states."""
-    n = busy_ranks(scenario)
+    n, sleeps = busy_ranks(scenario), filled(scenario.plan, profile)
     return (f"{n} ranks time-share the profiled machine's {profile.cores} cores ({profile.time_share(n):.2g}x its "
             f"share at calibration, {max(1, profile.ranks)} ranks): the step is priced {factor:.2g}x the "
             "full-speed one (all of each rank's step stretched but its pipeline bubble, which fills with other stages' "
-            "work" + "".join(f", and the {share:.0%} of its {layer} communication it sleeps, which the other {layer} "
-                             "groups of its stage fill" for layer, share in filled(scenario.plan, profile).items())
+            "work" + "".join(f", and the {share:.0%} of its {entry.removesuffix('_comm')} communication it sleeps"
+                             for entry, share in sleeps.items())
+            + (", which the other ranks fill" if sleeps else "")
             + (f"; {profile.coschedule_wait_s * 1e3:.2g} ms at each sync point whose peers are descheduled"
                if profile.coschedule_wait_s else "") + ")")
 

@@ -35,7 +35,6 @@ from dataclasses import replace
 
 import yaml
 
-from simdist.analytic.timeshare import SLEEPING_COMM
 from simdist.calibrate.fit import OVERHEAD_RANGE, SYNC_WAIT_MAX, fit_overhead
 from simdist.calibrate.honesty import Bound, FitCheck, median_speed, reference_baseline
 from simdist.calibrate.phases import (
@@ -164,7 +163,8 @@ def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[Calibrat
     phased = all(r.has_phases for r in runs)  # else (e.g. GPU runs, no exposed-comm phase) fit step times
     if plain and phased:
         profile = fit_plain(profile, plain)  # (the compute phases: CPU time, never shared)
-        profile = fit_waits(profile, BASE_TERMS, [r for r in plain if not _time_shared(r, profile)])
+        own_cores = [r for r in plain if not _time_shared(r, profile)]
+        profile = fit_sleep(fit_waits(profile, BASE_TERMS, own_cores), BASE_TERMS, own_cores)
         bounds.append(Bound("the per-op overhead (s)", profile.kernel_overhead_s or 0.0, *OVERHEAD_RANGE))
         bounds.append(Bound("the executor's compute rate over the microbenchmarks'", profile.compute_scale,
                             *SCALE_RANGE, upper_only=False))
@@ -205,8 +205,7 @@ def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[Calibrat
                 if layer in profile.sync_point_waits_s:
                     bounds.append(Bound(f"the {layer} wait per collective call (s)",
                                         profile.sync_point_waits_s[layer], 0.0, COSCHEDULE_MAX))
-                if layer in SLEEPING_COMM:
-                    profile = fit_sleep(profile, layer, own_cores)
+                profile = fit_sleep(profile, layer, own_cores)
             terms_from[layer] = ", ".join(r.name for r in subset)
             fitted.add(layer)
         pending = [r for r in pending if any(x not in fitted for x in r.layers)]
