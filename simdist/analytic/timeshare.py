@@ -26,24 +26,23 @@ let the sync-point waits and the links' latency fill with other ranks' work too;
 fresh calibration runs since, that held 15 of 36 time-shared held-out predictions within 15%,
 this 23; benchmarks/README.md.)
 
-What a rank does not spend on a core of its communication at full speed, though, is time
-other ranks can use: the share of it that the rank's process sleeps (``CalibrationProfile.
-sleep_shares``, fitted per software layer and for the plain plans on their runs with a core per
-rank, simdist.calibrate.phases.fit_sleep: the priced communication less the CPU time gloo's
-threads spent moving and reducing it) leaves the busy time, for every kind of communication in
-the breakdown (:data:`COMM_LAYERS` names whose share prices which). Any rank that can run fills
-it: the other groups of the layer in the rank's stage (a TP group's data-parallel replicas, HSDP's
-other shard groups, the other expert groups), and the rank's own peers, which are what it waits
-for: a collective's early ranks sleep while the late ones, waiting for a core, take theirs.
-Fitted on the tiny TP plan (2 ranks, the ``tiny-llama`` model), a rank slept 36-48% of the TP
-communication the model prices on the 2-core AMD host of 2026-11-28; without it the TP x DP plans
-of 4 and 8 ranks (tiny-2d-tp-dp, tiny-3d) came out 8-46% too slow in the five calibrations whose
-fit was sound, with it -4% to +17% (benchmarks/README.md). Until 2026-12-07 only a layer's own
-other groups filled its sleep, and only for TP, ZeRO-3 and expert parallelism; on the 2-core
-Intel host of that day (q59: the time-shared held-out plans 1.04-1.09x their ranks' summed CPU
-time over the cores, pipelines aside) that left the 4-rank expert-parallel plans 21-25% and
-tiny-3d 19% too slow, and the fit's plain runs measured 70% of their all-reduce off the cores,
-which no rank could use (benchmarks/README.md).
+What a rank sleeps of its communication at full speed, though, is time other ranks can use:
+the share of each kind of communication in the breakdown that the rank's process spends off the
+cores (``CalibrationProfile.sleep_shares``, fitted per software layer, and for the plain plans,
+on their runs with a core per rank: neither the training thread nor gloo's threads on a core,
+simdist.calibrate.phases.fit_sleep; :data:`COMM_LAYERS` names whose share prices which) leaves
+the busy time. Any rank that can run fills it: the other groups of the layer in the rank's stage
+(a TP group's data-parallel replicas, HSDP's other shard groups, the other expert groups), and
+the rank's own peers, which are what it waits for: a collective's early ranks sleep while the
+late ones, waiting for a core, take theirs. Fitted on the tiny TP plan (2 ranks, the
+``tiny-llama`` model), a rank slept 36-48% of the TP communication the model prices on the
+2-core AMD host of 2026-11-28; without it the TP x DP plans of 4 and 8 ranks (tiny-2d-tp-dp,
+tiny-3d) came out 8-46% too slow in the five calibrations whose fit was sound, with it -4% to
++17% (benchmarks/README.md). Until 2026-12-07 only a layer's other groups in the stage filled its
+sleep, and only for TP, ZeRO-3 and expert parallelism; on the 2-core Intel host of that day (q59:
+the time-shared held-out plans' steps 1.04-1.09x their ranks' summed CPU time over the cores,
+pipelines aside; the plain plans' ranks off the cores for 39% of the all-reduce the model prices)
+that left the 4-rank expert-parallel plans 21-25% and tiny-3d 19% too slow (benchmarks/README.md).
 
 To that come the waits at the sync points whose peers the scheduler has not running
 (simdist.analytic.cpu_syncs), when the profile fitted them, counting the ranks that compete for

@@ -17,8 +17,8 @@ group of terms, so each is fitted on its own phase by least squares on relative 
   plain terms held, and its own waits (comm + core wait) from those of its runs whose ranks
   have a core each;
 - the same runs (and the plain ones) give the share of the layer's communication during which
-  the rank sleeps (``sleep_shares``: the priced communication less its other threads' CPU
-  time), which ranks that time-share the cores give to each other (simdist.analytic.timeshare);
+  the rank sleeps (``sleep_shares``: neither its training thread nor its other threads on a
+  core), which ranks that time-share the cores give to each other (simdist.analytic.timeshare);
 - last, runs with more ranks than cores fit the wait at a sync point whose peers are
   descheduled (simdist.analytic.cpu_syncs) on their step times.
 
@@ -253,25 +253,21 @@ def two_slopes(rows: Sequence[tuple[float, float, float, float]]) -> tuple[float
 
 def fit_sleep(profile: CalibrationProfile, layer: str, runs: Sequence[Any]) -> CalibrationProfile:
     """The share of ``layer``'s communication a rank sleeps at full speed (``sleep_shares``),
-    from runs whose ranks have a core each: the communication the fitted profile prices for the
-    runs less the CPU time the process's other threads spent during the steps
-    (``helper_threads``: gloo's, moving and reducing the collectives' data; the training thread's
-    own CPU time is in its computing phases, which the model prices as compute), over that
-    communication, summed over the runs. So the busy time a time-shared rank is priced at, its
-    compute and the rest of its communication, is the CPU time its runs measured: what ranks that
-    share the cores divide among them (simdist.analytic.timeshare). Runs measured before the
-    executor recorded the other threads' CPU time leave it unfitted."""
+    from runs whose ranks have a core each: the wall time that neither the training thread
+    (``comm`` already leaves out its CPU time and its wait for a core) nor the process's other
+    threads (``helper_threads``: gloo's, moving the collectives' data) spent on a core, over the
+    communication the fitted profile prices for the runs, summed over the runs. Runs measured
+    before the executor recorded the other threads' CPU time leave it unfitted."""
     slept = priced = 0.0
     for r in runs:
         m = r.measured()
         if m.get("comm_s") is None or m.get("helper_threads_s") is None:
             continue
-        comm = comm_s(r.predicted(profile))
-        slept += max(0.0, comm - m["helper_threads_s"])
-        priced += comm
+        slept += max(0.0, m["comm_s"] - m["helper_threads_s"])
+        priced += comm_s(r.predicted(profile))
     if priced <= 0:
         return profile
-    return replace(profile, sleep_shares={**profile.sleep_shares, layer: slept / priced})
+    return replace(profile, sleep_shares={**profile.sleep_shares, layer: min(1.0, slept / priced)})
 
 
 def fit_coschedule(profile: CalibrationProfile, runs: Sequence[Any]) -> CalibrationProfile:

@@ -42,11 +42,12 @@ rank, executor.hostspeed.reference_cpu_s), so that a measurement made later on a
 host is told apart from a wrong prediction (:class:`HostSpeed`, simdist.calibrate.honesty).
 
 Version 7 adds, per software layer, the share of its communication a rank sleeps at full speed
-(``sleep_shares``): the part of the time the model prices for the layer's collectives that the
-rank's process does not spend on a core, measured on the layer's fit runs with a core per rank
-(the priced communication less the CPU time of the process's other threads, gloo's, over the
-priced communication; since 2026-12-07 also for the plain plans, under ``base``). Ranks that
-time-share the cores give that time to each other (:mod:`simdist.analytic.timeshare`).
+(``sleep_shares``): the part of the time the model prices for the layer's collectives during
+which neither the rank's training thread nor its other threads (gloo's) run, measured on the
+layer's fit runs with a core per rank (step - training-thread CPU - other threads' CPU - wait
+for a core, over the model's communication time); since 2026-12-07 also for the plain plans
+(``base``). Ranks that time-share the cores give that time to each other
+(:mod:`simdist.analytic.timeshare`).
 
 Version 8 gives zero-bubble's split backward its own layer, "split_backward" (an older file's
 "multichunk" terms carry over to it), and adds a CPU's curve of copies out of the cache
