@@ -283,9 +283,9 @@ def test_a_pipeline_stage_competes_for_the_cores_for_its_share_of_the_step():
 
 
 def test_the_fit_finds_the_share_of_their_communication_the_ranks_sleep():
-    """Profile v7: the communication the fitted profile prices for a run, less its process's
-    other threads' CPU time, over the priced communication: for the TP layer on its run and, since
-    2026-12-07, for the plain plans on theirs (``base``)."""
+    """Profile v7: the wall time a run's process spent off the cores (exposed communication less
+    its other threads' CPU time), over the communication the fitted profile prices: for the TP
+    layer on its run and, since 2026-12-07, for the plain plans on theirs (``base``)."""
     t = truth()
     runs = [phased(t, "small", helper_share=0.6)[1], phased(t, "large", micro_batch_size=8, global_batch_size=16)[1],
             phased(t, "tp", helper_share=0.3, tp=2)[1]]
