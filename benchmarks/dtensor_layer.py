@@ -4,7 +4,8 @@ Run with two ranks (each on a core of its own, gloo):
 
     torchrun --nproc-per-node 2 benchmarks/dtensor_layer.py tiny-2d-tp-dp tiny-2d-tp-dp:sp tiny-llama-tp
 
-For each bundled scenario named (``:sp`` turns sequence parallelism on), the executor's model with
+For each bundled scenario named (``:sp`` turns sequence parallelism on, ``:mbN`` sets the
+micro-batch size to N: ``local-tp-fit:sp:mb4``), the executor's model with
 1 and with 3 layers is split by ``executor.parallelize.apply_tensor_parallel`` and trained on one
 micro-batch of the scenario's shape; the difference of the training thread's CPU time
 (``time.thread_time``, forward and backward) over 2 is one layer's cost per micro-batch, its ops
@@ -28,13 +29,14 @@ sys.path.insert(0, str(REPO))
 STEPS = 10
 
 
-def layer_cost_s(name: str, sequence_parallel: bool | None, mesh) -> float:
+def layer_cost_s(name: str, sequence_parallel: bool | None, mesh, micro_batch_size: int | None = None) -> float:
     from executor.model import build_model
     from executor.parallelize import apply_tensor_parallel
     from simdist.spec.scenario import load_scenario
 
     sc = load_scenario(REPO / "scenarios" / f"{name}.yaml")
     plan = sc.plan if sequence_parallel is None else dataclasses.replace(sc.plan, sequence_parallel=sequence_parallel)
+    plan = plan if micro_batch_size is None else dataclasses.replace(plan, micro_batch_size=micro_batch_size)
     cpu = {}
     for layers in (1, 3):
         model = build_model(dataclasses.replace(sc.model, num_layers=layers), seed=0, recompute=plan.recompute)
@@ -63,8 +65,9 @@ def main() -> int:
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for arg in sys.argv[1:] or ["tiny-2d-tp-dp", "tiny-2d-tp-dp:sp", "tiny-llama-tp"]:
-        name, _, flag = arg.partition(":")
-        cost = layer_cost_s(name, True if flag == "sp" else None, mesh)
+        name, *flags = arg.split(":")
+        sizes = [int(f[2:]) for f in flags if f.startswith("mb")]
+        cost = layer_cost_s(name, True if "sp" in flags else None, mesh, sizes[0] if sizes else None)
         if dist.get_rank() == 0:
             print(f"{arg}: {cost * 1e3:.2f} ms of training-thread CPU per layer and micro-batch", flush=True)
     dist.destroy_process_group()
