@@ -58,6 +58,21 @@ def step(model: torch.nn.Module, tokens: torch.Tensor) -> None:
     out.float().pow(2).mean().backward()
 
 
+def parse(arg: str) -> tuple[str, bool | None, int | None]:
+    """NAME[:sp][:mbN] -> (scenario name, sequence parallelism or None for the scenario's,
+    micro-batch size or None for the scenario's)."""
+    name, *flags = arg.split(":")
+    sequence_parallel, micro_batch_size = None, None
+    for flag in flags:
+        if flag == "sp":
+            sequence_parallel = True
+        elif flag.startswith("mb") and flag[2:].isdigit() and int(flag[2:]) > 0:
+            micro_batch_size = int(flag[2:])
+        else:
+            raise SystemExit(f"{arg}: unknown flag {flag!r} (expected NAME[:sp][:mbN], e.g. local-tp-fit:sp:mb4)")
+    return name, sequence_parallel, micro_batch_size
+
+
 def main() -> int:
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -65,9 +80,8 @@ def main() -> int:
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     for arg in sys.argv[1:] or ["tiny-2d-tp-dp", "tiny-2d-tp-dp:sp", "tiny-llama-tp"]:
-        name, *flags = arg.split(":")
-        sizes = [int(f[2:]) for f in flags if f.startswith("mb")]
-        cost = layer_cost_s(name, True if "sp" in flags else None, mesh, sizes[0] if sizes else None)
+        name, sequence_parallel, micro_batch_size = parse(arg)
+        cost = layer_cost_s(name, sequence_parallel, mesh, micro_batch_size)
         if dist.get_rank() == 0:
             print(f"{arg}: {cost * 1e3:.2f} ms of training-thread CPU per layer and micro-batch", flush=True)
     dist.destroy_process_group()

@@ -54,6 +54,7 @@ so the breakdown and the timeline stay consistent with the step time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from simdist.spec.profile import CalibrationProfile, busy_ranks
@@ -92,29 +93,26 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     return profile.slowed(factor), factor
 
 
-# breakdown entry -> the layers whose fitted sleep share prices it, the most specific first; an
-# entry whose layers the plan does not run (or the profile did not fit) takes the plain plans'
-COMM_LAYERS: dict[str, tuple[str, ...]] = {
-    "tp_comm": ("tp",),
-    "cp_comm": ("cp",),
-    "ep_comm": ("ep",),
-    "pp_comm": ("split_backward", "multichunk", "pipeline"),
-    "dp_comm": ("hsdp", "zero3", "zero2", "zero1", "compression", "async", "ps"),
+# breakdown entry -> the plan's degree that makes it (none below 2), and the layers whose fitted
+# sleep share prices it, the most specific first; an entry whose layers the plan does not run (or
+# the profile did not fit) takes the plain plans'
+COMM_LAYERS: dict[str, tuple[Callable[[Any], int], tuple[str, ...]]] = {
+    "tp_comm": (lambda plan: plan.tp, ("tp",)),
+    "cp_comm": (lambda plan: plan.cp, ("cp",)),
+    "ep_comm": (lambda plan: plan.ep, ("ep",)),
+    "pp_comm": (lambda plan: plan.pp, ("split_backward", "multichunk", "pipeline")),
+    "dp_comm": (lambda plan: plan.dp, ("hsdp", "zero3", "zero2", "zero1", "compression", "async", "ps")),
 }
 
 
 def filled(plan: Any, profile: CalibrationProfile) -> dict[str, float]:
     """Breakdown entry -> the share of its communication a rank sleeps (module docstring), for the
     kinds of communication the plan has."""
-    layers = profile_layers(plan)
-    degrees = {"tp_comm": plan.tp, "cp_comm": plan.cp, "ep_comm": plan.ep, "pp_comm": plan.pp, "dp_comm": plan.dp}
+    layers, shares = profile_layers(plan), profile.sleep_shares
     out = {}
-    for entry, owners in COMM_LAYERS.items():
-        if degrees[entry] <= 1:
-            continue
-        fitted = [profile.sleep_shares[x] for x in owners if x in layers and x in profile.sleep_shares]
-        share = fitted[0] if fitted else profile.sleep_shares.get(BASE_TERMS, 0.0)
-        if share > 0:
+    for entry, (degree, owners) in COMM_LAYERS.items():
+        share = next((shares[x] for x in owners if x in layers and x in shares), shares.get(BASE_TERMS, 0.0))
+        if degree(plan) > 1 and share > 0:
             out[entry] = share
     return out
 

@@ -164,7 +164,8 @@ def fit_terms(profile: CalibrationProfile, runs: list[FitRun]) -> tuple[Calibrat
     if plain and phased:
         profile = fit_plain(profile, plain)  # (the compute phases: CPU time, never shared)
         own_cores = [r for r in plain if not _time_shared(r, profile)]
-        profile = fit_sleep(fit_waits(profile, BASE_TERMS, own_cores), BASE_TERMS, own_cores)
+        profile = fit_waits(profile, BASE_TERMS, own_cores)
+        profile = fit_sleep(profile, BASE_TERMS, own_cores)
         bounds.append(Bound("the per-op overhead (s)", profile.kernel_overhead_s or 0.0, *OVERHEAD_RANGE))
         bounds.append(Bound("the executor's compute rate over the microbenchmarks'", profile.compute_scale,
                             *SCALE_RANGE, upper_only=False))
