@@ -7,9 +7,12 @@ Run with two ranks (each on a core of its own, gloo):
 For each bundled scenario named (``:sp`` turns sequence parallelism on, ``:mbN`` sets the
 micro-batch size to N: ``local-tp-fit:sp:mb4``), the executor's model with
 1 and with 3 layers is split by ``executor.parallelize.apply_tensor_parallel`` and trained on one
-micro-batch of the scenario's shape; the difference of the training thread's CPU time
-(``time.thread_time``, forward and backward) over 2 is one layer's cost per micro-batch, its ops
-on DTensors and on local tensors together. simdist.analytic.passes.runs_on_dtensors cites it.
+micro-batch of the scenario's shape, each rank's training thread pinned to a core; the difference
+of the training thread's CPU time (``time.thread_time``, forward and backward, the least of three
+rounds) over 2 is one layer's cost per micro-batch, its ops on DTensors and on local tensors
+together. With ``--profile PROFILE`` (a calibration profile of this host) it also prints the layer's
+ops at the profile's prices and what the rest costs per DTensor op the executor runs
+(simdist.analytic.passes.dtensor_ops, which cites it).
 """
 
 from __future__ import annotations
@@ -27,16 +30,24 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 STEPS = 10
+ROUNDS = 3
 
 
-def layer_cost_s(name: str, sequence_parallel: bool | None, mesh, micro_batch_size: int | None = None) -> float:
-    from executor.model import build_model
-    from executor.parallelize import apply_tensor_parallel
+def scenario(name: str, sequence_parallel: bool | None, micro_batch_size: int | None):
+    """The bundled scenario and its plan with the flags applied."""
     from simdist.spec.scenario import load_scenario
 
     sc = load_scenario(REPO / "scenarios" / f"{name}.yaml")
     plan = sc.plan if sequence_parallel is None else dataclasses.replace(sc.plan, sequence_parallel=sequence_parallel)
     plan = plan if micro_batch_size is None else dataclasses.replace(plan, micro_batch_size=micro_batch_size)
+    return sc, plan
+
+
+def layer_cost_s(name: str, sequence_parallel: bool | None, mesh, micro_batch_size: int | None = None) -> float:
+    from executor.model import build_model
+    from executor.parallelize import apply_tensor_parallel
+
+    sc, plan = scenario(name, sequence_parallel, micro_batch_size)
     cpu = {}
     for layers in (1, 3):
         model = build_model(dataclasses.replace(sc.model, num_layers=layers), seed=0, recompute=plan.recompute)
@@ -45,11 +56,28 @@ def layer_cost_s(name: str, sequence_parallel: bool | None, mesh, micro_batch_si
 
         for _ in range(3):
             step(model, tokens)
-        t0 = time.thread_time()
-        for _ in range(STEPS):
-            step(model, tokens)
-        cpu[layers] = (time.thread_time() - t0) / STEPS
+        rounds = []
+        for _ in range(ROUNDS):
+            t0 = time.thread_time()
+            for _ in range(STEPS):
+                step(model, tokens)
+            rounds.append((time.thread_time() - t0) / STEPS)
+        cpu[layers] = min(rounds)
     return (cpu[3] - cpu[1]) / 2
+
+
+def priced(name: str, sequence_parallel: bool | None, micro_batch_size: int | None, profile: str) -> tuple[float, int]:
+    """One layer's compute ops (forward and backward) at ``profile``'s prices without DTensor's
+    term, and how many DTensor ops the executor runs for them."""
+    from simdist.analytic.cost import CostModel
+    from simdist.analytic.ops import Compute, layer_ops
+    from simdist.analytic.passes import dtensor_ops
+    from simdist.spec.profile import load_profile
+
+    sc, plan = scenario(name, sequence_parallel, micro_batch_size)
+    cost = CostModel(sc.cluster.gpu, plan.precision, load_profile(profile))
+    ops = [op for phase in ("fwd", "bwd") for op in layer_ops(sc.model, plan, phase) if isinstance(op, Compute)]
+    return sum(cost.time(op) for op in ops), sum(dtensor_ops(op, sc.model, plan) for op in ops)
 
 
 def step(model: torch.nn.Module, tokens: torch.Tensor) -> None:
@@ -76,14 +104,30 @@ def parse(arg: str) -> tuple[str, bool | None, int | None]:
 def main() -> int:
     from torch.distributed.device_mesh import init_device_mesh
 
+    from executor.hostload import pin_training_thread
+
+    args = sys.argv[1:]
+    profile = None
+    if "--profile" in args:
+        i = args.index("--profile")
+        if i + 1 == len(args):
+            raise SystemExit("--profile needs a calibration profile's path")
+        profile = args.pop(i + 1)
+        args.pop(i)
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
+    pin_training_thread()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    for arg in sys.argv[1:] or ["tiny-2d-tp-dp", "tiny-2d-tp-dp:sp", "tiny-llama-tp"]:
+    for arg in args or ["tiny-2d-tp-dp", "tiny-2d-tp-dp:sp", "tiny-llama-tp"]:
         name, sequence_parallel, micro_batch_size = parse(arg)
         cost = layer_cost_s(name, sequence_parallel, mesh, micro_batch_size)
-        if dist.get_rank() == 0:
-            print(f"{arg}: {cost * 1e3:.2f} ms of training-thread CPU per layer and micro-batch", flush=True)
+        if dist.get_rank() != 0:
+            continue
+        line = f"{arg}: {cost * 1e3:.2f} ms of training-thread CPU per layer and micro-batch"
+        if profile:
+            ops_s, n = priced(name, sequence_parallel, micro_batch_size, profile)
+            line += f"; its ops priced {ops_s * 1e3:.2f} ms, the rest {(cost - ops_s) / n * 1e6:.0f} us per DTensor op ({n})"
+        print(line, flush=True)
     dist.destroy_process_group()
     return 0
 

@@ -158,11 +158,14 @@ def test_framework_overhead_applies_only_to_its_software_layer():
         tp, profile=prof, engine="analytic").step_time_s
 
 
+@pytest.mark.parametrize("preset, linears", [("tiny", 6), ("tiny-llama", 7)])
 @pytest.mark.parametrize("sequence_parallel", [False, True])
-def test_tp_dispatch_cost_is_paid_by_the_ops_on_dtensors_only(sequence_parallel):
-    """DTensor TP's per-op term prices what the executor runs on DTensors: the split linears' GEMMs
-    (4 forward, 8 backward) and, with sequence parallelism, the 2 norms; the attention, activations
-    and residual adds run on local tensors and pay nothing (simdist.analytic.passes.runs_on_dtensors)."""
+def test_tp_dispatch_cost_is_paid_per_dtensor_op_the_executor_runs(sequence_parallel, preset, linears):
+    """DTensor TP's per-op term prices what the executor runs on DTensors: one op per split linear
+    of executor/model.py (the GPT's q, k, v, o, fc1, fc2; the Llama's q, k, v, o, gate, up, down:
+    the op lists' fused qkv and SwiGLU fc1 stand for 3 and 2) forward, two backward, and with
+    sequence parallelism the 2 norms; the attention, activations and residual adds run on local
+    tensors and pay nothing (simdist.analytic.passes.dtensor_ops)."""
     from dataclasses import replace
 
     from simdist.analytic.collectives import Network
@@ -171,16 +174,33 @@ def test_tp_dispatch_cost_is_paid_by_the_ops_on_dtensors_only(sequence_parallel)
     from simdist.analytic.passes import OpTimer
 
     prof = fit_profile(synthetic_bench())
-    sc = scenario_from_dict(local_scenario(tp=2, sequence_parallel=sequence_parallel))
+    d = local_scenario(tp=2, sequence_parallel=sequence_parallel)
+    sc = scenario_from_dict({**d, "model": {"preset": preset}})
 
     def compute(p: CalibrationProfile, phase: str) -> float:
         timer = OpTimer(sc, CostModel(sc.cluster.gpu, sc.plan.precision, p), Network.of(sc.cluster, p))
         return timer.passes(layer_ops(sc.model, sc.plan, phase)).compute
 
     dear = replace(prof, framework_overheads_s={"tp": 1e-3})
-    for phase, gemms in (("fwd", 4), ("bwd", 8)):
-        paying = gemms + (2 if sequence_parallel else 0)
+    for phase, per_linear in (("fwd", 1), ("bwd", 2)):
+        paying = linears * per_linear + (2 if sequence_parallel else 0)
         assert compute(dear, phase) - compute(prof, phase) == pytest.approx(paying * 1e-3, rel=1e-9)
+
+
+@pytest.mark.parametrize("pp, paying", [(1, 2), (2, 0)])
+def test_the_loss_runs_on_dtensors_only_where_the_executor_keeps_the_logits_sharded(pp, paying):
+    """Without a pipeline the executor computes the loss vocabulary-parallel (DTensor's
+    loss_parallel: two handlers a pass); a pipeline's last stage gathers the logits and computes
+    it on local tensors (simdist.analytic.passes.dtensor_ops)."""
+    from simdist.analytic.ops import Compute, head_ops
+    from simdist.analytic.passes import dtensor_ops
+
+    d = local_scenario(tp=2, pp=pp)
+    sc = scenario_from_dict({**d, "cluster": {**d["cluster"], "gpus_per_node": 4}})
+    for phase in ("fwd", "bwd"):
+        loss = [op for op in head_ops(sc.model, sc.plan, phase) if isinstance(op, Compute)
+                and op.name.startswith("cross entropy")]
+        assert len(loss) == 1 and dtensor_ops(loss[0], sc.model, sc.plan) == paying
 
 
 def test_sync_wait_fraction_is_the_unexplained_comm_over_compute():

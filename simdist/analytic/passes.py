@@ -29,6 +29,7 @@ from simdist.analytic.moe import (
 )
 from simdist.analytic.ops import Comm, Compute, Op
 from simdist.frozen import frozen
+from simdist.spec.model import ModelSpec
 from simdist.spec.plan import ParallelPlan
 from simdist.spec.profile import on_cpu
 from simdist.spec.scenario import Scenario
@@ -98,10 +99,9 @@ class OpTimer:
         self._passes: dict[tuple[Op, ...], PassTime] = {}
         # per op list with expert all-to-alls: compute (with exposed TP/CP) between them, and their times
         self._ep_parts: dict[tuple[Op, ...], tuple[tuple[float, ...], tuple[float, ...]]] = {}
-        # framework seconds per op: (on plain tensors, on DTensors)
-        self.op_extra = (framework_overhead(sc, cost), framework_overhead(sc, cost, dtensor=True))
-        self.recompute_extra = (framework_overhead(sc, cost, recompute=True),
-                                framework_overhead(sc, cost, recompute=True, dtensor=True))
+        # framework seconds: (per op, per DTensor op the executor runs for it: dtensor_ops)
+        self.op_extra = _extras(sc, cost)
+        self.recompute_extra = _extras(sc, cost, recompute=True)
         self.split_op = split_weight_pass_s(sc, cost)
         self.sync_wait = sync_wait_fraction(sc, cost)
         self.call_wait = sync_call_wait(sc, cost)
@@ -187,7 +187,7 @@ class OpTimer:
 
     def _sum(self, ops: tuple[Op, ...], recompute: bool = False) -> PassTime:
         plan = self.sc.plan
-        plain_extra, dtensor_extra = self.recompute_extra if recompute else self.op_extra
+        op_extra, dtensor_extra = self.recompute_extra if recompute else self.op_extra
         compute = tp = cp = w = ep = 0.0
         prev: Compute | None = None
         segments: list[float] = []  # compute-stream time before each expert all-to-all
@@ -198,7 +198,7 @@ class OpTimer:
                             + host.drain_gap(dispatch_overlapped(plan), self.cost.profile))
                 continue
             if isinstance(op, Compute):
-                t = self.cost.time(op) + (dtensor_extra if runs_on_dtensors(op, plan) else plain_extra)
+                t = self.cost.time(op) + op_extra + dtensor_ops(op, self.sc.model, plan) * dtensor_extra
                 compute += t
                 if op.name.endswith("wgrad"):
                     w += t
@@ -289,39 +289,68 @@ def framework_overhead(sc: Scenario, cost: CostModel, recompute: bool = False, d
     software layers this plan runs through; 0 otherwise. ``recompute``: per op of the forward
     that backward runs again, which does not pay the layers whose cost is in hooks around a
     module's forward (:data:`simdist.spec.profile.HOOK_LAYERS`). Tensor parallelism's term
-    (:data:`DTENSOR_LAYER`) is paid only by ops on DTensors (``dtensor``: :func:`runs_on_dtensors`)."""
+    (:data:`DTENSOR_LAYER`) is paid only by ops on DTensors (``dtensor``), once for each DTensor op
+    the executor runs for them (:func:`dtensor_ops`)."""
     over = cost.profile.framework_overheads_s if cost.profile else {}
     extra = sum(over.get(k, 0.0) for k in software_layers(sc) if k != SPLIT_LAYER
                 and not (recompute and k in HOOK_LAYERS) and (dtensor or k != DTENSOR_LAYER))
     return max(extra, -cost.kernel_overhead)  # a layer cheaper per op than plain DDP, an op never below zero
 
 
+def _extras(sc: Scenario, cost: CostModel, recompute: bool = False) -> tuple[float, float]:
+    """:func:`framework_overhead` per op, and what each DTensor op adds to it (:func:`dtensor_ops`)."""
+    plain = framework_overhead(sc, cost, recompute)
+    return plain, framework_overhead(sc, cost, recompute, dtensor=True) - plain
+
+
 # The layer whose per-op cost is DTensor's dispatch (torch.distributed.tensor: sharding propagation,
 # and the redistributes a split linear's hooks make, in Python and C++ around each op on DTensors:
 # hundreds of microseconds on a CPU). The ops the executor's layout (executor.parallelize.
-# tensor_parallel_plan, Megatron's split as DTensor styles) runs on DTensors pay it; the attention,
-# the activations and the residual adds run on each rank's local tensors and do not. Measured on
-# this project's 2-core guest (benchmarks/dtensor_layer.py, 2026-11-29, torch 2.13, 2 ranks, eight
-# runs; training-thread CPU per layer and micro-batch, forward and backward): the tiny GPT's TP
-# layer cost 5.2-7.1 ms (12 GEMMs on DTensors, 24 ops in all), 6.5-9.9 ms with sequence
-# parallelism (1.09-1.47x the same run's, median 1.33x: its 4 norm passes on sequence shards make
-# 16 ops on DTensors, 1.33x), the tiny Llama's 8.4-12.0 ms (seven runs); a cost per op of every kind priced the GPT's layer with and without
-# sequence parallelism alike, and as dear as the Llama's (26 ops): the plain GPT's TP plans came out
-# 11-21% slow in five of six calibrations (tiny-2d-tp-dp) and the GPT fit plan was missed by +2 to
-# +11%; priced per op on DTensors, -16 to +8% and -5 to +5% in the same six refitted, +17% and
-# -5% in a seventh measured afresh (benchmarks/README.md).
+# tensor_parallel_plan, Megatron's split as DTensor styles) runs on DTensors pay it, once per
+# DTensor op (:func:`dtensor_ops`); the attention, the activations and the residual adds run on
+# each rank's local tensors and do not. Priced per op of every kind, the GPT's layer came out as
+# dear with sequence parallelism as without and the plain GPT's TP plans 11-21% slow in five of six
+# calibrations; priced per op on DTensors, -16 to +8% (benchmarks/README.md, 2026-11-29).
+#
+# The executor's model (executor/model.py, executor/moe.py) runs what the op lists fuse as separate
+# linears, each its own DTensor op: "qkv" as the q, k and v projections, SwiGLU's "fc1" as its gate
+# and up projections. Counted so, DTensor's cost per op is one figure for both models: measured on
+# this project's 2-core Intel guest (benchmarks/dtensor_layer.py, 2026-12-07, torch 2.13, 2 ranks;
+# training-thread CPU per layer and micro-batch, forward and backward, less its ops at a calibrated
+# profile's prices), at one and four sequences, with and without sequence parallelism, the tiny
+# GPT's layer (6 linears) cost 213-245 us per DTensor op and the tiny Llama's (7) 211-239 us; per
+# fused GEMM they were 307-341 and 365-411 us, so one term fitted on a GPT and a Llama plan priced
+# every GPT layer dear and every Llama layer cheap. The larger GPT of local-tp-fit (4x the hidden
+# size, 4-16x the tokens) costs 254-370 us per DTensor op: the per-op term is not all fixed.
 DTENSOR_LAYER = "tp"
 
 
-def runs_on_dtensors(op: Compute, plan: ParallelPlan) -> bool:
-    """Whether a tensor-parallel plan's executor runs ``op`` on DTensors: the split linears' GEMMs
-    (q/k/v, attention out, fc1/fc2, the LM head; forward and both gradients), the vocabulary-
-    parallel embedding, and with sequence parallelism the norms on sequence shards."""
+def dtensor_ops(op: Compute, m: ModelSpec, plan: ParallelPlan) -> int:
+    """How many ops a tensor-parallel plan's executor runs on DTensors for ``op``: one per split
+    linear its GEMM stands for (q, k, v, attention out, fc1/fc2 or gate/up/down, the LM head;
+    forward and both gradients), one for the vocabulary-parallel embedding, with sequence
+    parallelism one per norm on sequence shards, and without a pipeline two for each pass of the
+    loss: the executor computes it vocabulary-parallel there (executor/train.py, DTensor's
+    ``loss_parallel``: its log-softmax and NLL handlers, the forward's with three all-reduces on
+    the training thread), where a pipeline's last stage gathers the logits and computes it on
+    local tensors. 0 for the rest (the attention, the activations and the residual adds run on
+    each rank's local tensors, the router on replicated weights).
+
+    The loss on DTensors costs the training thread 1.2-1.9 ms more per micro-batch than on the
+    gathered logits (this project's 2-core Intel guest, 2026-12-07, 2 ranks: the tiny GPT, the
+    tiny Llama, local-tp-fit's GPT), about four DTensor ops' worth."""
     if plan.tp == 1:
-        return False
+        return 0
     if op.kind == "gemm":
-        return not op.name.startswith("router")
-    return op.name.startswith("embedding") or (plan.sequence_parallel and op.name.startswith(("norm", "final norm")))
+        if op.name.startswith("router"):
+            return 0
+        if op.name in ("qkv (k part)", "fc1 (w3 part)"):  # one linear of a fused op (ops._unsaved_matmuls)
+            return 1
+        linear = op.name.split(" ", 1)[0]  # "qkv wgrad" -> "qkv"
+        return 3 if linear == "qkv" else 2 if linear == "fc1" and m.mlp == "swiglu" else 1
+    if op.name.startswith("cross entropy"):
+        return 2 if plan.pp == 1 else 0
+    return int(op.name.startswith("embedding") or (plan.sequence_parallel and op.name.startswith(("norm", "final norm"))))
 
 
 SPLIT_LAYER = "split_backward"  # its per-op term is paid in the weight pass only: split_weight_pass_s
