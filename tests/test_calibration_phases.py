@@ -324,6 +324,42 @@ def test_a_ranks_sleep_fills_with_other_ranks_when_the_cores_are_shared(shares, 
         assert f"{share:.0%} of its {entry.removesuffix('_comm')} communication it sleeps" in note
 
 
+def test_a_stage_that_fits_the_cores_fills_its_in_layer_sleep_only_while_another_stage_computes():
+    """A pipeline stage of no more ranks than cores: its TP/EP collectives hold all of its ranks,
+    so only another stage fills their sleep, for the share of the step it computes (none in the
+    fill and drain); its data-parallel and pipeline transfers' sleep is filled whole. A stage of
+    more ranks than cores (tiny-3d: 4 on 2) or no pipeline: filled whole."""
+    from simdist.analytic.collectives import Network
+    from simdist.analytic.cost import CostModel
+    from simdist.analytic.stage import describe
+    from simdist.analytic.steptime import reduce_step, stage_time
+    from simdist.analytic.timeshare import IN_LAYER, filled, filling, slept, time_share_note, time_shared
+    from simdist.spec.profile import busy_ranks
+    from simdist.spec.scenario import load_scenario
+
+    t = replace(truth(), sleep_shares={"tp": 0.5, "ep": 0.5, BASE_TERMS: 0.4}, coschedule_wait_s=0.0)
+    for name, fits in (("tiny-2d-pp-tp", True), ("tiny-moe-ep-pp", True), ("tiny-3d", False), ("tiny-2d-tp-dp", False)):
+        sc = load_scenario(f"scenarios/{name}.yaml")
+        full = replace(t, cores=0)
+        d = describe(sc, CostModel(sc.cluster.gpu, sc.plan.precision, full), Network.of(sc.cluster, full))
+        step = reduce_step(d)
+        fill = filling(d, step.step_time, t.cores)
+        note = time_share_note(sc, t, 2.0)
+        if not fits:
+            assert fill == 1.0 and "only while another pipeline stage computes" not in note
+            continue
+        other = min(stage_time(d, s).total for s in d.stages) * sc.plan.num_microbatches / step.step_time
+        assert 0 < fill < 1 and fill == pytest.approx(other)
+        shares = filled(sc.plan, t)
+        assert any(e in IN_LAYER for e in shares) and any(e not in IN_LAYER for e in shares)
+        assert slept(sc, step.breakdown, t, fill) == pytest.approx(
+            sum(v * step.breakdown[e] * (fill if e in IN_LAYER else 1.0) for e, v in shares.items()))
+        busy = step.step_time - step.breakdown.get("bubble", 0.0) - slept(sc, step.breakdown, t, fill)
+        factor = max(1.0, t.time_share(busy_ranks(sc)) * busy / step.step_time)
+        assert time_shared(sc, t)[1] == pytest.approx(factor)
+        assert "that of its in-layer collectives only while another pipeline stage computes" in note
+
+
 def test_ops_below_the_smallest_benchmark_keep_their_fixed_cost():
     """t = fixed + size/rate through the two smallest points: 10 and 20 time units at sizes 1e3
     and 1e4 (efficiency 100 and 500 per unit) -> fixed 8.89, so a 1e2 op takes about 9, not 1."""

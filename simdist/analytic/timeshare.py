@@ -43,6 +43,15 @@ sleep, and only for TP, ZeRO-3 and expert parallelism; on the 2-core Intel host 
 the time-shared held-out plans' steps 1.04-1.09x their ranks' summed CPU time over the cores,
 pipelines aside; the plain plans' ranks off the cores for 39% of the all-reduce the model prices)
 that left the 4-rank expert-parallel plans 21-25% and tiny-3d 19% too slow (benchmarks/README.md).
+A collective inside the layers (TP, CP, expert parallelism) holds every rank of its group, and where
+a pipeline stage's ranks do not outnumber the cores, the stage's group is all of them: only another
+stage can fill their sleep, and another stage computes only part of the step (:func:`filling`;
+none of it while the stage runs the pipeline's fill or drain alone). The data-parallel and
+pipeline transfers' sleep falls while other stages compute (a pipeline's receive waits for its
+neighbour's work; the last stage's gradient sync runs while the first still computes) and is
+filled whole. Filling it whole left tiny-2d-pp-tp (a TP group a stage, GPipe, two micro-batches)
+12-18% too fast in six calibrations of 2026-12-07, its step 1.24x its ranks' summed CPU time over
+the cores; so filled, 3-10% (benchmarks/README.md).
 
 To that come the waits at the sync points whose peers the scheduler has not running
 (simdist.analytic.cpu_syncs), when the profile fitted them, counting the ranks that compete for
@@ -77,9 +86,10 @@ def time_shared(scenario: Any, profile: CalibrationProfile | None) -> tuple[Cali
     cluster = scenario.cluster
     described = describe(scenario, CostModel(cluster.gpu, scenario.plan.precision, profile), Network.of(cluster, profile))
     full = reduce_step(described)
-    busy = max(0.0, full.step_time - full.breakdown.get("bubble", 0.0) - slept(scenario, full.breakdown, profile))
     if full.step_time <= 0:
         return profile.slowed(share), share
+    fill = filling(described, full.step_time, profile.cores)
+    busy = max(0.0, full.step_time - full.breakdown.get("bubble", 0.0) - slept(scenario, full.breakdown, profile, fill))
     coschedule = 0.0
     ranks = competing_ranks(described, full.step_time)
     if profile.coschedule_wait_s > 0 and ranks > profile.cores:  # sync points whose peers are descheduled
@@ -117,9 +127,22 @@ def filled(plan: Any, profile: CalibrationProfile) -> dict[str, float]:
     return out
 
 
-def slept(scenario: Any, breakdown: dict[str, float], profile: CalibrationProfile) -> float:
-    """The time (s) of a full-speed step (``breakdown``) that a rank sleeps where other ranks fill it."""
-    return sum(share * breakdown.get(entry, 0.0) for entry, share in filled(scenario.plan, profile).items())
+# the breakdown entries of collectives inside the layers, which hold every rank of their group
+IN_LAYER = ("tp_comm", "cp_comm", "ep_comm")
+
+
+def slept(scenario: Any, breakdown: dict[str, float], profile: CalibrationProfile, fill: float = 1.0) -> float:
+    """The time (s) of a full-speed step (``breakdown``) that a rank sleeps where other ranks fill
+    it: the share of each entry's communication it sleeps (:func:`filled`), of the collectives
+    inside the layers the part ``fill`` (:func:`filling`)."""
+    return sum(share * breakdown.get(entry, 0.0) * (fill if entry in IN_LAYER else 1.0)
+               for entry, share in filled(scenario.plan, profile).items())
+
+
+def stage_fits_cores(scenario: Any, cores: int) -> bool:
+    """Whether a pipeline's stages hold no more ranks than the cores (so a stage alone runs at full
+    speed, and its in-layer collectives hold all of its ranks at once)."""
+    return scenario.plan.pp > 1 and busy_ranks(scenario) / scenario.plan.pp <= cores
 
 
 def time_share_note(scenario: Any, profile: CalibrationProfile, factor: float) -> str:
@@ -131,24 +154,41 @@ def time_share_note(scenario: Any, profile: CalibrationProfile, factor: float) -
             "work" + "".join(f", and the {share:.0%} of its {entry.removesuffix('_comm')} communication it sleeps"
                              for entry, share in sleeps.items())
             + (", which the other ranks fill" if sleeps else "")
+            + (" (that of its in-layer collectives only while another pipeline stage computes)"
+               if stage_fits_cores(scenario, profile.cores) and any(e in IN_LAYER for e in sleeps) else "")
             + (f"; {profile.coschedule_wait_s * 1e3:.2g} ms at each sync point whose peers are descheduled"
                if profile.coschedule_wait_s else "") + ")")
+
+
+def filling(d: Any, step_s: float, cores: int) -> float:
+    """The part of a rank's sleep in its in-layer collectives that other ranks fill: all of it
+    unless a pipeline's stages fit the cores (:func:`stage_fits_cores`), then the share of the
+    step (``step_s``, at full speed) in which another stage computes (:func:`_stage_shares`)."""
+    if not stage_fits_cores(d.scenario, cores) or step_s <= 0:
+        return 1.0
+    shares = _stage_shares(d, step_s)
+    return min(1.0, sum(shares) - max(shares))
+
+
+def _stage_shares(d: Any, step_s: float) -> list[float]:
+    """Each pipeline stage's share of the step (``step_s``, at full speed) in which it computes:
+    m x its time per micro-batch; the rest of it the stage waits for its neighbours (the
+    pipeline's fill and drain, a lighter stage's slack), blocked, off the cores."""
+    from simdist.analytic.steptime import stage_time
+
+    return [min(1.0, d.plan.num_microbatches * stage_time(d, s).total / step_s) for s in d.stages]
 
 
 def competing_ranks(d: Any, step_s: float) -> float:
     """Ranks that compete for the cores at a sync point (simdist.analytic.cpu_syncs: a peer is
     descheduled with probability 1 - cores / these) of the busiest pipeline stage: its own ranks,
-    and those of every other stage for the share of the step (``step_s``, at full speed) that
-    stage computes, m x its time per micro-batch; the rest of its step it waits for its
-    neighbours (the pipeline's fill and drain, a lighter stage's slack), blocked, off the cores.
-    All the ranks without a pipeline; with many micro-batches, a stage's share tends to its time
-    over the busiest's."""
-    from simdist.analytic.steptime import stage_time
-
+    and those of every other stage for its share of the step (:func:`_stage_shares`). All the
+    ranks without a pipeline; with many micro-batches, a stage's share tends to its time over the
+    busiest's."""
     plan = d.plan
-    totals = [stage_time(d, s).total for s in d.stages]
-    top = max(totals)
-    if plan.pp == 1 or top <= 0 or step_s <= 0:
+    if plan.pp == 1 or step_s <= 0:
         return float(busy_ranks(d.scenario))
-    shares = [min(1.0, plan.num_microbatches * t / step_s) for t in totals]
+    shares = _stage_shares(d, step_s)
+    if max(shares) <= 0:
+        return float(busy_ranks(d.scenario))
     return busy_ranks(d.scenario) / plan.pp * (1.0 + sum(shares) - max(shares))  # the busiest: all its step
