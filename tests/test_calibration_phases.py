@@ -167,6 +167,20 @@ def test_a_tensor_parallel_optimizer_pays_dtensor_dispatch_unless_ddp_hands_it_l
     assert per_tensor(dp=2) == pytest.approx(2e-5)  # no TP: nothing to localize
 
 
+def test_a_parameter_sharded_by_tp_and_fsdp2_pays_one_dtensor_dispatch():
+    """FSDP2 over TP (a 2-D mesh) still makes each parameter one DTensor: its optimizer ops pay the
+    dearer of the TP and ZeRO-3 per-tensor terms, not their sum; a layer that is not DTensor's
+    dispatch on the parameters (a pipeline's) adds to it (simdist.analytic.cpu_optimizer.layer_tensor_s)."""
+    p = replace(truth(), optimizer_layer_tensor_s={"tp": 5e-5, "zero3": 3e-5, "pipeline": 1e-5})
+    d = local_scenario(tp=2, dp=2, pp=2, zero_stage=3, micro_batch_size=1)
+    sc = scenario_from_dict({**d, "cluster": {**d["cluster"], "gpus_per_node": 8}})
+    per = per_tensor_optimizer_time(sc, p, 0) / stage_tensors(sc.model, sc.plan, 0)
+    assert per == pytest.approx(p.optimizer_tensor_s + 5e-5 + 1e-5)
+    dearer = replace(p, optimizer_layer_tensor_s={"tp": 5e-5, "zero3": 8e-5, "pipeline": 1e-5})
+    assert per_tensor_optimizer_time(sc, dearer, 0) / stage_tensors(sc.model, sc.plan, 0) == pytest.approx(
+        p.optimizer_tensor_s + 8e-5 + 1e-5)
+
+
 def test_refit_from_the_run_store_keeps_the_microbenchmarks(tmp_path):
     t = truth()
     store = RunStore(tmp_path / "runs.db")
@@ -333,7 +347,14 @@ def test_a_stage_that_fits_the_cores_fills_its_in_layer_sleep_only_while_another
     from simdist.analytic.cost import CostModel
     from simdist.analytic.stage import describe
     from simdist.analytic.steptime import reduce_step, stage_time
-    from simdist.analytic.timeshare import IN_LAYER, filled, filling, slept, time_share_note, time_shared
+    from simdist.analytic.timeshare import (
+        IN_LAYER,
+        filled,
+        filling,
+        slept,
+        time_share_note,
+        time_shared,
+    )
     from simdist.spec.profile import busy_ranks
     from simdist.spec.scenario import load_scenario
 
