@@ -12,7 +12,7 @@ of the training thread's CPU time (``time.thread_time``, forward and backward, t
 rounds) over 2 is one layer's cost per micro-batch, its ops on DTensors and on local tensors
 together. With ``--profile PROFILE`` (a calibration profile of this host) it also prints the layer's
 ops at the profile's prices and what the rest costs per DTensor op the executor runs
-(simdist.analytic.passes.dtensor_ops, which cites it).
+(simdist.analytic.profile_terms.dtensor_ops, which cites it).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def priced(name: str, sequence_parallel: bool | None, micro_batch_size: int | No
     term, and how many DTensor ops the executor runs for them."""
     from simdist.analytic.cost import CostModel
     from simdist.analytic.ops import Compute, layer_ops
-    from simdist.analytic.passes import dtensor_ops
+    from simdist.analytic.profile_terms import dtensor_ops
     from simdist.spec.profile import load_profile
 
     sc, plan = scenario(name, sequence_parallel, micro_batch_size)

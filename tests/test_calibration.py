@@ -165,7 +165,7 @@ def test_tp_dispatch_cost_is_paid_per_dtensor_op_the_executor_runs(sequence_para
     of executor/model.py (the GPT's q, k, v, o, fc1, fc2; the Llama's q, k, v, o, gate, up, down:
     the op lists' fused qkv and SwiGLU fc1 stand for 3 and 2) forward, two backward, and with
     sequence parallelism the 2 norms; the attention, activations and residual adds run on local
-    tensors and pay nothing (simdist.analytic.passes.dtensor_ops)."""
+    tensors and pay nothing (simdist.analytic.profile_terms.dtensor_ops)."""
     from dataclasses import replace
 
     from simdist.analytic.collectives import Network
@@ -191,9 +191,9 @@ def test_tp_dispatch_cost_is_paid_per_dtensor_op_the_executor_runs(sequence_para
 def test_the_loss_runs_on_dtensors_only_where_the_executor_keeps_the_logits_sharded(pp, paying):
     """Without a pipeline the executor computes the loss vocabulary-parallel (DTensor's
     loss_parallel: two handlers a pass); a pipeline's last stage gathers the logits and computes
-    it on local tensors (simdist.analytic.passes.dtensor_ops)."""
+    it on local tensors (simdist.analytic.profile_terms.dtensor_ops)."""
     from simdist.analytic.ops import Compute, head_ops
-    from simdist.analytic.passes import dtensor_ops
+    from simdist.analytic.profile_terms import dtensor_ops
 
     d = local_scenario(tp=2, pp=pp)
     sc = scenario_from_dict({**d, "cluster": {**d["cluster"], "gpus_per_node": 4}})

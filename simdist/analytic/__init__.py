@@ -4,7 +4,8 @@ Above :mod:`simdist.spec`, below :mod:`simdist.sim`:
 
 - what runs: ``params``, ``flops``, ``ops`` (one layer's kernels and collectives);
 - what it costs: ``cost`` (compute on one GPU), ``collectives`` (alpha-beta on the links),
-  ``passes`` (an op list with its exposed TP/CP communication);
+  ``passes`` (an op list with its exposed TP/CP communication), ``profile_terms`` (what a
+  calibration profile adds to it per op and per sync point);
 - the mechanisms, one module each: ``data_parallel``, ``compression``, ``offload``,
   ``param_server``, ``overlap``; and ``memory`` per GPU;
 - ``stage``: the per-stage description both engines consume; ``steptime``: the closed-form

@@ -63,7 +63,8 @@ from simdist.analytic.params import (
     mtp_params,
     params_per_rank,
 )
-from simdist.analytic.passes import ZERO_PASS, OpTimer, PassTime, transfer_wait
+from simdist.analytic.passes import ZERO_PASS, OpTimer, PassTime
+from simdist.analytic.profile_terms import transfer_wait
 from simdist.analytic.reducer import reducer_time
 from simdist.analytic.runtime_memory import runtime_memory
 from simdist.analytic.transport_wake import wake_tick_s
@@ -109,7 +110,7 @@ class PipelineSend:
     send_s: float  # the send alone on the pp axis's links
     gather_s: float  # the receiver's TP all-gather
     overlapped: bool = False  # the sender does not wait for its sends (Megatron's interleaved overlap_p2p_comm)
-    wait_s: float = 0.0  # a calibration profile's wait per pipeline transfer (simdist.analytic.passes.transfer_wait)
+    wait_s: float = 0.0  # a calibration profile's wait per pipeline transfer (simdist.analytic.profile_terms.transfer_wait)
     wake_tick_s: float = 0.0  # the tick that delays isends on a CPU (simdist.analytic.transport_wake)
 
     @property

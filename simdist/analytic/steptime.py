@@ -26,7 +26,8 @@ from simdist.analytic.data_parallel import DataParallelTimes, dp_times
 from simdist.analytic.dualpipe import dualpipe_time
 from simdist.analytic.overlap import bucketed_exposed, prefetch_exposed
 from simdist.analytic.param_server import async_staleness_steps
-from simdist.analytic.passes import PassTime, sync_wait_part
+from simdist.analytic.passes import PassTime
+from simdist.analytic.profile_terms import sync_wait_part
 from simdist.analytic.result import StepResult
 from simdist.analytic.stage import StageDescription, StepDescription, describe
 from simdist.analytic.transport_wake import wake_lag_s

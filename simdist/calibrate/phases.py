@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from simdist.analytic.passes import SPLIT_LAYER
+from simdist.analytic.profile_terms import SPLIT_LAYER
 from simdist.spec.profile import CalibrationProfile
 from simdist.spec.software_layers import BASE_TERMS
 
@@ -160,7 +160,7 @@ def fit_layer(profile: CalibrationProfile, layer: str, runs: Sequence[Any]) -> C
 
     # a layer may cost less per op than plain DDP (a communication hook or a parameter server
     # takes over the work DDP's reducer does on the training thread), never less than nothing;
-    # the split backward's traversals only add work (simdist.analytic.passes.split_weight_pass_s)
+    # the split backward's traversals only add work (simdist.analytic.profile_terms.split_weight_pass_s)
     measured = [r.measured() for r in runs]
     rows = [(measured_compute(m), *probe(r, profile, compute_s, cpu_time(op)))
             for r, m in zip(runs, measured, strict=True)]

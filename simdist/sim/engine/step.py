@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from simdist.analytic.passes import sync_wait_part
+from simdist.analytic.profile_terms import sync_wait_part
 from simdist.analytic.transport_wake import wake_lag_s
 from simdist.sim import dualpipe, kernel
 from simdist.sim.actions import chunks_per_stage, decode
