@@ -22,7 +22,8 @@ interleaved one's, which tells the multi-chunk wait per transfer from its share 
 compression, the synchronous parameter server and the asynchronous one, expert
 parallelism (all-to-all dispatch) and context parallelism (4 ranks: a ring of point-to-point
 exchanges; with HSDP they fit the waits of ranks that time-share the cores). A refused fit (a
-noisy machine) stops here with the reasons (``--force`` goes on with it).
+noisy machine) stops here with the reasons (``--force`` goes on with it; so does ``--refit --force``
+afterwards, from the refused fit and the runs it kept, without measuring again).
 
 Held out: every bundled ``scenarios/local-*.yaml`` and ``scenarios/tiny-*.yaml`` the fit did not
 use, 2 to 8 ranks on this machine's cores (more ranks than cores are priced as time-sharing
@@ -191,7 +192,10 @@ def main() -> int:
     if args.refit:
         fit = stored(fit_plans(out), db)
         previous = out / "profile.previous.json"
-        previous.write_bytes(Path(profile).read_bytes())
+        from simdist.cli.calibrate import refused_path
+
+        kept = Path(profile) if Path(profile).exists() else refused_path(profile)  # a refused fit's, to --force
+        previous.write_bytes(kept.read_bytes())
         r = simdist("calibrate", "--refit", str(previous), "--db", db, "--out", profile, *map(str, fit),
                     *(["--force"] if args.force else []))
         print(r.stdout + r.stderr, flush=True)
@@ -225,6 +229,9 @@ def main() -> int:
         print("\n".join(line for line in r.stderr.splitlines() if not line.startswith(("[rank", "running "))
                          and "Warning" not in line and "return func" not in line)[-6000:], flush=True)
         if r.returncode != 0:
+            if not args.profile:
+                print(f"its measurements are kept: `python benchmarks/local_calibration.py --out {args.out} --refit "
+                      "--force` writes the refused fit and predicts the held-out plans with it", flush=True)
             return r.returncode
     print(f"{'measured' if args.profile else 'measured and fitted'} in {time.time() - t0:.0f} s", flush=True)
     from simdist.calibrate.refit import stored_fit_runs

@@ -203,6 +203,37 @@ def test_refit_from_the_run_store_keeps_the_microbenchmarks(tmp_path):
     assert missing.returncode == 2 and "holds no measurement of it" in missing.stderr
 
 
+def test_a_refused_fit_is_kept_beside_the_profile_and_refit_with_force_writes_it(tmp_path):
+    """A refused fit writes nothing at --out but keeps the fit beside it (PROFILE.refused.json)
+    and prints the command that accepts it from there without measuring again; that command,
+    run as printed, writes the profile. The runs here are refused because one of them took 40%
+    longer a step than its phases say (a slow phase of the machine the terms cannot follow)."""
+    import shlex
+
+    t = truth()
+    store = RunStore(tmp_path / "runs.db")
+    files = []
+    for name, plan in (("small", {}), ("large", {"micro_batch_size": 8, "global_batch_size": 16})):
+        payload, run = phased(t, name, **plan)
+        if name == "large":
+            payload = {**payload, "step_time_s": payload["step_time_s"] * 1.4}
+        store.add("measurement", payload, run.scenario_yaml)
+        (tmp_path / f"{name}.yaml").write_text(run.scenario_yaml)
+        files.append(str(tmp_path / f"{name}.yaml"))
+    t.save(tmp_path / "old.json")
+    out = tmp_path / "new.json"
+    r = run_cli("calibrate", "--refit", str(tmp_path / "old.json"), "--db", str(tmp_path / "runs.db"),
+                "--out", str(out), *files)
+    assert r.returncode == 1 and "calibration refused" in r.stderr
+    assert not out.exists() and (tmp_path / "new.refused.json").is_file()
+    hint = next(line for line in r.stderr.splitlines() if line.startswith("the refused fit is kept in"))
+    command = shlex.split(hint.split("`")[1])
+    assert command[:2] == ["simdist", "calibrate"] and "--force" in command
+    accepted = run_cli(*command[1:])
+    assert accepted.returncode == 0, accepted.stderr
+    assert load_profile(out).fitted_from == ["microbenchmarks", "small", "large"]
+
+
 def test_held_out_runs_are_not_fitted_and_are_checked_against_the_new_profile(tmp_path):
     """`simdist calibrate --held-out`: the plans are measured with the fitted ones (here: stored,
     --refit) but left out of the fit; once the profile is written each is predicted with it, its

@@ -3,12 +3,14 @@
 Microbenchmarks (executor.bench, started by the executor's launcher) give the compute curves
 and the alpha-beta links, and the cores the ranks had. Each scenario given is then run with the
 executor, repeated until its median step is stable or a budget runs out, the scenarios taking
-turns (simdist.calibrate.repeat.repeat_in_rounds), each run recorded in the run store; the runs fit the per-op overhead
-and each software layer's terms (simdist.calibrate.terms). The fit is refused, with no profile
-written and exit code 1, when a parameter ends at a bound, when the profile misses one of its
-own runs by more than that run's spread, or when other processes were busy during a run
-(simdist.calibrate.honesty). The profile keeps the runs' spreads and the error band that
-``simdist predict --profile`` prints. It is written atomically.
+turns (simdist.calibrate.repeat.repeat_in_rounds), each run recorded in the run store; the runs
+fit the per-op overhead and each software layer's terms (simdist.calibrate.terms). The fit is
+refused, with no profile written and exit code 1, when a parameter ends at a bound, when the
+profile misses one of its own runs by more than that run's spread, or when other processes were
+busy during a run (simdist.calibrate.honesty); the refused fit is kept beside it
+(PROFILE.refused.json), from which ``--refit ... --force`` writes it after all without measuring
+again. The profile keeps the runs' spreads and the error band that ``simdist predict --profile``
+prints. It is written atomically.
 
 ``--held-out FILE ...``: scenarios measured in the same rounds as the fitted ones but not fitted;
 once the profile is written, each is predicted with it and its error printed beside its run-to-run
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -183,17 +186,34 @@ def fit_and_write(profile, runs, args: argparse.Namespace, held=()) -> int:
     print(_table(checks))
     for line in lines:
         print(line, file=sys.stderr)
+    profile = with_honesty(profile, checks)
     if lines and not args.force:
+        _keep_refused(profile, args)
         return 1
     if lines:
         print("--force: writing the refused profile anyway", file=sys.stderr)
-    profile = with_honesty(profile, checks)
     profile.save(args.out)
     _summary(profile)
     print(f"wrote {args.out}")
     if held:
         print(_held_table(profile, list(held)))
     return 0
+
+
+def refused_path(out: str) -> Path:
+    """Where a refused fit is kept beside ``--out`` (PROFILE.json -> PROFILE.refused.json)."""
+    return Path(out).with_suffix(".refused.json")
+
+
+def _keep_refused(profile, args: argparse.Namespace) -> None:
+    """Keep a refused fit beside ``--out``, never at it, and say how to accept it without
+    measuring again: its microbenchmarks are in it and its runs in the run store."""
+    kept = refused_path(args.out)
+    profile.save(kept)
+    command = ["simdist", "calibrate", "--refit", str(kept), *(["--db", args.db] if args.db else []),
+               "--out", args.out, "--force", *args.files, *(["--held-out", *args.held_out] if args.held_out else [])]
+    print(f"the refused fit is kept in {kept}, not for use: to write it to {args.out} after all without measuring "
+          f"again, `{shlex.join(command)}`", file=sys.stderr)
 
 
 def _as_read(runs, fitted: bool) -> list:
