@@ -208,10 +208,7 @@ def main() -> int:
     print(f"load average at the start: {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} on {os.cpu_count()} CPUs",
           flush=True)
     fit = fit_plans(out)
-    held = sorted(p for p in (REPO / "scenarios").glob("*.yaml")
-                  if p.stem.startswith(("local-", "tiny-")) and p.stem not in FIT_BUNDLED)
-    if args.only:
-        held = [p for p in held if p.stem in args.only]
+    held = held_plans(args.only)
     from simdist.calibrate.store import RunStore
 
     store = RunStore(db)
@@ -260,14 +257,24 @@ def stored(files: list[Path], db: str, since: int = 0) -> list[Path]:
     return have
 
 
+def held_plans(only: list[str] | None = None) -> list[Path]:
+    """The bundled local and tiny plans the fit does not use (those named in ``only``, if given)."""
+    held = sorted(p for p in (REPO / "scenarios").glob("*.yaml")
+                  if p.stem.startswith(("local-", "tiny-")) and p.stem not in FIT_BUNDLED)
+    return [p for p in held if p.stem in only] if only else held
+
+
 def repredict(out: Path, profile: str, before: str | None = None, fit: list[Path] | None = None) -> int:
-    """Predict the fit runs and the held-out plans (report.json's) from the run store with
+    """Predict the fit runs and the held-out plans (report.json's; after a refused fit, which
+    writes none, every held-out plan the run store has runs of) from the run store with
     ``profile``, and with ``before`` beside it (else without)."""
     from simdist.calibrate.refit import stored_fit_runs
     from simdist.calibrate.store import RunStore
 
     store = RunStore(out / "runs.db")
-    held = [str(REPO / "scenarios" / f"{row['scenario']}.yaml") for row in json.loads((out / "report.json").read_text())]
+    report = out / "report.json"
+    held = ([str(REPO / "scenarios" / f"{row['scenario']}.yaml") for row in json.loads(report.read_text())]
+            if report.exists() else [str(p) for p in stored(held_plans(), str(out / "runs.db"))])
     print_rows(checked(stored_fit_runs(store, [str(p) for p in fit or []]), profile, before, role="fit")
                + checked(stored_fit_runs(store, held), profile, before, role="held"))
     return 0
