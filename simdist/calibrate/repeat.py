@@ -78,11 +78,14 @@ class Repeated:
         sqrt(n), with sigma from the runs' median absolute deviation (x 1.4826, a normal
         distribution's), which one outlying run of several does not inflate as it does the spread
         (q40, 2026-11-29: one of four fit-fsdp3 runs 50% slow, spread 58%, deviation 3%); one run:
-        the spread of its own steps."""
-        if len(self.runs) < 2:
-            return self.runs[0].spread * self.median
-        mad = statistics.median(abs(x - self.median) for x in self.medians)
-        return math.sqrt(math.pi / 2) * 1.4826 * mad / math.sqrt(len(self.runs))
+        the same over its own steps. Its steps' spread (max - min), taken before, overstated a
+        one-run median's uncertainty about fourteen-fold: q69 (2026-12-07) kept one fit-fsdp2 run
+        of five, 24 steps of 31-45 ms (spread 37%, standard error 1 ms), and ZeRO-2's waits (7 ms
+        a step) fell under it as noise, fitted as none: fit-fsdp2 -24%, tiny-fsdp2 -29% held out."""
+        values = self.medians if len(self.runs) > 1 else list(self.runs[0].step_times_s)
+        mid = statistics.median(values)
+        mad = statistics.median(abs(x - mid) for x in values)
+        return math.sqrt(math.pi / 2) * 1.4826 * mad / math.sqrt(len(values))
 
     @property
     def representative(self) -> Measurement:
