@@ -194,7 +194,8 @@ def main() -> int:
         previous = out / "profile.previous.json"
         from simdist.cli.calibrate import refused_path
 
-        kept = Path(profile) if Path(profile).exists() else refused_path(profile)  # a refused fit's, to --force
+        # the newer of the written fit and a refused one (a later calibration into --out refused)
+        kept = max((f for f in (Path(profile), refused_path(profile)) if f.exists()), key=lambda f: f.stat().st_mtime)
         previous.write_bytes(kept.read_bytes())
         r = simdist("calibrate", "--refit", str(previous), "--db", db, "--out", profile, *map(str, fit),
                     *(["--force"] if args.force else []))

@@ -15,21 +15,16 @@ from simdist.spec.scenario import Scenario
 from simdist.spec.software_layers import HOOK_LAYERS, profile_layers, sync_points, wait_keys
 
 
-def software_layers(sc: Scenario) -> tuple[str, ...]:
-    """The software layers a calibration profile fits separately that this plan runs through
-    ("tp", "zero3", ...: :func:`simdist.spec.software_layers.profile_layers`)."""
-    return profile_layers(sc.plan)
-
-
 def framework_overhead(sc: Scenario, cost: CostModel, recompute: bool = False, dtensor: bool = False) -> float:
     """Extra framework seconds per compute op that a calibration profile measured for the
-    software layers this plan runs through; 0 otherwise. ``recompute``: per op of the forward
-    that backward runs again, which does not pay the layers whose cost is in hooks around a
-    module's forward (:data:`simdist.spec.profile.HOOK_LAYERS`). Tensor parallelism's term
+    software layers this plan runs through (:func:`simdist.spec.software_layers.profile_layers`);
+    0 otherwise. ``recompute``: per op of the forward that backward runs again, which does not
+    pay the layers whose cost is in hooks around a module's forward
+    (:data:`simdist.spec.profile.HOOK_LAYERS`). Tensor parallelism's term
     (:data:`DTENSOR_LAYER`) is paid only by ops on DTensors (``dtensor``), once for each DTensor op
     the executor runs for them (:func:`dtensor_ops`)."""
     over = cost.profile.framework_overheads_s if cost.profile else {}
-    extra = sum(over.get(k, 0.0) for k in software_layers(sc) if k != SPLIT_LAYER
+    extra = sum(over.get(k, 0.0) for k in profile_layers(sc.plan) if k != SPLIT_LAYER
                 and not (recompute and k in HOOK_LAYERS) and (dtensor or k != DTENSOR_LAYER))
     return max(extra, -cost.kernel_overhead)  # a layer cheaper per op than plain DDP, an op never below zero
 
